@@ -1,0 +1,24 @@
+"""polytrain: train a PyTorch model with every classic parallel technique, and measure each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+
+def train(**kwargs: Any) -> dict[str, Any]:
+    """Run one training job; see :func:`polytrain.api.train`."""
+    from polytrain.api import train as _train
+
+    return _train(**kwargs)
+
+
+def compare(strategies: list[str], **kwargs: Any) -> dict[str, Any]:
+    """Run the same job with several strategies; see :func:`polytrain.api.compare`."""
+    from polytrain.api import compare as _compare
+
+    return _compare(strategies, **kwargs)
+
+
+__all__ = ["__version__", "compare", "train"]

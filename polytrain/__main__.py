@@ -1,0 +1,5 @@
+import sys
+
+from polytrain.cli import main
+
+sys.exit(main())

@@ -1,0 +1,108 @@
+"""The Python API: ``polytrain.train(...)`` and ``polytrain.compare(...)``.
+
+    import polytrain
+    summary = polytrain.train(strategy="allreduce", procs=2, model="my_pkg.nets:make_model",
+                              dataset="digits", steps=200)
+    print(summary["eval"]["accuracy"], summary["throughput_samples_per_s"])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from polytrain.config import JobConfig, load_config
+from polytrain.errors import ConfigError
+from polytrain.launch.prepare import resume_config
+
+
+def model_reference(model: str | Callable[..., Any]) -> str:
+    """A model given as a function becomes 'module:name' (ranks import it by that name)."""
+    if isinstance(model, str):
+        return model
+    module, name = getattr(model, "__module__", None), getattr(model, "__qualname__", "")
+    if not module or "<" in name or module == "__main__":
+        raise ConfigError(
+            f"The model factory {model!r} must be a module-level function of an importable "
+            "module (not a lambda, a nested function or a function defined in __main__), because "
+            "every rank imports it by name. Move it to a module, e.g. my_pkg/nets.py, and pass "
+            "model=my_pkg.nets.make_model or model='my_pkg.nets:make_model'."
+        )
+    return f"{module}:{name}"
+
+
+def _config(config: str | Path | None, sets: Sequence[str] | None, kw: dict[str, Any]) -> JobConfig:
+    if "model" in kw and kw["model"] is not None:
+        kw["model"] = model_reference(kw["model"])
+    return load_config(config, kw, list(sets or []))
+
+
+def train(*, config: str | Path | None = None, sets: Sequence[str] | None = None,
+          resume: str | Path | None = None, console: Console | None = None,
+          **options: Any) -> dict[str, Any]:
+    """Run one job (keyword arguments are JobConfig fields) and return its summary.json."""
+    from polytrain.launch.local import launch
+
+    if resume is not None:
+        run_dir = Path(resume)
+        cfg = resume_config(run_dir, options, list(sets or []))
+        return launch(cfg, resume=True, run_dir=run_dir, console=console)
+    return launch(_config(config, sets, options), console=console)
+
+
+def compare(strategies: Sequence[str], *, config: str | Path | None = None,
+            sets: Sequence[str] | None = None, target_accuracy: float | None = None,
+            console: Console | None = None, **options: Any) -> dict[str, Any]:
+    """Run the same job with each strategy; write and return compare.json.
+
+    ``single`` always runs on one process (it is the reference); the others on ``procs``.
+    """
+    from polytrain.launch.local import launch
+    from polytrain.launch.prepare import prepare
+
+    if not strategies:
+        raise ConfigError("compare needs at least one strategy, e.g. --strategies single,allreduce")
+    base = _config(config, sets, options)
+    root = Path(base.out) if base.out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-compare"
+    if (root / "compare.json").exists():
+        raise ConfigError(f"--out {root} already holds a comparison; choose another --out.")
+    jobs = []
+    for name in strategies:
+        procs = 1 if name == "single" else base.procs
+        cfg = base.model_copy(update={"strategy": name, "procs": procs, "out": str(root / name)})
+        prepare(cfg)  # every job is checked before the first one starts
+        jobs.append(cfg)
+    root.mkdir(parents=True, exist_ok=True)
+    summaries = []
+    for cfg in jobs:
+        summary = launch(cfg, console=console)
+        if target_accuracy is not None:
+            summary["time_to_accuracy_s"] = _time_to_accuracy(Path(cfg.out or ""), target_accuracy)
+        summaries.append(summary)
+    result = {"strategies": summaries, "target_accuracy": target_accuracy}
+    (root / "compare.json").write_text(json.dumps(result, indent=1))
+    result["out"] = str(root)
+    return result
+
+
+def _time_to_accuracy(run_dir: Path, target: float) -> float | None:
+    """Seconds until the first evaluation at or above ``target`` (None: never reached)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    for line in path.read_text().splitlines():
+        ev = json.loads(line)
+        if ev.get("event") == "eval" and ev.get("accuracy", 0) >= target:
+            return float(ev["t"])
+    return None
+
+
+def under_torchrun() -> bool:
+    """True inside a worker started by torchrun (or any torch elastic agent)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ

@@ -1,0 +1,175 @@
+"""``polytrain``: a thin command line — it parses, validates and delegates."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from polytrain.errors import ConfigError, PolytrainError
+
+# JobConfig field -> (flag, type, help). One table feeds `train` and `compare`.
+JOB_FLAGS: list[tuple[str, str, Any, str]] = [
+    ("strategy", "--strategy", str, "strategy id (see `polytrain strategies`); default allreduce"),
+    ("procs", "--procs", int, "world size: all processes, whatever their role; default 2"),
+    ("model", "--model", str, "zoo model (see `polytrain models`) or pkg.module:factory; default cnn"),
+    ("dataset", "--dataset", str, "built-in dataset (see `polytrain datasets`); default digits"),
+    ("steps", "--steps", int, "optimisation steps; default 300"),
+    ("epochs", "--epochs", float, "passes over the training data (overrides --steps)"),
+    ("batch_size", "--batch-size", int, "GLOBAL batch size, split over data-parallel ranks; default 64"),
+    ("lr", "--lr", float, "learning rate; default 1e-3"),
+    ("optimizer", "--optimizer", str, "sgd | momentum | adam; default adam"),
+    ("momentum", "--momentum", float, "momentum for --optimizer momentum; default 0.9"),
+    ("weight_decay", "--weight-decay", float, "L2 weight decay; default 0"),
+    ("seed", "--seed", int, "seed of initialisation and data order; default 0"),
+    ("eval_every", "--eval-every", int, "evaluate on the test split every N steps (0: at the end)"),
+    ("checkpoint_every", "--checkpoint-every", int, "write a checkpoint every N steps (0: never)"),
+    ("keep_checkpoints", "--keep-checkpoints", int, "checkpoints to keep; default 3"),
+    ("timeout_s", "--timeout", float, "seconds a rank waits for its peers before failing; default 60"),
+    ("out", "--out", str, "run directory; default runs/<time>-<strategy>"),
+]
+
+
+def _add_job_flags(p: argparse.ArgumentParser, *, with_strategy: bool = True) -> None:
+    p.add_argument("--config", help="TOML job file; flags override it")
+    for field, flag, typ, help_ in JOB_FLAGS:
+        if field == "strategy" and not with_strategy:
+            continue
+        p.add_argument(flag, dest=field, type=typ, default=None, help=help_)
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="strategy option (model.KEY / data.KEY for model and dataset options)")
+    p.add_argument("--debug", action="store_true", default=None,
+                   help="tracebacks, and PyTorch's collective checks (TORCH_DISTRIBUTED_DEBUG)")
+    p.add_argument("--no-report", action="store_true", help="skip the plots and report.md")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    fields = [f for f, *_ in JOB_FLAGS] + ["debug"]
+    return {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="polytrain",
+        description="Train a PyTorch model with classic parallel techniques, measure, compare.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p = sub.add_parser("train", help="train one job (no arguments: CNN on digits, 2 processes)")
+    _add_job_flags(p)
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p = sub.add_parser("compare", help="run several strategies on the same job, one table")
+    p.add_argument("--strategies", required=True, help="comma-separated ids, e.g. single,allreduce")
+    p.add_argument("--target-accuracy", type=float, help="report time to reach this test accuracy")
+    _add_job_flags(p, with_strategy=False)
+    sub.add_parser("strategies", help="list the strategies")
+    sub.add_parser("models", help="list the model zoo with parameter counts")
+    sub.add_parser("datasets", help="list the built-in datasets")
+    return parser
+
+
+def _print_summary(console: Console, summary: dict[str, Any], run_dir: str) -> None:
+    from polytrain.cli_view import summary_panel
+
+    console.print(summary_panel(summary, run_dir))
+
+
+def cmd_train(args: argparse.Namespace, console: Console) -> int:
+    from polytrain import api
+
+    if api.under_torchrun():
+        from polytrain.launch.torchrun import train_under_torchrun
+
+        return train_under_torchrun(args.config, _overrides(args), args.sets, args.resume)
+    summary = api.train(config=args.config, sets=args.sets, resume=args.resume,
+                        console=console, **_overrides(args))
+    run_dir = summary["config"]["out"]
+    _print_summary(console, summary, run_dir)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace, console: Console) -> int:
+    from polytrain import api
+    from polytrain.cli_view import compare_table
+
+    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    result = api.compare(names, config=args.config, sets=args.sets,
+                         target_accuracy=args.target_accuracy, console=console, **_overrides(args))
+    console.print(compare_table(result["strategies"]))
+    console.print(f"compare.json: {Path(result['out']) / 'compare.json'}")
+    return 0
+
+
+def cmd_strategies(console: Console) -> int:
+    from rich.table import Table
+
+    from polytrain.strategies import registry
+
+    table = Table(title="strategies")
+    for col in ("id", "family", "what it does"):
+        table.add_column(col)
+    for name, cls in registry().items():
+        table.add_row(name, cls.family, cls.summary)
+    console.print(table)
+    return 0
+
+
+def cmd_models(console: Console) -> int:
+    from rich.table import Table
+
+    from polytrain.models import describe_models
+
+    rows = describe_models()
+    table = Table(title="model zoo")
+    for col in rows[0]:
+        table.add_column(str(col))
+    for row in rows:
+        table.add_row(*(f"{v:,}" if isinstance(v, int) else str(v) for v in row.values()))
+    console.print(table)
+    return 0
+
+
+def cmd_datasets(console: Console) -> int:
+    from rich.table import Table
+
+    from polytrain.data import DATASETS
+
+    table = Table(title="built-in datasets (no downloads)")
+    table.add_column("id")
+    table.add_column("what it is")
+    for name, entry in sorted(DATASETS.items()):
+        table.add_row(name, entry.description)
+    console.print(table)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv or ["train"])
+    console = Console()
+    err = Console(stderr=True)
+    debug = bool(getattr(args, "debug", False)) or os.environ.get("POLYTRAIN_DEBUG") == "1"
+    try:
+        if args.command in (None, "train"):
+            return cmd_train(args, console)
+        if args.command == "compare":
+            return cmd_compare(args, console)
+        simple = {"strategies": cmd_strategies, "models": cmd_models, "datasets": cmd_datasets}
+        return simple[args.command](console)
+    except PolytrainError as e:
+        if debug:
+            raise
+        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        return 2 if isinstance(e, ConfigError) else 1
+    except KeyboardInterrupt:
+        err.print("[bold red]interrupted[/]: every rank was stopped.")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Accounted communication: every message a strategy sends goes through :class:`Comm`.
+
+Bytes are counted per (peer, operation) on the sending side, from the tensors actually passed:
+
+* point-to-point (``send``/``isend``): the payload, exactly;
+* ``all_reduce``: what a ring all-reduce sends — each rank passes 2·(W−1)/W of the tensor to its
+  successor (reduce-scatter, then all-gather);
+* ``all_gather``: ring all-gather — (W−1) chunks of the local tensor to the successor;
+* ``broadcast``: a flat tree — the source sends the tensor once to every other rank.
+
+Traffic that only serves bookkeeping (barriers, gathering results for the summary) is counted
+apart as ``control`` and left out of ``bytes_sent``. The testbed cross-checks these counts
+against the network interfaces' own counters.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+SpanHook = Callable[[str, float, float], None]
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class Comm:
+    """A thin, counting layer over ``torch.distributed`` for one rank."""
+
+    def __init__(self, rank: int, world: int, group: Any = None) -> None:
+        self.rank = rank
+        self.world = world
+        self.group = group
+        self._lock = threading.Lock()
+        self.sent: dict[tuple[int, str], int] = defaultdict(int)
+        self.received: dict[tuple[int, str], int] = defaultdict(int)
+        self.control_bytes = 0
+
+    # ---- accounting -------------------------------------------------------------------------
+    def record(self, op: str, peer: int, nbytes: int, *, received: bool = False) -> None:
+        """Count ``nbytes`` sent to (or received from) ``peer`` by operation ``op``."""
+        with self._lock:
+            (self.received if received else self.sent)[(peer, op)] += int(nbytes)
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(self.sent.values())
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(self.received.values())
+
+    def by_op(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for (_, op), n in self.sent.items():
+            out[op] += n
+        return dict(out)
+
+    def by_peer(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for (peer, _), n in self.sent.items():
+            out[str(peer)] += n
+        return dict(out)
+
+    def _ring_next(self) -> int:
+        return (self.rank + 1) % self.world
+
+    # ---- point to point ---------------------------------------------------------------------
+    def send(self, tensor: torch.Tensor, dst: int, op: str = "send") -> None:
+        self.record(op, dst, _nbytes(tensor))
+        dist.send(tensor, dst, group=self.group)
+
+    def recv(self, tensor: torch.Tensor, src: int | None = None, op: str = "send") -> int:
+        peer = dist.recv(tensor, src, group=self.group)
+        self.record(op, peer, _nbytes(tensor), received=True)
+        return peer
+
+    def isend(self, tensor: torch.Tensor, dst: int, op: str = "send") -> Any:
+        self.record(op, dst, _nbytes(tensor))
+        return dist.isend(tensor, dst, group=self.group)
+
+    def irecv(self, tensor: torch.Tensor, src: int, op: str = "send") -> Any:
+        self.record(op, src, _nbytes(tensor), received=True)
+        return dist.irecv(tensor, src, group=self.group)
+
+    # ---- collectives ------------------------------------------------------------------------
+    def _count_ring_allreduce(self, tensor: torch.Tensor, op: str) -> None:
+        if self.world > 1:
+            share = 2 * (self.world - 1) * _nbytes(tensor) // self.world
+            self.record(op, self._ring_next(), share)
+            self.record(op, (self.rank - 1) % self.world, share, received=True)
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "allreduce", async_op: bool = False) -> Any:
+        """Sum ``tensor`` in place over all ranks of the group."""
+        self._count_ring_allreduce(tensor, op)
+        return dist.all_reduce(tensor, group=self.group, async_op=async_op)
+
+    def all_reduce_future(self, tensor: torch.Tensor, op: str = "allreduce") -> torch.futures.Future:
+        """Asynchronous sum returning a Future of the reduced tensor (for DDP comm hooks)."""
+        work = self.all_reduce(tensor, op=op, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+
+    def all_gather(self, out: list[torch.Tensor], tensor: torch.Tensor, op: str = "allgather") -> None:
+        if self.world > 1:
+            self.record(op, self._ring_next(), (self.world - 1) * _nbytes(tensor))
+        dist.all_gather(out, tensor, group=self.group)
+
+    def broadcast(self, tensor: torch.Tensor, src: int, op: str = "broadcast") -> None:
+        if self.rank == src:
+            for peer in range(self.world):
+                if peer != src:
+                    self.record(op, peer, _nbytes(tensor))
+        else:
+            self.record(op, src, _nbytes(tensor), received=True)
+        dist.broadcast(tensor, src, group=self.group)
+
+    # ---- control (bookkeeping, not counted in bytes_sent) -------------------------------------
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier(group=self.group)
+
+    def gather_json(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        """Gather a JSON-able object from every rank at ``dst`` (JSON, never pickle, on the wire)."""
+        if self.world == 1:
+            return [obj]
+        data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+        size = torch.tensor([data.numel()], dtype=torch.int64)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        dist.all_gather(sizes, size, group=self.group)
+        longest = int(max(s.item() for s in sizes))
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded[: data.numel()] = data
+        bufs = [torch.zeros(longest, dtype=torch.uint8) for _ in range(self.world)]
+        dist.all_gather(bufs, padded, group=self.group)
+        with self._lock:
+            self.control_bytes += (self.world - 1) * (longest + 8)
+        if self.rank != dst:
+            return None
+        return [json.loads(b[: int(s.item())].numpy().tobytes()) for b, s in zip(bufs, sizes, strict=True)]
+
+    def broadcast_json(self, obj: Any, src: int = 0) -> Any:
+        """Send a JSON-able object from ``src`` to every rank."""
+        if self.world == 1:
+            return obj
+        payload = json.dumps(obj).encode() if self.rank == src else b""
+        size = torch.tensor([len(payload)], dtype=torch.int64)
+        dist.broadcast(size, src, group=self.group)
+        buf = torch.zeros(int(size.item()), dtype=torch.uint8)
+        if self.rank == src:
+            buf[:] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        dist.broadcast(buf, src, group=self.group)
+        with self._lock:
+            self.control_bytes += len(payload) + 8
+        return json.loads(buf.numpy().tobytes())
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "bytes_by_op": self.by_op(),
+            "bytes_by_peer": self.by_peer(),
+            "control_bytes": self.control_bytes,
+        }

@@ -1,0 +1,203 @@
+"""The job description: one typed, validated definition behind the CLI, TOML files and Python.
+
+Precedence, lowest first: the defaults here, a TOML file (``--config``), then explicit CLI flags
+or keyword arguments, then ``--set KEY=VALUE`` pairs. ``--set`` keys without a dot are strategy
+options (validated by the strategy's own ``Options`` type); ``model.KEY`` and ``data.KEY`` go
+to the model and the dataset.
+
+A TOML file looks like::
+
+    strategy = "allreduce"
+    procs = 2
+    model = "cnn"
+    dataset = "digits"
+    steps = 300
+    batch_size = 64
+
+    [options]          # strategy options, same as --set KEY=VALUE
+    [model_options]    # same as --set model.KEY=VALUE
+    [data_options]     # same as --set data.KEY=VALUE
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import tomllib
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from polytrain.errors import ConfigError, did_you_mean
+
+OPTIMIZERS = ("sgd", "momentum", "adam")
+
+
+class JobConfig(BaseModel):
+    """What to train, how, and where the results go. Every field is a CLI flag too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    strategy: str = "allreduce"
+    procs: int = 2
+    model: str = "cnn"
+    dataset: str = "digits"
+    steps: int = 300
+    epochs: float | None = None
+    batch_size: int = 64
+    lr: float = 1e-3
+    optimizer: Literal["sgd", "momentum", "adam"] = "adam"
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    seed: int = 0
+    options: dict[str, Any] = {}
+    model_options: dict[str, Any] = {}
+    data_options: dict[str, Any] = {}
+    eval_every: int = 0
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 3
+    timeout_s: float = 60.0
+    out: str | None = None
+    debug: bool = False
+
+    @field_validator("procs")
+    @classmethod
+    def _procs(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"--procs is the number of processes and must be at least 1 (got {v})")
+        return v
+
+    @field_validator("steps", "batch_size")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be at least 1 (got {v})")
+        return v
+
+    @field_validator("lr", "timeout_s")
+    @classmethod
+    def _positive_float(cls, v: float) -> float:
+        if not v > 0 or not math.isfinite(v):
+            raise ValueError(f"must be a positive number (got {v})")
+        return v
+
+    @field_validator("eval_every", "checkpoint_every", "weight_decay")
+    @classmethod
+    def _non_negative(cls, v: float) -> float:
+        if v < 0:
+            raise ValueError(f"must be 0 (off) or positive (got {v})")
+        return v
+
+    @field_validator("keep_checkpoints")
+    @classmethod
+    def _keep(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must keep at least 1 checkpoint (got {v})")
+        return v
+
+
+FIELDS = tuple(JobConfig.model_fields)
+
+
+def _friendly(err: ValidationError, source: str) -> ConfigError:
+    """Turn pydantic's report into one paragraph naming each field, its value and the rule."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(job)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"unknown key '{loc}'. {did_you_mean(str(e['loc'][-1]), FIELDS)}")
+        else:
+            msg = str(e["msg"]).removeprefix("Value error, ")
+            lines.append(f"'{loc}' = {e.get('input')!r}: {msg}")
+    return ConfigError(f"Invalid job in {source}: " + "; ".join(lines) + ".")
+
+
+def make_config(data: dict[str, Any], source: str = "the job") -> JobConfig:
+    """Validate a plain mapping into a JobConfig, with errors users can act on."""
+    try:
+        return JobConfig(**data)
+    except ValidationError as err:
+        raise _friendly(err, source) from None
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML job file; unreadable or malformed files are ConfigErrors."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(
+            f"Cannot read config file '{p}': {e.strerror or e}. "
+            "Pass the path of a readable TOML file to --config."
+        ) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(
+            f"Config file '{p}' is not valid TOML: {e}. Fix the line it names "
+            "(strings need quotes: model = \"cnn\")."
+        ) from None
+
+
+def parse_value(text: str) -> Any:
+    """A --set value: TOML scalar when it parses as one (1, 0.5, true, "x"), else the string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_sets(data: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
+    """Fold ``--set KEY=VALUE`` pairs into a config mapping (strategy/model/data options)."""
+    out = dict(data)
+    buckets = {"model": "model_options", "data": "data_options"}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(
+                f"--set expects KEY=VALUE, got '{pair}'. Example: --set servers=2, "
+                "--set model.width=16, --set data.size=32."
+            )
+        prefix, dot, rest = key.partition(".")
+        field = buckets.get(prefix, "options") if dot else "options"
+        name = rest if dot and prefix in buckets else key
+        if dot and prefix not in buckets:
+            raise ConfigError(
+                f"--set key '{key}': a dotted key must start with 'model.' or 'data.'; "
+                "strategy options have no prefix (e.g. --set servers=2)."
+            )
+        out[field] = {**out.get(field, {}), name: parse_value(raw.strip())}
+    return out
+
+
+def load_config(
+    config_file: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    sets: list[str] | None = None,
+) -> JobConfig:
+    """The one path from file + flags + --set pairs to a validated JobConfig."""
+    data: dict[str, Any] = read_toml(config_file) if config_file else {}
+    source = f"config file '{config_file}'" if config_file else "the job"
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            data[key] = value
+    data = apply_sets(data, sets or [])
+    return make_config(data, source)
+
+
+def to_toml(cfg: JobConfig) -> str:
+    """The resolved job as TOML (None values are left out: TOML has no null)."""
+    import tomli_w
+
+    data = {k: v for k, v in cfg.model_dump().items() if v is not None}
+    return tomli_w.dumps(data)
+
+
+def total_steps(cfg: JobConfig, train_size: int) -> int:
+    """Steps to run: --epochs (over the global batch) wins over --steps when given."""
+    if cfg.epochs is None:
+        return cfg.steps
+    if cfg.epochs <= 0:
+        raise ConfigError(f"--epochs must be positive (got {cfg.epochs}).")
+    return max(1, math.ceil(cfg.epochs * train_size / cfg.batch_size))

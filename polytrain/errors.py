@@ -1,0 +1,39 @@
+"""Errors users see. Every message names the rule, the value and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class PolytrainError(Exception):
+    """Base of every error polytrain raises on purpose (shown without a traceback)."""
+
+
+class ConfigError(PolytrainError):
+    """A job description breaks a rule; raised before any process starts."""
+
+
+class RankFailure(PolytrainError):
+    """One or more ranks of a running job failed; the message says which, where and why."""
+
+
+class CheckpointError(PolytrainError):
+    """A checkpoint is missing, corrupt or belongs to another job."""
+
+
+def did_you_mean(value: str, valid: Iterable[str]) -> str:
+    """A short hint listing the valid choices, closest first."""
+    import difflib
+
+    options = sorted(valid)
+    close = difflib.get_close_matches(value, options, n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    return f"Valid choices: {', '.join(options)}.{hint}"
+
+
+def unknown(kind: str, value: str, valid: Iterable[str], fix: str = "") -> ConfigError:
+    """The error for a name that is not one of the registered ones."""
+    msg = f"Unknown {kind} '{value}'. {did_you_mean(value, valid)}"
+    if fix:
+        msg += f" {fix}"
+    return ConfigError(msg)

@@ -1,0 +1,132 @@
+"""Local launch: N processes on this machine through PyTorch's elastic agent (torchrun's engine).
+
+The agent starts the ranks (spawn), watches them, and when one fails it stops the others within
+``shutdown_timeout`` seconds; a rank that hangs makes its peers' collectives time out after
+``timeout_s``, so a job never hangs. The launcher turns the agent's report and the ranks' own
+error files into one paragraph: which rank, at which step, and why.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from polytrain.config import JobConfig
+from polytrain.errors import RankFailure
+from polytrain.launch.prepare import prepare
+from polytrain.launch.rundir import new_run_dir, read_summary, write_config
+from polytrain.launch.worker import run_rank
+from polytrain.runtime.progress import FollowProgress
+
+SHUTDOWN_TIMEOUT_S = 10
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _quiet_elastic(debug: bool) -> None:
+    level = logging.INFO if debug else logging.CRITICAL
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing"):
+        logging.getLogger(name).setLevel(level)
+
+
+def launch(
+    cfg: JobConfig, *, resume: bool = False, run_dir: Path | None = None, console: Console | None = None
+) -> dict[str, Any]:
+    """Validate, run the job on ``cfg.procs`` local processes, and return its summary."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    prepared = prepare(cfg)
+    if run_dir is None:
+        run_dir = new_run_dir(cfg)
+    if not resume:
+        write_config(run_dir, cfg)
+    console = console or Console(stderr=True)
+    _quiet_elastic(cfg.debug)
+    payload = {
+        "config": cfg.model_dump(),
+        "run_dir": str(run_dir),
+        "resume": resume,
+        "rank_logs": True,
+        "progress": False,
+    }
+    if cfg.debug:
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    lc = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=cfg.procs,
+        run_id=uuid.uuid4().hex[:12],
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+        local_addr="127.0.0.1",
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+    )
+    rank0 = run_dir / "ranks" / "rank0.jsonl"
+    label = f"{cfg.strategy} ×{cfg.procs}"
+    try:
+        with FollowProgress(rank0, prepared.steps, label, console):
+            elastic_launch(lc, run_rank)(payload)
+    except ChildFailedError as err:
+        raise RankFailure(describe_failure(run_dir, err, cfg.debug)) from None
+    return read_summary(run_dir)
+
+
+def _error_record(run_dir: Path, rank: int) -> dict[str, Any] | None:
+    path = run_dir / "ranks" / f"rank{rank}.error.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _last_step(run_dir: Path, rank: int) -> int:
+    path = run_dir / "ranks" / f"rank{rank}.jsonl"
+    last = 0
+    try:
+        for line in path.read_text().splitlines():
+            if '"event": "step"' in line:
+                last = json.loads(line)["step"]
+    except (OSError, ValueError):
+        pass
+    return last
+
+
+def describe_failure(run_dir: Path, err: Any, debug: bool) -> str:
+    """One paragraph per failed rank, the first failure first."""
+    first_rank, _ = err.get_first_failure()
+    ranks = [first_rank, *sorted(r for r in err.failures if r != first_rank)]
+    lines = []
+    for rank in ranks:
+        failure = err.failures[rank]
+        record = _error_record(run_dir, rank)
+        if record is not None:
+            what = f"failed at step {record['step'] + 1}: {record['error']}"
+            if debug:
+                what += "\n" + record["traceback"]
+        else:
+            sig = failure.signal_name() if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+            what = (
+                f"died ({sig}) after step {_last_step(run_dir, rank)} without an error "
+                "report (killed, or out of memory)"
+            )
+        lines.append(f"rank {rank} {what}")
+    head = "The job failed: " + lines[0] + "."
+    rest = "".join(f"\n  also {line}" for line in lines[1:])
+    return f"{head}{rest}\nThe other ranks were stopped. Logs: {run_dir}/ranks/rank*.log" + (
+        "" if debug else " (add --debug for tracebacks)."
+    )

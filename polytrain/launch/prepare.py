@@ -1,0 +1,77 @@
+"""Everything checkable about a job is checked here, before any process starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polytrain.config import JobConfig, load_config, total_steps
+from polytrain.data import DataSpec, load_dataset, validate_dataset_options
+from polytrain.errors import ConfigError
+from polytrain.models import is_user_model, load_user_model, validate_model
+from polytrain.strategies import Strategy, make_strategy
+
+# Flags that may differ when a run is resumed: they do not change what the steps compute.
+RESUMABLE_CHANGES = {
+    "steps",
+    "epochs",
+    "timeout_s",
+    "debug",
+    "checkpoint_every",
+    "eval_every",
+    "keep_checkpoints",
+    "out",
+}
+
+
+@dataclass
+class Prepared:
+    config: JobConfig
+    strategy: Strategy
+    spec: DataSpec
+    steps: int
+
+
+def prepare(cfg: JobConfig) -> Prepared:
+    """Validate strategy, options, dataset, model and their fit; raise ConfigError otherwise."""
+    strategy = make_strategy(cfg.strategy, cfg.options)
+    validate_dataset_options(cfg.dataset, cfg.data_options)
+    spec = load_dataset(cfg.dataset, cfg.data_options, seed=cfg.seed).spec
+    if is_user_model(cfg.model):
+        if cfg.model_options:
+            raise ConfigError(
+                f"--set model.* options ({', '.join(cfg.model_options)}) apply to zoo models only; "
+                f"'{cfg.model}' is your own factory: give it defaults or read your own settings."
+            )
+        load_user_model(cfg.model, spec)
+    else:
+        validate_model(cfg.model, spec, cfg.model_options)
+    strategy.check(cfg, cfg.procs)
+    steps = total_steps(cfg, spec.train_size)
+    return Prepared(cfg, strategy, spec, steps)
+
+
+def resume_config(run_dir: Path, overrides: dict[str, Any], sets: list[str]) -> JobConfig:
+    """The stored job of ``run_dir``, with only the changes a resume allows."""
+    stored_path = run_dir / "config.toml"
+    if not stored_path.is_file():
+        raise ConfigError(
+            f"--resume {run_dir}: there is no config.toml there, so it is not a polytrain run "
+            "directory. Point --resume at the directory a previous `polytrain train` wrote."
+        )
+    stored = load_config(stored_path)
+    wanted = load_config(stored_path, overrides, sets)
+    changed = sorted(
+        k
+        for k in stored.model_fields
+        if getattr(stored, k) != getattr(wanted, k) and k not in RESUMABLE_CHANGES
+    )
+    if changed:
+        diffs = ", ".join(f"{k}: {getattr(stored, k)!r} -> {getattr(wanted, k)!r}" for k in changed)
+        raise ConfigError(
+            f"--resume {run_dir} belongs to another job: {diffs}. A resumed run must compute the "
+            f"same steps; only {', '.join(sorted(RESUMABLE_CHANGES))} may change. Drop those "
+            "flags, or start a new run without --resume."
+        )
+    return wanted.model_copy(update={"out": str(run_dir)})

@@ -1,0 +1,113 @@
+"""The run directory: where it goes, and the files rank 0 writes at the end (docs/run-directory.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from polytrain.config import JobConfig, to_toml
+from polytrain.errors import ConfigError
+from polytrain.runtime.job import Job, RankContext
+
+TESTBED_ENV = "POLYTRAIN_TESTBED"
+
+
+def new_run_dir(cfg: JobConfig, base: Path = Path("runs")) -> Path:
+    """``--out`` if given (it must not hold another run), else runs/<time>-<strategy>."""
+    if cfg.out:
+        out = Path(cfg.out)
+        if (out / "summary.json").exists() or (out / "config.toml").exists():
+            raise ConfigError(
+                f"--out {out} already holds a run; polytrain never overwrites one. "
+                f"Choose another --out, or continue it with --resume {out}."
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        return out
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for i in range(1000):
+        out = base / (f"{stamp}-{cfg.strategy}" + (f"-{i}" if i else ""))
+        try:
+            out.mkdir(parents=True)
+            return out
+        except FileExistsError:
+            continue
+    raise ConfigError(f"Cannot create a run directory under {base}: too many runs this second.")
+
+
+def write_config(run_dir: Path, cfg: JobConfig) -> None:
+    resolved = cfg.model_copy(update={"out": str(run_dir)})
+    (run_dir / "config.toml").write_text(to_toml(resolved))
+
+
+def _atomic_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=float))
+    tmp.replace(path)
+
+
+def build_summary(job: Job, ctx: RankContext, records: list[dict[str, Any]]) -> dict[str, Any]:
+    import polytrain
+
+    working = [r for r in records if r["steps"] > 0]
+    samples = max((r["samples"] for r in working), default=0)
+    wall = max((r["wall_s"] for r in working), default=0.0)
+    losses = [r["final_loss"] for r in records if r["final_loss"] is not None]
+    evals = [r["eval"] for r in records if r["eval"]]
+    sent = sum(r["bytes_sent"] for r in records)
+    metrics: dict[str, Any] = {}
+    for r in records:
+        for k, v in r["strategy_metrics"].items():
+            metrics.setdefault(k, v)
+    testbed = os.environ.get(TESTBED_ENV)
+    return {
+        "strategy": job.config.strategy,
+        "world_size": ctx.world,
+        "steps": job.steps,
+        "steps_run": max((r["steps"] for r in working), default=0),
+        "samples": samples,
+        "wall_s": wall,
+        "throughput_samples_per_s": samples / wall if wall > 0 else 0.0,
+        "final_loss": sum(losses) / len(losses) if losses else None,
+        "eval": evals[0] if evals else None,
+        "bytes_sent": sent,
+        "bytes_sent_per_sample": sent / samples if samples else 0.0,
+        "peak_rss_bytes": max(r["peak_rss_bytes"] for r in records),
+        "per_rank": records,
+        "strategy_metrics": metrics,
+        "config": job.config.model_dump(),
+        "testbed": json.loads(testbed) if testbed else None,
+        "backend": ctx.backend,
+        "device": str(ctx.device),
+        "polytrain_version": polytrain.__version__,
+        "torch_version": torch.__version__,
+    }
+
+
+def write_results(
+    job: Job,
+    ctx: RankContext,
+    records: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    model_state: dict[str, torch.Tensor] | None,
+) -> None:
+    run_dir = ctx.run_dir
+    events.sort(key=lambda e: (e["t"], e["rank"]))
+    with (run_dir / "metrics.jsonl").open("w") as f:
+        for e in events:
+            f.write(json.dumps(e) + "\n")
+    if model_state is not None:
+        torch.save(model_state, run_dir / "model.pt")
+    _atomic_json(run_dir / "summary.json", build_summary(job, ctx, records))
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "summary.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{run_dir} has no readable summary.json ({e}).") from None

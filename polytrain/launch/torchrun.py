@@ -1,0 +1,65 @@
+"""``polytrain train`` inside a rank that plain ``torchrun`` started (one host or many).
+
+    torchrun --nnodes 2 --node-rank 0 --nproc-per-node 2 \\
+             --rdzv-backend c10d --rdzv-endpoint HOST0:29500 --rdzv-id job1 \\
+             -m polytrain train --strategy allreduce --out runs/job1
+
+Every rank validates the same job, joins the process group, runs its part; rank 0 writes the run
+directory and prints the summary. With ``--max-restarts K`` a restarted generation resumes from
+the newest good checkpoint by itself.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from polytrain.config import load_config
+from polytrain.errors import ConfigError
+from polytrain.launch.prepare import prepare, resume_config
+from polytrain.launch.rundir import read_summary, write_config
+from polytrain.launch.worker import run_rank
+
+
+def train_under_torchrun(
+    config: str | None, overrides: dict[str, Any], sets: list[str], resume: str | None
+) -> int:
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    generation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if "procs" in overrides and overrides["procs"] != world:
+        raise ConfigError(
+            f"--procs {overrides['procs']} disagrees with torchrun's world size {world} "
+            "(nnodes x nproc-per-node). Under torchrun, leave --procs out."
+        )
+    overrides = {**overrides, "procs": world}
+    cfg = resume_config(Path(resume), overrides, sets) if resume else load_config(config, overrides, sets)
+    run_dir = Path(cfg.out or f"runs/torchrun-{os.environ.get('TORCHELASTIC_RUN_ID', 'job')}")
+    cfg = cfg.model_copy(update={"out": str(run_dir)})
+    prepare(cfg)
+    fresh = generation == 0 and not resume
+    if fresh and rank == 0 and (run_dir / "summary.json").exists():
+        raise ConfigError(
+            f"--out {run_dir} already holds a finished run; choose another --out "
+            f"(or --resume {run_dir} to continue it)."
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if fresh and rank == 0:
+        write_config(run_dir, cfg)
+    run_rank(
+        {
+            "config": cfg.model_dump(),
+            "run_dir": str(run_dir),
+            "resume": bool(resume),
+            "rank_logs": False,
+            "progress": True,
+        }
+    )
+    if rank == 0:
+        from polytrain.cli_view import summary_panel
+
+        Console().print(summary_panel(read_summary(run_dir), str(run_dir)))
+    return 0

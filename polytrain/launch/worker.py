@@ -1,0 +1,173 @@
+"""What every rank runs, whether started by polytrain's own launcher or by plain ``torchrun``.
+
+The rank reads its place from the environment torchrun's agent sets (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_*), joins the process group, runs the
+strategy, and gathers every rank's figures at rank 0, which writes the run directory. On any
+error it writes ``ranks/rank{R}.error.json`` (rank, step, error) before it exits, so the launcher
+can say which rank failed, where and why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from polytrain.comm import Comm
+from polytrain.config import make_config
+from polytrain.runtime.checkpoint import CheckpointStore
+from polytrain.runtime.job import Job, RankContext, RankResult, fingerprint
+from polytrain.runtime.progress import RankProgress
+from polytrain.runtime.recorder import Recorder
+from polytrain.strategies import make_strategy
+
+
+def set_threads() -> None:
+    """Share the cores among this host's ranks (as torchrun does) instead of oversubscribing."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+
+
+def pick_device(local_rank: int) -> tuple[torch.device, str]:
+    """NCCL on GPUs when this rank has one, gloo on CPU otherwise."""
+    if torch.cuda.is_available() and local_rank < torch.cuda.device_count():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def init_distributed(backend: str, rank: int, world: int, timeout_s: float) -> None:
+    """Join the process group through a store namespace private to this restart generation.
+
+    Under ``torchrun --max-restarts``, the agent's TCPStore outlives the workers; gloo's default
+    ``env://`` keys from the dead generation would make the new one dial the dead workers' ports.
+    A PrefixStore keyed by TORCHELASTIC_RESTART_COUNT gives each generation fresh keys.
+    """
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = int(os.environ["MASTER_PORT"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(addr, port, world, is_master=(rank == 0 and not agent_store), timeout=timeout)
+    generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefixed = dist.PrefixStore(f"polytrain/gen{generation}", store)
+    dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world, timeout=timeout)
+
+
+def _redirect_output(path: Path) -> None:
+    """Send this rank's stdout/stderr (and any library's) to its log file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run_rank(payload: dict[str, Any]) -> None:
+    """Entry point of one rank. ``payload``: config (dict), run_dir, resume, rank_logs, progress."""
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    run_dir = Path(payload["run_dir"])
+    if payload.get("rank_logs"):
+        _redirect_output(run_dir / "ranks" / f"rank{rank}.log")
+    recorder = Recorder(rank, run_dir / "ranks" / f"rank{rank}.jsonl")
+    recorder.emit(
+        "process",
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        generation=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    )
+    try:
+        cfg = make_config(payload["config"])
+        set_threads()
+        device, backend = pick_device(local_rank)
+        init_distributed(backend, rank, world, cfg.timeout_s)
+        strategy = make_strategy(cfg.strategy, cfg.options)
+        job = Job.from_config(cfg)
+        store = CheckpointStore(run_dir / "checkpoints", fingerprint(cfg))
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        ctx = RankContext(
+            rank=rank,
+            world=world,
+            local_rank=local_rank,
+            device=device,
+            backend=backend,
+            comm=Comm(rank, world),
+            recorder=recorder,
+            run_dir=run_dir,
+            checkpoints=store,
+            resume=bool(payload.get("resume")) or (restarted and bool(store.candidates())),
+            progress=RankProgress(rank == 0 and bool(payload.get("progress")), job.steps, cfg.strategy),
+        )
+        role = strategy.roles(world)[rank]
+        result = strategy.run(job, ctx)
+        result.role = role
+        if ctx.progress is not None:
+            ctx.progress.close()
+        _finish(job, ctx, result)
+    except BaseException as exc:
+        _write_error(run_dir, rank, recorder.last_step, exc)
+        raise
+    finally:
+        recorder.close()
+    dist.destroy_process_group()
+
+
+def _write_error(run_dir: Path, rank: int, step: int, exc: BaseException) -> None:
+    record = {
+        "rank": rank,
+        "step": step,
+        "error": f"{type(exc).__name__}: {exc}",
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+    try:
+        path = run_dir / "ranks" / f"rank{rank}.error.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1))
+    except OSError:
+        pass
+
+
+def _rank_record(ctx: RankContext, result: RankResult) -> dict[str, Any]:
+    return {
+        "rank": ctx.rank,
+        "role": result.role,
+        "steps": result.steps,
+        "samples": result.samples,
+        "wall_s": result.wall_s,
+        "final_loss": result.final_loss,
+        "eval": result.eval,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "busy_s": ctx.recorder.busy_s(),
+        "strategy_metrics": result.strategy_metrics,
+        **ctx.comm.summary(),
+    }
+
+
+def _finish(job: Job, ctx: RankContext, result: RankResult) -> None:
+    """Gather every rank's record and events at rank 0, which writes the run directory."""
+    from polytrain.launch.rundir import write_results
+
+    records = ctx.comm.gather_json(_rank_record(ctx, result))
+    events = ctx.comm.gather_json(ctx.recorder.events)
+    if ctx.is_leader:
+        assert records is not None and events is not None
+        write_results(job, ctx, records, [e for evs in events for e in evs], result.model_state)
+    ctx.comm.barrier()

@@ -1,0 +1,126 @@
+"""What to train (the Job), where one rank runs (RankContext), and what it reports (RankResult)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from polytrain.comm import Comm
+from polytrain.config import JobConfig, total_steps
+from polytrain.data import Dataset, DataSpec, load_dataset, task_correct, task_loss
+from polytrain.models import resolve_model
+from polytrain.runtime.batches import GlobalBatches
+from polytrain.runtime.checkpoint import CheckpointStore
+from polytrain.runtime.progress import RankProgress
+from polytrain.runtime.recorder import Recorder
+
+# Fields that change what is computed: a checkpoint only resumes a job that agrees on all of them.
+FINGERPRINT_FIELDS = ("strategy", "model", "dataset", "batch_size", "lr", "optimizer", "momentum",
+                      "weight_decay", "seed", "options", "model_options", "data_options", "procs")
+
+
+def fingerprint(cfg: JobConfig) -> str:
+    data = {k: getattr(cfg, k) for k in FINGERPRINT_FIELDS}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Job:
+    """The model factory, data, loss, optimizer factory and step count of one training job."""
+
+    config: JobConfig
+    dataset: Dataset
+
+    @classmethod
+    def from_config(cls, cfg: JobConfig) -> Job:
+        return cls(cfg, load_dataset(cfg.dataset, cfg.data_options, seed=cfg.seed))
+
+    @property
+    def spec(self) -> DataSpec:
+        return self.dataset.spec
+
+    @property
+    def steps(self) -> int:
+        return total_steps(self.config, self.spec.train_size)
+
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    def build_model(self) -> nn.Sequential:
+        """The model as an ordered list of layers, identically initialised on every rank."""
+        torch.manual_seed(self.config.seed)
+        return resolve_model(self.config.model, self.spec, self.config.model_options)
+
+    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
+        c = self.config
+        if c.optimizer == "adam":
+            return torch.optim.Adam(params, lr=c.lr, weight_decay=c.weight_decay)
+        momentum = c.momentum if c.optimizer == "momentum" else 0.0
+        return torch.optim.SGD(params, lr=c.lr, momentum=momentum, weight_decay=c.weight_decay)
+
+    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return task_loss(self.spec, out, y)
+
+    def batches(self) -> GlobalBatches:
+        return GlobalBatches(self.dataset.x_train, self.dataset.y_train, self.batch_size,
+                             self.config.seed)
+
+    @torch.no_grad()
+    def evaluate(self, forward: Any, batch: int = 512) -> dict[str, float]:
+        """Test-set accuracy and loss of ``forward`` (a model or any callable x -> logits)."""
+        was_training = getattr(forward, "training", False)
+        if hasattr(forward, "eval"):
+            forward.eval()
+        x, y = self.dataset.x_test, self.dataset.y_test
+        correct = counted = 0
+        loss_sum = 0.0
+        for i in range(0, x.shape[0], batch):
+            out = forward(x[i : i + batch])
+            c, n = task_correct(self.spec, out, y[i : i + batch])
+            correct, counted = correct + c, counted + n
+            loss_sum += float(self.loss(out, y[i : i + batch])) * out.shape[0]
+        if was_training:
+            forward.train()
+        return {"accuracy": correct / max(counted, 1), "loss": loss_sum / max(x.shape[0], 1)}
+
+
+@dataclass
+class RankContext:
+    """Where one rank runs: its place in the world, its communicator, recorder and storage."""
+
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    comm: Comm
+    recorder: Recorder
+    run_dir: Path
+    checkpoints: CheckpointStore
+    resume: bool = False
+    progress: RankProgress | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass
+class RankResult:
+    """What one rank reports; the leader's figures describe the job, the rest go in per_rank."""
+
+    role: str = "worker"
+    steps: int = 0
+    samples: int = 0
+    wall_s: float = 0.0
+    final_loss: float | None = None
+    eval: dict[str, float] | None = None
+    strategy_metrics: dict[str, Any] = field(default_factory=dict)
+    model_state: dict[str, torch.Tensor] | None = None

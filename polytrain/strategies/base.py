@@ -1,0 +1,104 @@
+"""The strategy protocol and its registry.
+
+A strategy is one module that defines a subclass of :class:`Strategy`; defining it registers it
+(no central switch). The package ``polytrain.strategies`` imports every module below it on first
+use, so a new file is all a new strategy needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from polytrain.config import JobConfig
+from polytrain.errors import ConfigError, did_you_mean, unknown
+from polytrain.runtime.job import Job, RankContext, RankResult
+
+
+class NoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Strategy:
+    """Base of every strategy. Subclasses set the class attributes and implement ``run``."""
+
+    name: ClassVar[str] = ""
+    family: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    Options: ClassVar[type[BaseModel]] = NoOptions
+    #: False for strategies whose ranks must share one host (e.g. shared-memory Hogwild).
+    multi_host: ClassVar[bool] = True
+
+    _registry: ClassVar[dict[str, type[Strategy]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.name:
+            if cls.name in Strategy._registry and Strategy._registry[cls.name] is not cls:
+                raise RuntimeError(f"two strategies are named '{cls.name}'")
+            Strategy._registry[cls.name] = cls
+
+    def __init__(self, options: BaseModel) -> None:
+        self.options = options
+
+    def check(self, cfg: JobConfig, world: int) -> None:
+        """Refuse a job this strategy cannot run (raise ConfigError), before any process starts."""
+
+    def roles(self, world: int) -> list[str]:
+        """The role of each rank, e.g. servers then workers."""
+        return ["worker"] * world
+
+    def run(self, job: Job, ctx: RankContext) -> RankResult:
+        raise NotImplementedError
+
+
+_loaded = False
+
+
+def _discover() -> None:
+    """Import every module under polytrain.strategies so their classes register."""
+    global _loaded
+    if _loaded:
+        return
+    import polytrain.strategies as pkg
+
+    for mod in pkgutil.walk_packages(pkg.__path__, prefix=pkg.__name__ + "."):
+        importlib.import_module(mod.name)
+    _loaded = True
+
+
+def registry() -> dict[str, type[Strategy]]:
+    _discover()
+    return dict(sorted(Strategy._registry.items()))
+
+
+def get_strategy_class(name: str) -> type[Strategy]:
+    reg = registry()
+    if name not in reg:
+        raise unknown("strategy", name, reg, "List them with: polytrain strategies.")
+    return reg[name]
+
+
+def make_strategy(name: str, options: dict[str, Any]) -> Strategy:
+    """The strategy ``name`` with validated options (errors list the valid keys)."""
+    cls = get_strategy_class(name)
+    try:
+        opts = cls.Options(**options)
+    except ValidationError as err:
+        fields = sorted(cls.Options.model_fields)
+        parts = []
+        for e in err.errors():
+            key = ".".join(str(p) for p in e["loc"])
+            if e["type"] == "extra_forbidden":
+                valid = did_you_mean(key, fields) if fields else "It takes no options."
+                parts.append(f"unknown option '{key}'. {valid}")
+            else:
+                msg = str(e["msg"]).removeprefix("Value error, ")
+                parts.append(f"option '{key}' = {e.get('input')!r}: {msg}")
+        raise ConfigError(
+            f"Strategy '{name}': " + "; ".join(parts) + ". Set options with --set KEY=VALUE."
+        ) from None
+    return cls(opts)

@@ -1,0 +1,67 @@
+"""The command line as a user meets it: the default job, listings, and every bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, run_cli
+
+
+def test_default_train_reaches_stated_accuracy(tmp_path: Path) -> None:
+    r = run_cli("train", "--no-report", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1
+    run = runs[0]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["strategy"] == "allreduce" and summary["world_size"] == 2
+    assert summary["eval"]["accuracy"] >= 0.95
+    for key in ("steps", "samples", "wall_s", "throughput_samples_per_s", "final_loss",
+                "bytes_sent", "bytes_sent_per_sample", "peak_rss_bytes", "per_rank",
+                "strategy_metrics"):
+        assert key in summary
+    assert (run / "config.toml").is_file() and (run / "metrics.jsonl").is_file()
+    assert "test accuracy" in r.stdout and "samples/s" in r.stdout
+
+
+def test_strategies_listing() -> None:
+    r = run_cli("strategies")
+    assert r.returncode == 0
+    assert "allreduce" in r.stdout and "single" in r.stdout
+
+
+BAD = [
+    (["--strategy", "allreduc"], "Unknown strategy 'allreduc'.*Did you mean 'allreduce'"),
+    (["--model", "resnet999"], "Unknown model 'resnet999'"),
+    (["--dataset", "imagenet"], "Unknown dataset 'imagenet'"),
+    (["--procs", "0"], "at least 1"),
+    (["--procs", "3", "--batch-size", "64"], "multiple of 3"),
+    (["--strategy", "single"], "exactly 1 process"),
+    (["--model", "no_such_pkg.nets:make"], "no_such_pkg"),
+    (["--model", "json:dumps"], "json:dumps"),
+    (["--config", "/nonexistent/job.toml"], "Cannot read config file"),
+    (["--set", "bucket=1"], "unknown option 'bucket'.*bucket_mb"),
+    (["--set", "model.widht=3"], "widht"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_is_refused_before_any_process(tmp_path: Path, args: list[str], message: str) -> None:
+    r = run_cli("train", *args, cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    import re
+
+    assert re.search(message, " ".join(r.stderr.split())), r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_existing_run_is_never_overwritten(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")
+    r = run_cli("train", "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 2 and "never overwrites" in r.stderr
