@@ -66,6 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategies", required=True, help="comma-separated ids, e.g. single,allreduce")
     p.add_argument("--target-accuracy", type=float, help="report time to reach this test accuracy")
     _add_job_flags(p, with_strategy=False)
+    p = sub.add_parser("schedule", help="print and draw a pipeline schedule (pure data, no processes)")
+    p.add_argument("name", help="gpipe | 1f1b | pipedream")
+    p.add_argument("--stages", type=int, default=4, help="pipeline stages P; default 4")
+    p.add_argument("--microbatches", type=int, default=8, help="micro-batches M; default 8")
+    p.add_argument("--cost", help="slot cost per op, e.g. F=1,B=2 (default F=1,B=1)")
+    p.add_argument("--png", help="also draw it to this PNG file")
+    p = sub.add_parser("testbed", help="run a train/compare job on an emulated cluster (root)",
+                       usage="polytrain testbed --hosts N --nic RATE [--latency T] [--loss P] "
+                             "-- train|compare [options]")
+    p.add_argument("--hosts", type=int, required=True, help="emulated hosts (network namespaces)")
+    p.add_argument("--nic", required=True, help="link rate per host, e.g. 100mbit, 1gbit")
+    p.add_argument("--latency", help="one-way delay, e.g. 1ms (needs the kernel's sch_netem)")
+    p.add_argument("--loss", help="packet loss, e.g. 0.1%% (needs sch_netem)")
+    p.add_argument("--procs-per-host", type=int, help="processes per host (default --procs / hosts)")
     sub.add_parser("strategies", help="list the strategies")
     sub.add_parser("models", help="list the model zoo with parameter counts")
     sub.add_parser("datasets", help="list the built-in datasets")
@@ -102,6 +116,22 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     console.print(compare_table(result["strategies"]))
     console.print(f"compare.json: {Path(result['out']) / 'compare.json'}")
     return 0
+
+
+def cmd_schedule(args: argparse.Namespace, console: Console) -> int:
+    from polytrain.strategies.pipeline.draw import parse_cost, schedule_cli
+
+    cost = parse_cost(args.cost) if args.cost else None
+    png = Path(args.png) if args.png else None
+    console.print(schedule_cli(args.name, args.stages, args.microbatches, png, cost=cost),
+                  highlight=False, markup=False)
+    return 0
+
+
+def cmd_testbed(args: argparse.Namespace, job: list[str], console: Console) -> int:
+    from polytrain.launch.testbed_job import run_testbed
+
+    return run_testbed(args.hosts, args.nic, args.latency, args.loss, args.procs_per_host, job, console)
 
 
 def cmd_strategies(console: Console) -> int:
@@ -150,6 +180,10 @@ def cmd_datasets(console: Console) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    job: list[str] = []
+    if argv and argv[0] == "testbed" and "--" in argv:
+        cut = argv.index("--")
+        argv, job = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv or ["train"])
     console = Console()
     err = Console(stderr=True)
@@ -159,6 +193,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_train(args, console)
         if args.command == "compare":
             return cmd_compare(args, console)
+        if args.command == "testbed":
+            return cmd_testbed(args, job, console)
+        if args.command == "schedule":
+            return cmd_schedule(args, console)
         simple = {"strategies": cmd_strategies, "models": cmd_models, "datasets": cmd_datasets}
         return simple[args.command](console)
     except PolytrainError as e:

@@ -1,5 +1,7 @@
-"""Shared fixtures. Multi-process tests run with PyTorch's collective checks on: gloo silently
-accepts mismatched collectives, and DETAIL mode turns that into an error."""
+"""Shared fixtures. Multi-process tests run with collective checks on: gloo silently accepts
+mismatched collectives, and polytrain's check mode (POLYTRAIN_CHECK_COLLECTIVES=1) turns that into
+an error. (PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL would too, but it crashes DDP on torch 2.13/CPU;
+see polytrain/comm/accounted.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-os.environ.setdefault("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+os.environ.setdefault("POLYTRAIN_CHECK_COLLECTIVES", "1")
+os.environ.setdefault("TORCH_DISTRIBUTED_DEBUG", "INFO")
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -1,5 +1,5 @@
 """Accounted communication (every byte counted per rank, peer and operation)."""
 
-from polytrain.comm.accounted import Comm
+from polytrain.comm.accounted import CollectiveMismatch, Comm
 
-__all__ = ["Comm"]
+__all__ = ["CollectiveMismatch", "Comm"]

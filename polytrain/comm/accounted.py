@@ -8,6 +8,12 @@ Bytes are counted per (peer, operation) on the sending side, from the tensors ac
 * ``all_gather``: ring all-gather — (W−1) chunks of the local tensor to the successor;
 * ``broadcast``: a flat tree — the source sends the tensor once to every other rank.
 
+With ``check=True`` (``--debug``, and always in the test suite) every collective first compares
+its operation, dtype and shape across ranks and raises :class:`CollectiveMismatch` naming each
+rank's call — gloo itself would silently combine mismatched calls. (PyTorch's own
+TORCH_DISTRIBUTED_DEBUG=DETAIL does the same, but on torch 2.13/CPU it crashes DDP's constructor
+with SIGSEGV, so polytrain checks at its own layer, which every strategy's traffic goes through.)
+
 Traffic that only serves bookkeeping (barriers, gathering results for the summary) is counted
 apart as ``control`` and left out of ``bytes_sent``. The testbed cross-checks these counts
 against the network interfaces' own counters.
@@ -27,6 +33,28 @@ import torch.distributed as dist
 SpanHook = Callable[[str, float, float], None]
 
 
+class CollectiveMismatch(RuntimeError):
+    """Ranks called different collectives (or with different shapes) at the same point."""
+
+
+_DTYPES = {dt: i for i, dt in enumerate([torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                                          torch.int64, torch.int32, torch.uint8, torch.int8, torch.bool])}
+_SIG_LEN = 8
+
+
+def _signature(op: str, t: torch.Tensor) -> torch.Tensor:
+    """(op id, dtype, numel, ndim, first 4 dims) as int64 — compared across ranks."""
+    op_id = int.from_bytes(op.encode()[:7].ljust(7, b"\0"), "little")
+    shape = list(t.shape)[:4] + [-1] * (4 - min(4, t.dim()))
+    return torch.tensor([op_id, _DTYPES.get(t.dtype, 99), t.numel(), t.dim(), *shape], dtype=torch.int64)
+
+
+def _describe(sig: list[int]) -> str:
+    op = sig[0].to_bytes(7, "little").rstrip(b"\0").decode(errors="replace")
+    shape = [d for d in sig[4:] if d >= 0]
+    return f"{op}(shape={shape}, numel={sig[2]})"
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -34,8 +62,9 @@ def _nbytes(t: torch.Tensor) -> int:
 class Comm:
     """A thin, counting layer over ``torch.distributed`` for one rank."""
 
-    def __init__(self, rank: int, world: int, group: Any = None) -> None:
+    def __init__(self, rank: int, world: int, group: Any = None, check: bool = False) -> None:
         self.rank = rank
+        self.check = check
         self.world = world
         self.group = group
         self._lock = threading.Lock()
@@ -69,6 +98,20 @@ class Comm:
             out[str(peer)] += n
         return dict(out)
 
+    def verify(self, op: str, tensor: torch.Tensor) -> None:
+        """Raise CollectiveMismatch unless every rank is making this same call (check mode)."""
+        if not self.check or self.world == 1:
+            return
+        mine = _signature(op, tensor)
+        sigs = [torch.zeros(_SIG_LEN, dtype=torch.int64) for _ in range(self.world)]
+        dist.all_gather(sigs, mine, group=self.group)
+        if any(not torch.equal(s, mine) for s in sigs):
+            calls = "; ".join(f"rank {r}: {_describe(s.tolist())}" for r, s in enumerate(sigs))
+            raise CollectiveMismatch(
+                f"Ranks disagree on a collective ({calls}). Every rank must make the same "
+                "collective calls, in the same order, with the same shapes."
+            )
+
     def _ring_next(self) -> int:
         return (self.rank + 1) % self.world
 
@@ -99,6 +142,7 @@ class Comm:
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "allreduce", async_op: bool = False) -> Any:
         """Sum ``tensor`` in place over all ranks of the group."""
+        self.verify(op, tensor)
         self._count_ring_allreduce(tensor, op)
         return dist.all_reduce(tensor, group=self.group, async_op=async_op)
 
@@ -108,11 +152,13 @@ class Comm:
         return work.get_future().then(lambda fut: fut.value()[0])
 
     def all_gather(self, out: list[torch.Tensor], tensor: torch.Tensor, op: str = "allgather") -> None:
+        self.verify(op, tensor)
         if self.world > 1:
             self.record(op, self._ring_next(), (self.world - 1) * _nbytes(tensor))
         dist.all_gather(out, tensor, group=self.group)
 
     def broadcast(self, tensor: torch.Tensor, src: int, op: str = "broadcast") -> None:
+        self.verify(op, tensor)
         if self.rank == src:
             for peer in range(self.world):
                 if peer != src:

@@ -62,7 +62,7 @@ def launch(
         "progress": False,
     }
     if cfg.debug:
-        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "INFO"  # DETAIL crashes DDP on torch 2.13/CPU
     lc = LaunchConfig(
         min_nodes=1,
         max_nodes=1,

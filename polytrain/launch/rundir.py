@@ -14,7 +14,7 @@ from polytrain.config import JobConfig, to_toml
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext
 
-TESTBED_ENV = "POLYTRAIN_TESTBED"
+TESTBED_ENV = "POLYTRAIN_TESTBED_RECORD"  # set by polytrain testbed on every host
 
 
 def new_run_dir(cfg: JobConfig, base: Path = Path("runs")) -> Path:

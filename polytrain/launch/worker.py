@@ -30,6 +30,8 @@ from polytrain.runtime.progress import RankProgress
 from polytrain.runtime.recorder import Recorder
 from polytrain.strategies import make_strategy
 
+CHECK_ENV = "POLYTRAIN_CHECK_COLLECTIVES"
+
 
 def set_threads() -> None:
     """Share the cores among this host's ranks (as torchrun does) instead of oversubscribing."""
@@ -109,7 +111,7 @@ def run_rank(payload: dict[str, Any]) -> None:
             local_rank=local_rank,
             device=device,
             backend=backend,
-            comm=Comm(rank, world),
+            comm=Comm(rank, world, check=cfg.debug or os.environ.get(CHECK_ENV) == "1"),
             recorder=recorder,
             run_dir=run_dir,
             checkpoints=store,

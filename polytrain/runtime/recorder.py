@@ -24,7 +24,7 @@ class Recorder:
         self._file: IO[str] | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = path.open("a", buffering=1)
+            self._file = path.open("a")
         self.t0 = time.perf_counter()
         self.last_step = 0
 
@@ -42,6 +42,10 @@ class Recorder:
             self.events.append(rec)
             if self._file is not None:
                 self._file.write(line + "\n")
+                # Spans stay buffered; everything else is flushed at once, because the
+                # launcher's progress bar and its failure report read this file while we run.
+                if event != "span":
+                    self._file.flush()
         return rec
 
     def step(self, step: int, loss: float, samples: int) -> None:

@@ -37,6 +37,6 @@ class Single(Strategy):
                 loss.backward()
             with rec.span("optimizer", step=i):
                 optimizer.step()
-            return float(loss)
+            return float(loss.detach())
 
         return run_loop(job, ctx, LoopSpec(model=model, optimizer=optimizer, step_fn=step))

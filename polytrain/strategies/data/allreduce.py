@@ -95,7 +95,7 @@ class Allreduce(Strategy):
                 loss.backward()
             with rec.span("optimizer", step=i):
                 optimizer.step()
-            return float(loss)
+            return float(loss.detach())
 
         spec = LoopSpec(model=model, optimizer=optimizer, step_fn=step,
                         part=ctx.rank, parts=ctx.world,
