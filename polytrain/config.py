@@ -31,6 +31,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from polytrain.errors import ConfigError, did_you_mean
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
+# Straggler emulation works with every strategy: --set slow_rank=R --set slow_factor=F makes
+# rank R take F times as long for each unit of its work (it sleeps (F-1) x its compute time).
+STRAGGLER_KEYS = ("slow_rank", "slow_factor")
 
 
 class JobConfig(BaseModel):
@@ -56,6 +59,8 @@ class JobConfig(BaseModel):
     eval_every: int = 0
     checkpoint_every: int = 0
     keep_checkpoints: int = 3
+    slow_rank: int | None = None
+    slow_factor: float = 1.0
     timeout_s: float = 60.0
     out: str | None = None
     debug: bool = False
@@ -86,6 +91,13 @@ class JobConfig(BaseModel):
     def _non_negative(cls, v: float) -> float:
         if v < 0:
             raise ValueError(f"must be 0 (off) or positive (got {v})")
+        return v
+
+    @field_validator("slow_factor")
+    @classmethod
+    def _slow(cls, v: float) -> float:
+        if not v >= 1.0:
+            raise ValueError(f"a straggler's slow-down factor must be at least 1 (got {v})")
         return v
 
     @field_validator("keep_checkpoints")
@@ -161,6 +173,9 @@ def apply_sets(data: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
             )
         prefix, dot, rest = key.partition(".")
         field = buckets.get(prefix, "options") if dot else "options"
+        if key in STRAGGLER_KEYS:  # usable with every strategy, so a job field
+            out[key] = parse_value(raw.strip())
+            continue
         name = rest if dot and prefix in buckets else key
         if dot and prefix not in buckets:
             raise ConfigError(

@@ -47,6 +47,11 @@ def prepare(cfg: JobConfig) -> Prepared:
         load_user_model(cfg.model, spec)
     else:
         validate_model(cfg.model, spec, cfg.model_options)
+    if cfg.slow_rank is not None and not 0 <= cfg.slow_rank < cfg.procs:
+        raise ConfigError(
+            f"slow_rank={cfg.slow_rank} is not a rank of this job (ranks 0..{cfg.procs - 1}). "
+            f"Use --set slow_rank=R with 0 <= R < --procs."
+        )
     strategy.check(cfg, cfg.procs)
     steps = total_steps(cfg, spec.train_size)
     return Prepared(cfg, strategy, spec, steps)

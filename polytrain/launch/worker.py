@@ -117,6 +117,8 @@ def run_rank(payload: dict[str, Any]) -> None:
             checkpoints=store,
             resume=bool(payload.get("resume")) or (restarted and bool(store.candidates())),
             progress=RankProgress(rank == 0 and bool(payload.get("progress")), job.steps, cfg.strategy),
+            slow_rank=cfg.slow_rank,
+            slow_factor=cfg.slow_factor,
         )
         role = strategy.roles(world)[rank]
         result = strategy.run(job, ctx)

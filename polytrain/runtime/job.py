@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,10 +107,17 @@ class RankContext:
     checkpoints: CheckpointStore
     resume: bool = False
     progress: RankProgress | None = None
+    slow_rank: int | None = None
+    slow_factor: float = 1.0
 
     @property
     def is_leader(self) -> bool:
         return self.rank == 0
+
+    def straggle(self, work_s: float) -> None:
+        """On the straggler rank (--set slow_rank=R), stretch ``work_s`` of work by slow_factor."""
+        if self.slow_rank == self.rank and self.slow_factor > 1.0 and work_s > 0:
+            time.sleep((self.slow_factor - 1.0) * work_s)
 
 
 @dataclass

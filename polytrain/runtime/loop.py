@@ -91,7 +91,9 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
     eval_model = spec.eval_model or spec.model
     for step in range(start + 1, job.steps + 1):
         x, y = batches.shard(step, spec.part, spec.parts)
+        t_step = time.perf_counter()
         loss = spec.step_fn(step, x, y)
+        ctx.straggle(time.perf_counter() - t_step)
         ctx.recorder.step(step, loss, samples=step * job.batch_size)
         if ctx.progress is not None:
             ctx.progress.update(step, loss)
