@@ -85,7 +85,7 @@ def compare(strategies: Sequence[str], *, config: str | Path | None = None,
         if target_accuracy is not None:
             summary["time_to_accuracy_s"] = _time_to_accuracy(Path(cfg.out or ""), target_accuracy)
         summaries.append(summary)
-    result = {"strategies": summaries, "target_accuracy": target_accuracy}
+    result: dict[str, Any] = {"strategies": summaries, "target_accuracy": target_accuracy}
     (root / "compare.json").write_text(json.dumps(result, indent=1))
     result["out"] = str(root)
     return result

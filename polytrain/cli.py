@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from polytrain.errors import ConfigError, PolytrainError
 
@@ -202,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PolytrainError as e:
         if debug:
             raise
-        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2 if isinstance(e, ConfigError) else 1
     except KeyboardInterrupt:
         err.print("[bold red]interrupted[/]: every rank was stopped.")

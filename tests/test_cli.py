@@ -65,3 +65,20 @@ def test_existing_run_is_never_overwritten(tmp_path: Path) -> None:
     (out / "summary.json").write_text("{}")
     r = run_cli("train", "--out", str(out), cwd=tmp_path)
     assert r.returncode == 2 and "never overwrites" in r.stderr
+
+
+def test_compare_runs_each_strategy_on_the_same_job(tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    r = run_cli("compare", "--strategies", "single,allreduce", "--model", "mlp", "--steps", "30",
+                "--eval-every", "10", "--target-accuracy", "0.5", "--out", str(out), "--no-report")
+    assert r.returncode == 0, r.stderr
+    data = json.loads((out / "compare.json").read_text())
+    assert [s["strategy"] for s in data["strategies"]] == ["single", "allreduce"]
+    assert [s["world_size"] for s in data["strategies"]] == [1, 2]
+    assert all(s["samples"] == 30 * 64 for s in data["strategies"])
+    # same job, synchronous strategies: the same final loss
+    losses = [s["final_loss"] for s in data["strategies"]]
+    assert abs(losses[0] - losses[1]) < 1e-4
+    assert all(s["time_to_accuracy_s"] is not None for s in data["strategies"])
+    for col in ("samples/s", "final loss", "accuracy", "bytes/sample", "peak memory", "time to"):
+        assert col in r.stdout

@@ -4,7 +4,7 @@
 name                task      x per sample            source
 ==================  ========  ======================  =======================================
 digits (default)    classify  (1, 8, 8) float         scikit-learn's bundled 8×8 digits
-synthetic-images    classify  (C, H, W) float         N(0,1) noise, fixed random conv teacher
+synthetic-images    classify  (C, H, W) float         smooth noise, fixed random conv teacher
 chars               lm        (T,) long               Python's stdlib source, bytes or chars
 sparse-bow          classify  (F,) float counts       ~nnz features/sample, sparse teacher
 ==================  ========  ======================  =======================================
@@ -15,9 +15,9 @@ Importing this package only registers the entries; data is built by :func:`load_
 from polytrain.data import chars, digits, synthetic  # noqa: F401  (registers the datasets)
 from polytrain.data.base import (
     DATASETS,
-    DataSpec,
     Dataset,
     DatasetEntry,
+    DataSpec,
     dataset_names,
     dataset_spec,
     load_dataset,

@@ -109,6 +109,11 @@ def parse_options(
             f"got {type(options).__name__}. Valid options and defaults: {_defaults(options_cls)}."
         )
     for key in options:
+        if not options_cls.model_fields:
+            raise ConfigError(
+                f"{kind.capitalize()} '{name}' takes no options; got {sorted(map(str, options))}. "
+                "Remove them."
+            )
         if key not in options_cls.model_fields:
             raise unknown(
                 f"{kind} '{name}' option",

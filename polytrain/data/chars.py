@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from polytrain.data.base import DataSpec, Dataset, DatasetEntry, register_dataset
+from polytrain.data.base import Dataset, DatasetEntry, DataSpec, register_dataset
 from polytrain.errors import ConfigError
 
 TEST_FRACTION = 0.1
@@ -107,7 +107,7 @@ def _build(o: CharsOptions, seed: int) -> Dataset:
 
 def alphabet(options: CharsOptions | None = None) -> tuple[str, ...]:
     """Characters of the ``vocab="chars"`` vocabulary in id order (to decode samples)."""
-    o = options or CharsOptions(vocab="chars")
+    o = options or CharsOptions.model_validate({"vocab": "chars"})
     return _tokens(o.chars, "chars")[1]
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from polytrain.data.base import DataSpec, Dataset, DatasetEntry, generator, register_dataset
+from polytrain.data.base import Dataset, DatasetEntry, DataSpec, generator, register_dataset
 
 TRAIN, TEST = 1437, 360
 _SPLIT_SEED = 881797  # fixed: the split never depends on the job seed

@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from polytrain.data.base import DataSpec, Dataset, DatasetEntry, generator, register_dataset
+from polytrain.data.base import Dataset, DatasetEntry, DataSpec, generator, register_dataset
 
 _IMAGE_TEACHER_SEED = 31_337
 _BOW_TEACHER_SEED = 27_182
-_TRAIN_STREAM, _TEST_STREAM, _CALIBRATION_STREAM = 1, 2, 3
+_TRAIN_STREAM, _TEST_STREAM = 1, 2
 
 
 # --------------------------------------------------------------------------- synthetic-images
@@ -33,29 +33,50 @@ class ImageOptions(BaseModel):
 
 
 class _ImageTeacher:
-    """A fixed random conv net: average-pool to ≤8×8 → conv3×3(C→16)/ReLU → pool to ≤4×4 → linear.
+    """Draws the images and labels them with a fixed random conv net.
 
-    Pooling first puts the signal in coarse structure that a small CNN (or an MLP) can learn from a
-    few thousand samples. The logits are standardised per class on a fixed calibration set, so
-    ``argmax`` gives roughly balanced classes instead of one class winning most of the time.
+    Images: white N(0,1) noise over 3072 pixels is unlearnable from a few thousand samples (an
+    MLP reaches ~24% on 10 classes), so pixels are smooth noise instead: a coarse N(0,1) field of
+    at most 8×8 per channel, bilinearly upsampled, rescaled to unit variance, plus 0.5·N(0,1)
+    pixel noise (all divided by √1.25 so each pixel is still ~N(0,1)).
+    Teacher: average-pool to ≤8×8 → conv3×3(C→16)/ReLU → average-pool to ≤4×4 → linear. The
+    logits are standardised per class on a fixed calibration set, so ``argmax`` gives roughly
+    balanced classes instead of one class winning most of the time. Measured with the defaults
+    (Adam lr 1e-3, batch 64): `mlp` ~0.53 test accuracy after 600 steps, `cnn` (channels=8) ~0.54
+    after 300; chance is 0.10.
     """
+
+    NOISE = 0.5
 
     def __init__(self, opts: ImageOptions) -> None:
         g = generator(_IMAGE_TEACHER_SEED, opts.channels, opts.size, opts.classes)
-        self.side1, self.side2 = min(opts.size, 8), min(opts.size, 4)
+        self.opts = opts
+        self.coarse, self.side2 = min(opts.size, 8), min(opts.size, 4)
         self.w1 = torch.randn(16, opts.channels, 3, 3, generator=g) / math.sqrt(9 * opts.channels)
         self.b1 = 0.1 * torch.randn(16, generator=g)
         fan_in = 16 * self.side2 * self.side2
         self.w2 = torch.randn(opts.classes, fan_in, generator=g) / math.sqrt(fan_in)
+        self.scale = 1.0
+        self.scale = 1.0 / float(self._smooth(2048, g).std())  # upsampling shrinks the variance
         self.mean = torch.zeros(opts.classes)
         self.std = torch.ones(opts.classes)
-        shape = (2048, opts.channels, opts.size, opts.size)
-        calib = self.logits(torch.randn(shape, generator=g))  # (2048, classes)
+        calib = self.logits(self.images(2048, g))  # (2048, classes)
         self.mean, self.std = calib.mean(0), calib.std(0) + 1e-6
+
+    def _smooth(self, n: int, g: torch.Generator) -> torch.Tensor:
+        o = self.opts
+        z = torch.randn(n, o.channels, self.coarse, self.coarse, generator=g)
+        return F.interpolate(z, size=o.size, mode="bilinear", align_corners=False) * self.scale
+
+    def images(self, n: int, g: torch.Generator) -> torch.Tensor:
+        """(n, C, size, size) float32, each pixel ~N(0, 1)."""
+        o = self.opts
+        pixel_noise = torch.randn(n, o.channels, o.size, o.size, generator=g)
+        return (self._smooth(n, g) + self.NOISE * pixel_noise) / math.sqrt(1 + self.NOISE**2)
 
     @torch.no_grad()
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.adaptive_avg_pool2d(x, self.side1) * (x.shape[-1] / self.side1)  # keep unit scale
+        h = F.adaptive_avg_pool2d(x, self.coarse)  # (N, C, s1, s1)
         h = F.relu(F.conv2d(h, self.w1, self.b1, padding=1))  # (N, 16, s1, s1)
         h = F.adaptive_avg_pool2d(h, self.side2).flatten(1)  # (N, 16·s2·s2)
         return (h @ self.w2.T - self.mean) / self.std  # (N, classes)
@@ -71,16 +92,15 @@ def _image_spec(o: ImageOptions) -> DataSpec:
 
 def _image_build(o: ImageOptions, seed: int) -> Dataset:
     teacher = _ImageTeacher(o)
-    shape = (o.channels, o.size, o.size)
-    x_train = torch.randn((o.train, *shape), generator=generator(seed, _TRAIN_STREAM))
-    x_test = torch.randn((o.test, *shape), generator=generator(seed, _TEST_STREAM))
+    x_train = teacher.images(o.train, generator(seed, _TRAIN_STREAM))
+    x_test = teacher.images(o.test, generator(seed, _TEST_STREAM))
     return Dataset(_image_spec(o), x_train, teacher.label(x_train), x_test, teacher.label(x_test))
 
 
 register_dataset(
     DatasetEntry(
         name="synthetic-images",
-        description="N(0,1) images (default 3×32×32) labelled by a fixed random conv teacher",
+        description="smooth random images (default 3×32×32) labelled by a fixed random conv net",
         Options=ImageOptions,
         build=_image_build,
         spec=_image_spec,
@@ -102,7 +122,11 @@ class BowOptions(BaseModel):
 
 def _bow_teacher(o: BowOptions) -> torch.Tensor:
     """(classes, features) sparse weights: each feature votes for one class (round-robin, so the
-    classes are balanced) with a strength in [0.5, 1.5)."""
+    classes are balanced) with a strength in [0.5, 1.5).
+
+    Measured with the defaults (Adam, batch 64, 1000 steps): logistic regression (`mlp` depth=0,
+    lr 1e-2) ~0.57 test accuracy, `mlp` ~0.66; chance is 0.125. Each feature occurs in only ~40
+    training samples, which is what limits accuracy (the teacher itself is exact)."""
     g = generator(_BOW_TEACHER_SEED, o.features, o.classes)
     owner = torch.randperm(o.features, generator=g) % o.classes  # (F,) class of each feature
     strength = 0.5 + torch.rand(o.features, generator=g)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from polytrain.config import JobConfig, load_config, total_steps
-from polytrain.data import DataSpec, load_dataset, validate_dataset_options
+from polytrain.data import DataSpec, dataset_spec, validate_dataset_options
 from polytrain.errors import ConfigError
 from polytrain.models import is_user_model, load_user_model, validate_model
 from polytrain.strategies import Strategy, make_strategy
@@ -37,7 +37,7 @@ def prepare(cfg: JobConfig) -> Prepared:
     """Validate strategy, options, dataset, model and their fit; raise ConfigError otherwise."""
     strategy = make_strategy(cfg.strategy, cfg.options)
     validate_dataset_options(cfg.dataset, cfg.data_options)
-    spec = load_dataset(cfg.dataset, cfg.data_options, seed=cfg.seed).spec
+    spec = dataset_spec(cfg.dataset, cfg.data_options)
     if is_user_model(cfg.model):
         if cfg.model_options:
             raise ConfigError(

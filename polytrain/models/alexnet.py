@@ -134,7 +134,8 @@ def alexnet_columns(model: nn.Sequential) -> tuple[ColumnLayer, ...]:
         if name == "conv1":
             plan.append(ColumnLayer(name, "out_channels", "image"))
         elif name.startswith("conv"):
-            grouped = isinstance(child[0], nn.Conv2d) and child[0].groups == 2
+            conv = next(m for m in child.modules() if isinstance(m, nn.Conv2d))
+            grouped = conv.groups == 2
             plan.append(ColumnLayer(name, "out_channels", "own" if grouped else "both"))
         else:
             plan.append(ColumnLayer(name, "out_features", "both"))

@@ -40,8 +40,10 @@ class Embed(nn.Module):
 
     def __init__(self, vocab: int, seq_len: int, d_model: int) -> None:
         super().__init__()
-        self.tok = nn.Embedding(vocab, d_model)
-        self.pos = nn.Embedding(seq_len, d_model)
+        # Uninitialised here (from_pretrained skips Embedding's N(0,1) init, which on the meta
+        # device costs ~2.5 s); _init draws the weights.
+        self.tok = nn.Embedding.from_pretrained(torch.empty(vocab, d_model), freeze=False)
+        self.pos = nn.Embedding.from_pretrained(torch.empty(seq_len, d_model), freeze=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(idx.shape[1], device=idx.device)
@@ -124,6 +126,8 @@ def _check(spec: DataSpec, o: GptOptions) -> str | None:
 
 
 def _init(model: nn.Module, n_layer: int) -> None:
+    if next(model.parameters()).is_meta:
+        return  # only counting: normal_ on meta loads torch's meta kernels (~2.5 s, once)
     # GPT-2 init: N(0, 0.02); residual projections scaled by 1/√(2·n_layer) so the residual
     # stream's variance does not grow with depth.
     for name, p in model.named_parameters():
@@ -138,9 +142,7 @@ def _init(model: nn.Module, n_layer: int) -> None:
 
 def build_gpt_mini(spec: DataSpec, o: GptOptions) -> nn.Sequential:
     seq_len = o.seq_len or spec.input_shape[0]
-    layers: OrderedDict[str, nn.Module] = OrderedDict(
-        embed=Embed(spec.num_classes, seq_len, o.d_model)
-    )
+    layers: OrderedDict[str, nn.Module] = OrderedDict(embed=Embed(spec.num_classes, seq_len, o.d_model))
     for i in range(o.n_layer):
         layers[f"block{i + 1}"] = Block(o.d_model, o.n_head)
     layers["head"] = Head(o.d_model, spec.num_classes)

@@ -63,7 +63,7 @@ def is_user_model(name: str) -> bool:
 
 def _problem(entry: ModelEntry, spec: DataSpec, opts: BaseModel) -> str | None:
     if spec.task not in entry.tasks:
-        return f"it supports {'/'.join(entry.tasks)} data but '{spec.name}' is a {spec.task} dataset"
+        return f"it supports {'/'.join(entry.tasks)} datasets, not {spec.task} ones"
     return entry.check(spec, opts) if entry.check else None
 
 
@@ -79,9 +79,7 @@ def _fitting_datasets(entry: ModelEntry, opts: BaseModel) -> list[str]:
     return fits
 
 
-def validate_model(
-    name: str, spec: DataSpec, options: Mapping[str, Any] | BaseModel | None
-) -> BaseModel:
+def validate_model(name: str, spec: DataSpec, options: Mapping[str, Any] | BaseModel | None) -> BaseModel:
     """Check a model name, its options and its fit to ``spec`` without building it.
 
     A user target (``pkg.mod:factory``) is only checked for syntax here (importing it may have
@@ -99,9 +97,7 @@ def validate_model(
             )
         return UserModelOptions()
     if name not in MODELS:
-        raise unknown(
-            "model", name, MODELS, fix="Or give your own as 'pkg.module:factory'."
-        )
+        raise unknown("model", name, MODELS, fix="Or give your own as 'pkg.module:factory'.")
     entry = MODELS[name]
     opts = parse_options("model", name, entry.Options, options)
     problem = _problem(entry, spec, opts)
@@ -139,9 +135,7 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def parameter_count(
-    name: str, spec: DataSpec, options: Mapping[str, Any] | BaseModel | None = None
-) -> int:
+def parameter_count(name: str, spec: DataSpec, options: Mapping[str, Any] | BaseModel | None = None) -> int:
     """Parameter count of a zoo model without allocating it (built on the meta device)."""
     opts = validate_model(name, spec, options)
     with torch.device("meta"):
@@ -163,10 +157,9 @@ def describe_models(spec_for: Callable[[str], DataSpec] | None = None) -> list[d
             {
                 "name": name,
                 "description": entry.description,
-                "tasks": list(entry.tasks),
+                "tasks": ", ".join(entry.tasks),
                 "default_dataset": entry.default_dataset,
                 "parameters": parameter_count(name, spec),
-                "options": {k: f.default for k, f in entry.Options.model_fields.items()},
             }
         )
     return rows

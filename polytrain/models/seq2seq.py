@@ -47,8 +47,10 @@ def split_point(t: int) -> int:
 class Embed(nn.Module):
     def __init__(self, vocab: int, hidden: int) -> None:
         super().__init__()
-        self.src = nn.Embedding(vocab, hidden)
-        self.tgt = nn.Embedding(vocab, hidden)
+        # Drawn in _init, not here: Embedding's own N(0,1) init on the meta device (parameter
+        # counting) loads torch's meta kernels, ~2.5 s.
+        self.src = nn.Embedding.from_pretrained(torch.empty(vocab, hidden), freeze=False)
+        self.tgt = nn.Embedding.from_pretrained(torch.empty(vocab, hidden), freeze=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, H)
         s = split_point(x.shape[1])
@@ -113,14 +115,19 @@ def _check(spec: DataSpec, _: Seq2SeqOptions) -> str | None:
 
 def build_seq2seq(spec: DataSpec, o: Seq2SeqOptions) -> nn.Sequential:
     vocab, h = spec.num_classes, o.hidden
-    layers: OrderedDict[str, nn.Module] = OrderedDict(embed=Embed(vocab, h))
+    embed = Embed(vocab, h)
+    layers: OrderedDict[str, nn.Module] = OrderedDict(embed=embed)
     for i in range(o.layers):
         layers[f"enc{i + 1}"] = EncoderLayer(h, bidirectional=i == 0, residual=i >= 2)
     layers["bridge"] = Bridge(h)
     for i in range(o.layers):
         layers[f"dec{i + 1}"] = DecoderLayer(h, residual=i >= 2)
     layers["head"] = Head(h, vocab)
-    return nn.Sequential(layers)
+    model = nn.Sequential(layers)
+    if not embed.src.weight.is_meta:  # meta: only counting parameters
+        for table in (embed.src, embed.tgt):
+            nn.init.normal_(table.weight)  # nn.Embedding's default N(0, 1)
+    return model
 
 
 register_model(

@@ -33,7 +33,7 @@ from polytrain.models.registry import ModelEntry, register_model
 # Output channels of each conv, in multiples of `width`; every block ends with a 2×2 max-pool.
 BLOCKS: tuple[tuple[int, ...], ...] = ((1, 1), (2, 2), (4, 4, 4), (8, 8, 8), (8, 8, 8))
 FC_MAP = 7  # fc1 sees an 8w × 7 × 7 map, as in VGG-16 on 224×224 images
-MIN_SIDE = 2**len(BLOCKS)  # 32: five 2×2 poolings
+MIN_SIDE = 2 ** len(BLOCKS)  # 32: five 2×2 poolings
 
 
 class VggOptions(BaseModel):
@@ -88,11 +88,14 @@ def _check(spec: DataSpec, o: VggOptions) -> str | None:
 
 
 def _init(model: nn.Module) -> None:
+    if next(model.parameters()).is_meta:
+        return  # only counting: normal_ on meta loads torch's meta kernels (~2.5 s, once)
     # torchvision's VGG init: He for convs (no batch norm to rescue a bad start), small FC.
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            nn.init.zeros_(m.bias)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, 0.0, 0.01)
             nn.init.zeros_(m.bias)

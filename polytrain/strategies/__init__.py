@@ -6,7 +6,10 @@ pulling in torch and the runtime.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from polytrain.strategies.base import Strategy, get_strategy_class, make_strategy, registry
 
 __all__ = ["Strategy", "get_strategy_class", "make_strategy", "registry"]
 
