@@ -101,7 +101,7 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
 
         return train_under_torchrun(args.config, _overrides(args), args.sets, args.resume)
     summary = api.train(config=args.config, sets=args.sets, resume=args.resume,
-                        console=console, **_overrides(args))
+                        console=Console(stderr=True), **_overrides(args))
     run_dir = summary["config"]["out"]
     _print_summary(console, summary, run_dir)
     return 0
@@ -113,7 +113,8 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
 
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     result = api.compare(names, config=args.config, sets=args.sets,
-                         target_accuracy=args.target_accuracy, console=console, **_overrides(args))
+                         target_accuracy=args.target_accuracy, console=Console(stderr=True),
+                         **_overrides(args))
     console.print(compare_table(result["strategies"]))
     console.print(f"compare.json: {Path(result['out']) / 'compare.json'}")
     return 0

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`python -m polytrain ARGS` as a user would run it; output captured."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160", **(env or {})}
     return subprocess.run([sys.executable, "-m", "polytrain", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 

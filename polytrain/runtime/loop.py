@@ -40,6 +40,28 @@ class LoopSpec:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
+def plain_step(job: Job, ctx: RankContext, forward: Callable[[torch.Tensor], torch.Tensor],
+               optimizer: torch.optim.Optimizer) -> StepFn:
+    """The ordinary step (zero grads, forward, backward, update) with timeline spans.
+
+    ``forward`` is the model, or a wrapper around it (e.g. DDP) whose backward communicates.
+    """
+    rec = ctx.recorder
+
+    def step(i: int, x: torch.Tensor, y: torch.Tensor) -> float:
+        x, y = x.to(ctx.device), y.to(ctx.device)
+        optimizer.zero_grad(set_to_none=True)
+        with rec.span("forward", step=i):
+            loss = job.loss(forward(x), y)
+        with rec.span("backward", step=i):
+            loss.backward()
+        with rec.span("optimizer", step=i):
+            optimizer.step()
+        return float(loss.detach())
+
+    return step
+
+
 def _snapshot(spec: LoopSpec, step: int) -> dict[str, Any]:
     state: dict[str, Any] = {
         "step": torch.tensor(step),

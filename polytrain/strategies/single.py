@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import torch
-
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.runtime.loop import LoopSpec, run_loop
+from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.strategies.base import Strategy
 
 
@@ -26,17 +24,5 @@ class Single(Strategy):
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         model = job.build_model().to(ctx.device)
         optimizer = job.make_optimizer(model.parameters())
-        rec = ctx.recorder
-
-        def step(i: int, x: torch.Tensor, y: torch.Tensor) -> float:
-            x, y = x.to(ctx.device), y.to(ctx.device)
-            optimizer.zero_grad(set_to_none=True)
-            with rec.span("forward", step=i):
-                loss = job.loss(model(x), y)
-            with rec.span("backward", step=i):
-                loss.backward()
-            with rec.span("optimizer", step=i):
-                optimizer.step()
-            return float(loss.detach())
-
+        step = plain_step(job, ctx, model, optimizer)
         return run_loop(job, ctx, LoopSpec(model=model, optimizer=optimizer, step_fn=step))

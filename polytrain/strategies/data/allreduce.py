@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.runtime.loop import LoopSpec, run_loop
+from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.strategies.base import Strategy
 
 
@@ -84,20 +84,7 @@ class Allreduce(Strategy):
                   device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
         ddp.register_comm_hook(None, _accounted_hook(ctx))
         optimizer = job.make_optimizer(ddp.parameters())
-        rec = ctx.recorder
-
-        def step(i: int, x: torch.Tensor, y: torch.Tensor) -> float:
-            x, y = x.to(ctx.device), y.to(ctx.device)
-            optimizer.zero_grad(set_to_none=True)
-            with rec.span("forward", step=i):
-                loss = job.loss(ddp(x), y)
-            with rec.span("backward", step=i):
-                loss.backward()
-            with rec.span("optimizer", step=i):
-                optimizer.step()
-            return float(loss.detach())
-
-        spec = LoopSpec(model=model, optimizer=optimizer, step_fn=step,
+        spec = LoopSpec(model=model, optimizer=optimizer, step_fn=plain_step(job, ctx, ddp, optimizer),
                         part=ctx.rank, parts=ctx.world,
                         metrics={"bucket_mb": opts.bucket_mb, "overlap": True})
         return run_loop(job, ctx, spec)
