@@ -52,8 +52,19 @@ def train(*, config: str | Path | None = None, sets: Sequence[str] | None = None
     if resume is not None:
         run_dir = Path(resume)
         cfg = resume_config(run_dir, options, list(sets or []))
+        _check_checkpoints(run_dir, cfg, console or Console(stderr=True))
         return launch(cfg, resume=True, run_dir=run_dir, console=console)
     return launch(_config(config, sets, options), console=console)
+
+
+def _check_checkpoints(run_dir: Path, cfg: JobConfig, console: Console) -> None:
+    """Refuse a resume without a good checkpoint before any process starts; warn about bad ones."""
+    from polytrain.runtime.checkpoint import CheckpointStore
+    from polytrain.runtime.job import fingerprint
+
+    ckpt, warnings = CheckpointStore(run_dir / "checkpoints", fingerprint(cfg)).find_good()
+    for w in warnings:
+        console.print(f"[yellow]warning:[/] {w}; resuming from {ckpt.name} instead", highlight=False)
 
 
 def compare(strategies: Sequence[str], *, config: str | Path | None = None,

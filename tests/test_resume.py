@@ -37,3 +37,15 @@ def test_resume_from_another_job_is_refused(tmp_path: Path) -> None:
     assert "belongs to another job" in r.stderr and "model: 'mlp' -> 'cnn'" in r.stderr
     r = run_cli("train", "--resume", str(tmp_path / "nowhere"))
     assert r.returncode == 2 and "not a polytrain run directory" in r.stderr
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_previous(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    r = run_cli("train", *JOB, "--steps", "8", "--checkpoint-every", "4", "--out", str(run))
+    assert r.returncode == 0, r.stderr
+    latest = run / "checkpoints" / "step-00000008" / "rank0.pt"
+    latest.write_bytes(latest.read_bytes()[:-100])  # truncated: a half-written file
+    r = run_cli("train", "--resume", str(run), "--steps", "10", "--no-report")
+    assert r.returncode == 0, r.stderr
+    assert "step-00000008 refused" in r.stderr and "resuming from step-00000004" in r.stderr
+    assert list(step_losses(run)) == [5, 6, 7, 8, 9, 10]
