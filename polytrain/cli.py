@@ -81,16 +81,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency", help="one-way delay, e.g. 1ms (needs the kernel's sch_netem)")
     p.add_argument("--loss", help="packet loss, e.g. 0.1%% (needs sch_netem)")
     p.add_argument("--procs-per-host", type=int, help="processes per host (default --procs / hosts)")
+    p = sub.add_parser("report", help="plots, timeline and report.md of a run or compare directory")
+    p.add_argument("run_dir", metavar="RUN_DIR")
     sub.add_parser("strategies", help="list the strategies")
     sub.add_parser("models", help="list the model zoo with parameter counts")
     sub.add_parser("datasets", help="list the built-in datasets")
     return parser
 
 
-def _print_summary(console: Console, summary: dict[str, Any], run_dir: str) -> None:
-    from polytrain.cli_view import summary_panel
+def _report(console: Console, path: Path, skip: bool) -> None:
+    """Plots, timeline and report.md next to the run's files (unless --no-report)."""
+    if skip:
+        return
+    from polytrain.report import write_report
 
-    console.print(summary_panel(summary, run_dir))
+    written = write_report(path)
+    md = next((p for p in written if p.suffix == ".md"), None)
+    console.print(f"report: {md or path} ({len(written)} files)", highlight=False)
 
 
 def cmd_train(args: argparse.Namespace, console: Console) -> int:
@@ -99,24 +106,35 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
     if api.under_torchrun():
         from polytrain.launch.torchrun import train_under_torchrun
 
-        return train_under_torchrun(args.config, _overrides(args), args.sets, args.resume)
+        return train_under_torchrun(args.config, _overrides(args), args.sets, args.resume,
+                                    no_report=args.no_report)
+    from polytrain.report import format_summary
+
     summary = api.train(config=args.config, sets=args.sets, resume=args.resume,
                         console=Console(stderr=True), **_overrides(args))
     run_dir = summary["config"]["out"]
-    _print_summary(console, summary, run_dir)
+    console.print(format_summary(summary, run_dir))
+    _report(console, Path(run_dir), args.no_report)
     return 0
 
 
 def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     from polytrain import api
-    from polytrain.cli_view import compare_table
+    from polytrain.report import summary_table
 
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     result = api.compare(names, config=args.config, sets=args.sets,
                          target_accuracy=args.target_accuracy, console=Console(stderr=True),
                          **_overrides(args))
-    console.print(compare_table(result["strategies"]))
-    console.print(f"compare.json: {Path(result['out']) / 'compare.json'}")
+    console.print(summary_table(result["strategies"], args.target_accuracy,
+                                title="comparison: same model, data and global batch"))
+    console.print(f"compare.json: {Path(result['out']) / 'compare.json'}", highlight=False)
+    _report(console, Path(result["out"]), args.no_report)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace, console: Console) -> int:
+    _report(console, Path(args.run_dir), skip=False)
     return 0
 
 
@@ -197,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_compare(args, console)
         if args.command == "testbed":
             return cmd_testbed(args, job, console)
+        if args.command == "report":
+            return cmd_report(args, console)
         if args.command == "schedule":
             return cmd_schedule(args, console)
         simple = {"strategies": cmd_strategies, "models": cmd_models, "datasets": cmd_datasets}

@@ -24,7 +24,7 @@ def test_default_train_reaches_stated_accuracy(tmp_path: Path) -> None:
                 "strategy_metrics"):
         assert key in summary
     assert (run / "config.toml").is_file() and (run / "metrics.jsonl").is_file()
-    assert "test accuracy" in r.stdout and "samples/s" in r.stdout
+    assert "Accuracy" in r.stdout and "samples/s" in r.stdout
 
 
 def test_strategies_listing() -> None:
@@ -80,5 +80,5 @@ def test_compare_runs_each_strategy_on_the_same_job(tmp_path: Path) -> None:
     losses = [s["final_loss"] for s in data["strategies"]]
     assert abs(losses[0] - losses[1]) < 1e-4
     assert all(s["time_to_accuracy_s"] is not None for s in data["strategies"])
-    for col in ("samples/s", "final loss", "accuracy", "bytes/sample", "peak memory", "time to"):
+    for col in ("samples/s", "Final loss", "Accuracy", "Bytes/sample", "Peak memory", "Time to"):
         assert col in r.stdout

@@ -50,6 +50,7 @@ def launch(
     prepared = prepare(cfg)
     if run_dir is None:
         run_dir = new_run_dir(cfg)
+    cfg = cfg.model_copy(update={"out": str(run_dir)})
     if not resume:
         write_config(run_dir, cfg)
     console = console or Console(stderr=True)

@@ -106,9 +106,12 @@ def run_testbed(hosts: int, nic: str, latency: str | None, loss: str | None,
             if code:
                 break
     if command == "compare" and code == 0:
-        from polytrain.cli_view import compare_table
+        from polytrain.report import summary_table, write_report
 
         summaries = [json.loads((root / n / "summary.json").read_text()) for n in strategies]
-        (root / "compare.json").write_text(json.dumps({"strategies": summaries}, indent=1))
-        console.print(compare_table(summaries))
+        (root / "compare.json").write_text(json.dumps({"strategies": summaries, "target_accuracy": None},
+                                                      indent=1))
+        console.print(summary_table(summaries, title=f"comparison on the testbed ({hosts} hosts, {nic})"))
+        if "--no-report" not in args:
+            write_report(root)
     return code

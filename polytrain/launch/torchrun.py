@@ -25,7 +25,8 @@ from polytrain.launch.worker import run_rank
 
 
 def train_under_torchrun(
-    config: str | None, overrides: dict[str, Any], sets: list[str], resume: str | None
+    config: str | None, overrides: dict[str, Any], sets: list[str], resume: str | None,
+    no_report: bool = False,
 ) -> int:
     world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
@@ -59,7 +60,9 @@ def train_under_torchrun(
         }
     )
     if rank == 0:
-        from polytrain.cli_view import summary_panel
+        from polytrain.report import format_summary, write_report
 
-        Console().print(summary_panel(read_summary(run_dir), str(run_dir)))
+        Console().print(format_summary(read_summary(run_dir), run_dir))
+        if not no_report:
+            write_report(run_dir)
     return 0

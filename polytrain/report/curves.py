@@ -1,0 +1,71 @@
+"""Loss and accuracy curves from events (pure data; the plots draw these).
+
+A step's loss is the mean over the ranks that reported that step: ranks of some strategies
+(parameter servers, actors) report no steps, and asynchronous workers report different step
+numbers at different times. The step counts as done when the last of those ranks finished it,
+so its time and its sample count are the largest reported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Event = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class LossPoint:
+    step: int
+    t: float  # seconds since training start
+    samples: float  # global samples processed so far
+    loss: float  # mean over the ranks that reported this step
+    ranks: int  # how many ranks reported it
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    step: int
+    t: float
+    accuracy: float
+
+
+def loss_curve(events: Iterable[Event]) -> list[LossPoint]:
+    """One point per step number, sorted by step; non-finite losses are left out."""
+    by_step: dict[int, list[Event]] = {}
+    for e in events:
+        if e.get("event") == "step" and math.isfinite(float(e["loss"])):
+            by_step.setdefault(int(e["step"]), []).append(e)
+    return [
+        LossPoint(
+            step=step,
+            t=max(float(e["t"]) for e in group),
+            samples=max(float(e["samples"]) for e in group),
+            loss=sum(float(e["loss"]) for e in group) / len(group),
+            ranks=len({e["rank"] for e in group}),
+        )
+        for step, group in sorted(by_step.items())
+    ]
+
+
+def eval_curve(events: Iterable[Event]) -> list[EvalPoint]:
+    """Evaluation accuracy over time, sorted by time."""
+    points = [
+        EvalPoint(step=int(e["step"]), t=float(e["t"]), accuracy=float(e["accuracy"]))
+        for e in events
+        if e.get("event") == "eval"
+    ]
+    return sorted(points, key=lambda p: p.t)
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    """Trailing mean over up to `window` values (same length as the input)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
