@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -34,8 +35,16 @@ BATCH = 32
 
 
 def span(rank: int, name: str, cat: str, start: float, end: float, step: int) -> Event:
-    return {"event": "span", "rank": rank, "t": end, "name": name, "cat": cat,
-            "start": start, "end": end, "step": step}
+    return {
+        "event": "span",
+        "rank": rank,
+        "t": end,
+        "name": name,
+        "cat": cat,
+        "start": start,
+        "end": end,
+        "step": step,
+    }
 
 
 def allreduce_events(world: int, steps: int, rng: random.Random) -> list[Event]:
@@ -45,16 +54,34 @@ def allreduce_events(world: int, steps: int, rng: random.Random) -> list[Event]:
         t = 0.002 * rank
         for step in range(1, steps + 1):
             f, b, a, o = (t + 0.01, t + 0.03, t + 0.036, t + 0.04)
-            events += [span(rank, "forward", "compute", t, f, step),
-                       span(rank, "backward", "compute", f, b, step),
-                       span(rank, "allreduce", "comm", t + 0.02, a, step),
-                       span(rank, "optimizer", "compute", a, o, step)]
+            events += [
+                span(rank, "forward", "compute", t, f, step),
+                span(rank, "backward", "compute", f, b, step),
+                span(rank, "allreduce", "comm", t + 0.02, a, step),
+                span(rank, "optimizer", "compute", a, o, step),
+            ]
             loss = 2.3 * math.exp(-step / 8) + rng.uniform(0, 0.05)
-            events.append({"event": "step", "rank": rank, "t": o, "step": step, "loss": loss,
-                           "samples": step * BATCH * world})
+            events.append(
+                {
+                    "event": "step",
+                    "rank": rank,
+                    "t": o,
+                    "step": step,
+                    "loss": loss,
+                    "samples": step * BATCH * world,
+                }
+            )
             if rank == 0 and step % 4 == 0:
-                events.append({"event": "eval", "rank": 0, "t": o + 0.001, "step": step,
-                               "accuracy": min(0.99, 0.5 + step * 0.04), "loss": loss})
+                events.append(
+                    {
+                        "event": "eval",
+                        "rank": 0,
+                        "t": o + 0.001,
+                        "step": step,
+                        "accuracy": min(0.99, 0.5 + step * 0.04),
+                        "loss": loss,
+                    }
+                )
             t = o + 0.005  # idle: data loading
     return events
 
@@ -64,19 +91,21 @@ def ps_events(steps: int, rng: random.Random) -> list[Event]:
     events: list[Event] = []
     t = 0.0
     for step in range(1, steps + 1):
-        events += [span(1, "forward", "compute", t, t + 0.01, step),
-                   span(1, "backward", "compute", t + 0.01, t + 0.03, step),
-                   span(1, "push", "comm", t + 0.03, t + 0.035, step),
-                   span(0, "recv", "comm", t + 0.03, t + 0.035, step),
-                   span(0, "apply", "compute", t + 0.035, t + 0.04, step),
-                   span(0, "send", "comm", t + 0.04, t + 0.043, step),
-                   span(1, "pull", "comm", t + 0.04, t + 0.043, step)]
+        events += [
+            span(1, "forward", "compute", t, t + 0.01, step),
+            span(1, "backward", "compute", t + 0.01, t + 0.03, step),
+            span(1, "push", "comm", t + 0.03, t + 0.035, step),
+            span(0, "recv", "comm", t + 0.03, t + 0.035, step),
+            span(0, "apply", "compute", t + 0.035, t + 0.04, step),
+            span(0, "send", "comm", t + 0.04, t + 0.043, step),
+            span(1, "pull", "comm", t + 0.04, t + 0.043, step),
+        ]
         loss = 2.3 * math.exp(-step / 10) + rng.uniform(0, 0.05)
-        events.append({"event": "step", "rank": 1, "t": t + 0.043, "step": step, "loss": loss,
-                       "samples": step * BATCH})
+        events.append(
+            {"event": "step", "rank": 1, "t": t + 0.043, "step": step, "loss": loss, "samples": step * BATCH}
+        )
         t += 0.05
-    events.append({"event": "eval", "rank": 1, "t": t, "step": steps, "accuracy": 0.8,
-                   "loss": 0.7})
+    events.append({"event": "eval", "rank": 1, "t": t, "step": steps, "accuracy": 0.8, "loss": 0.7})
     return events
 
 
@@ -84,22 +113,41 @@ def make_summary(strategy: str, roles: list[str], events: list[Event]) -> dict[s
     steps = max((e["step"] for e in events if e["event"] == "step"), default=0)
     samples = max((e["samples"] for e in events if e["event"] == "step"), default=0)
     wall = max(e["t"] for e in events)
-    per_rank = [{"rank": r, "role": role, "steps": steps if role == "worker" else 0,
-                 "bytes_sent": 150_000 * (r + 1), "bytes_by_op": {"allreduce": 150_000},
-                 "bytes_by_peer": {"0": 150_000}, "peak_rss_bytes": (300 + 40 * r) << 20,
-                 "busy_s": wall * 0.8} for r, role in enumerate(roles)]
+    per_rank = [
+        {
+            "rank": r,
+            "role": role,
+            "steps": steps if role == "worker" else 0,
+            "bytes_sent": 150_000 * (r + 1),
+            "bytes_by_op": {"allreduce": 150_000},
+            "bytes_by_peer": {"0": 150_000},
+            "peak_rss_bytes": (300 + 40 * r) << 20,
+            "busy_s": wall * 0.8,
+        }
+        for r, role in enumerate(roles)
+    ]
     sent = sum(r["bytes_sent"] for r in per_rank)
     return {
-        "strategy": strategy, "world_size": len(roles), "steps": steps, "samples": samples,
-        "wall_s": wall, "throughput_samples_per_s": samples / wall,
+        "strategy": strategy,
+        "world_size": len(roles),
+        "steps": steps,
+        "samples": samples,
+        "wall_s": wall,
+        "throughput_samples_per_s": samples / wall,
         "final_loss": next(e["loss"] for e in reversed(events) if e["event"] == "step"),
-        "eval": {"accuracy": 0.9375, "loss": 0.21}, "bytes_sent": sent,
-        "bytes_sent_per_sample": sent / samples, "peak_rss_bytes": (340 << 20),
+        "eval": {"accuracy": 0.9375, "loss": 0.21},
+        "bytes_sent": sent,
+        "bytes_sent_per_sample": sent / samples,
+        "peak_rss_bytes": (340 << 20),
         "per_rank": per_rank,
-        "strategy_metrics": {"staleness": {"max": 1, "histogram": {"0": 10, "1": 2}},
-                             "per_step_ms": [round(10 + i * 0.5, 2) for i in range(40)]},
-        "config": {"strategy": strategy}, "testbed": None,
-        "polytrain_version": "0.1.0", "torch_version": "2.13.0",
+        "strategy_metrics": {
+            "staleness": {"max": 1, "histogram": {"0": 10, "1": 2}},
+            "per_step_ms": [round(10 + i * 0.5, 2) for i in range(40)],
+        },
+        "config": {"strategy": strategy},
+        "testbed": None,
+        "polytrain_version": "0.1.0",
+        "torch_version": "2.13.0",
     }
 
 
@@ -120,11 +168,9 @@ def write_run(run: Path, strategy: str, roles: list[str], events: list[Event]) -
 def write_compare(root: Path, steps: int = 16) -> Path:
     """A compare directory: allreduce (2 workers) and ps (1 server + 1 worker)."""
     rng = random.Random(0)
-    a = write_run(root / "allreduce", "allreduce", ["worker", "worker"],
-                  allreduce_events(2, steps, rng))
+    a = write_run(root / "allreduce", "allreduce", ["worker", "worker"], allreduce_events(2, steps, rng))
     p = write_run(root / "ps", "ps", ["server", "worker"], ps_events(steps, rng))
-    (root / "compare.json").write_text(json.dumps({"strategies": [a, p],
-                                                   "target_accuracy": 0.75}))
+    (root / "compare.json").write_text(json.dumps({"strategies": [a, p], "target_accuracy": 0.75}))
     return root
 
 
@@ -141,9 +187,17 @@ def test_compare_report_writes_every_file(compare_report: tuple[Path, list[Path]
     root, files = compare_report
     names = {f.name for f in files}
     assert names == {
-        "loss_time.png", "loss_samples.png", "accuracy_time.png", "throughput.png",
-        "bytes_per_sample.png", "memory.png", "timeline_allreduce.png", "timeline_ps.png",
-        "timeline_allreduce.json", "timeline_ps.json", "report.md",
+        "loss_time.png",
+        "loss_samples.png",
+        "accuracy_time.png",
+        "throughput.png",
+        "bytes_per_sample.png",
+        "memory.png",
+        "timeline_allreduce.png",
+        "timeline_ps.png",
+        "timeline_allreduce.json",
+        "timeline_ps.json",
+        "report.md",
     }
     for f in files:
         assert f.parent == root and f.stat().st_size > 0
@@ -167,8 +221,7 @@ def test_report_md_has_table_rows_and_image_links(compare_report: tuple[Path, li
 
 
 def test_single_run_report(tmp_path: Path) -> None:
-    write_run(tmp_path / "run", "allreduce", ["worker", "worker"],
-              allreduce_events(2, 5, random.Random(1)))
+    write_run(tmp_path / "run", "allreduce", ["worker", "worker"], allreduce_events(2, 5, random.Random(1)))
     names = {f.name for f in write_report(tmp_path / "run")}
     assert {"timeline.png", "timeline.json", "report.md", "memory.png"} <= names
     md = (tmp_path / "run" / "report.md").read_text()
@@ -183,7 +236,7 @@ def test_report_from_rank_files_tolerates_cut_last_line(tmp_path: Path) -> None:
         f.write('{"event": "step", "rank": 1, "t": 9.')  # killed mid-write
     events = load_run(run).events
     assert {e["rank"] for e in events} == {0, 1}
-    assert all(a["t"] <= b["t"] for a, b in zip(events, events[1:], strict=False))
+    assert all(a["t"] <= b["t"] for a, b in itertools.pairwise(events))
 
 
 # --------------------------------------------------------------------------- timeline data
@@ -192,7 +245,7 @@ def test_report_from_rank_files_tolerates_cut_last_line(tmp_path: Path) -> None:
 def assert_lanes_ok(row: RankRow) -> None:
     for boxes in row.lanes.values():
         assert all(b.duration > 0 for b in boxes)
-        for a, b in zip(boxes, boxes[1:], strict=False):
+        for a, b in itertools.pairwise(boxes):
             assert a.end <= b.start + 1e-12, (row.rank, a, b)
 
 
@@ -216,25 +269,29 @@ def test_rank_without_events_still_gets_a_row() -> None:
 
 def test_nested_spans_innermost_wins() -> None:
     """A `step` span around forward/backward, an optimizer partly overlapping backward."""
-    spans = [span(0, "step", "compute", 0.0, 3.0, 1), span(0, "forward", "compute", 0.0, 1.0, 1),
-             span(0, "backward", "compute", 1.0, 2.0, 1),
-             span(0, "optimizer", "compute", 1.5, 2.5, 1)]
+    spans = [
+        span(0, "step", "compute", 0.0, 3.0, 1),
+        span(0, "forward", "compute", 0.0, 1.0, 1),
+        span(0, "backward", "compute", 1.0, 2.0, 1),
+        span(0, "optimizer", "compute", 1.5, 2.5, 1),
+    ]
     boxes = flatten_lane(spans)
     got = [(b.name, b.start, b.end) for b in boxes]
-    assert got == [("forward", 0.0, 1.0), ("backward", 1.0, 1.5), ("optimizer", 1.5, 2.5),
-                   ("step", 2.5, 3.0)]
+    assert got == [("forward", 0.0, 1.0), ("backward", 1.0, 1.5), ("optimizer", 1.5, 2.5), ("step", 2.5, 3.0)]
     row = timeline_rows(spans)[0]
     assert_lanes_ok(row)
     assert row.busy_s() == pytest.approx(3.0)
 
 
 def test_comm_inside_compute_goes_to_its_own_lane() -> None:
-    spans = [span(0, "backward", "compute", 0.0, 2.0, 1), span(0, "send", "comm", 0.5, 0.8, 1),
-             span(0, "recv", "comm", 0.7, 1.0, 1)]
+    spans = [
+        span(0, "backward", "compute", 0.0, 2.0, 1),
+        span(0, "send", "comm", 0.5, 0.8, 1),
+        span(0, "recv", "comm", 0.7, 1.0, 1),
+    ]
     row = timeline_rows(spans)[0]
     assert [(b.name, b.start, b.end) for b in row.lanes["compute"]] == [("backward", 0.0, 2.0)]
-    assert [(b.name, b.start, b.end) for b in row.lanes["comm"]] == [
-        ("send", 0.5, 0.7), ("recv", 0.7, 1.0)]
+    assert [(b.name, b.start, b.end) for b in row.lanes["comm"]] == [("send", 0.5, 0.7), ("recv", 0.7, 1.0)]
     assert row.lanes["comm"][0].kind == "comm"
 
 
@@ -261,11 +318,11 @@ def test_chrome_trace_is_valid(compare_report: tuple[Path, list[Path]]) -> None:
     assert x["ts"] == pytest.approx(first["start"] * 1e6)
     assert x["dur"] == pytest.approx((first["end"] - first["start"]) * 1e6)
     assert all(e["tid"] in (0, 1) and e["dur"] >= 0 for e in spans)
+    assert x["args"] == {"step": first["step"]}  # extra span fields travel as args
 
 
 def test_chrome_trace_skips_nan_loss() -> None:
-    events = [{"event": "step", "rank": 0, "t": 1.0, "step": 1, "loss": float("nan"),
-               "samples": 1}]
+    events = [{"event": "step", "rank": 0, "t": 1.0, "step": 1, "loss": float("nan"), "samples": 1}]
     trace = chrome_trace(events, {"strategy": "x", "world_size": 1})
     json.dumps(trace, allow_nan=False)
 
@@ -274,15 +331,19 @@ def test_chrome_trace_skips_nan_loss() -> None:
 
 
 def test_loss_is_mean_over_reporting_ranks() -> None:
-    events = [{"event": "step", "rank": r, "t": 1.0 + r, "step": 1, "loss": loss,
-               "samples": 64} for r, loss in ((1, 1.0), (2, 3.0))]
+    events = [
+        {"event": "step", "rank": r, "t": 1.0 + r, "step": 1, "loss": loss, "samples": 64}
+        for r, loss in ((1, 1.0), (2, 3.0))
+    ]
     (p,) = loss_curve(events)
     assert (p.loss, p.t, p.samples, p.ranks) == (2.0, 3.0, 64, 2)
 
 
 def test_time_to_accuracy() -> None:
-    events = [{"event": "eval", "rank": 0, "t": t, "step": s, "accuracy": a}
-              for t, s, a in ((1.0, 1, 0.5), (2.5, 2, 0.91), (4.0, 3, 0.97))]
+    events = [
+        {"event": "eval", "rank": 0, "t": t, "step": s, "accuracy": a}
+        for t, s, a in ((1.0, 1, 0.5), (2.5, 2, 0.91), (4.0, 3, 0.97))
+    ]
     events.insert(0, {"event": "step", "rank": 0, "t": 0.5, "step": 1, "loss": 1.0})
     assert time_to_accuracy(events, 0.9) == 2.5
     assert time_to_accuracy(events, 0.97) == 4.0
@@ -318,8 +379,7 @@ def _bad_event_line(run: Path) -> None:
 
 def _span_without_end(run: Path) -> None:
     with (run / "metrics.jsonl").open("a") as f:
-        f.write('{"event": "span", "rank": 0, "t": 1, "name": "f", "cat": "compute", '
-                '"start": 0}\n')
+        f.write('{"event": "span", "rank": 0, "t": 1, "name": "f", "cat": "compute", "start": 0}\n')
 
 
 def _no_events(run: Path) -> None:
@@ -328,17 +388,19 @@ def _no_events(run: Path) -> None:
         f.unlink()
 
 
-@pytest.mark.parametrize(("breakage", "message"), [
-    (_no_summary, "no summary.json or compare.json"),
-    (_bad_json, "not valid JSON"),
-    (_summary_not_object, "must be a JSON object"),
-    (_summary_without_strategy, "lacks required key"),
-    (_bad_event_line, r"metrics.jsonl:\d+ is not a JSON event"),
-    (_span_without_end, "needs field"),
-    (_no_events, "no metrics.jsonl and no ranks"),
-])
-def test_malformed_run_dir_raises_config_error(tmp_path: Path, breakage: Any, message: str
-                                               ) -> None:
+@pytest.mark.parametrize(
+    ("breakage", "message"),
+    [
+        (_no_summary, "no summary.json or compare.json"),
+        (_bad_json, "not valid JSON"),
+        (_summary_not_object, "must be a JSON object"),
+        (_summary_without_strategy, "lacks required key"),
+        (_bad_event_line, r"metrics.jsonl:\d+ is not a JSON event"),
+        (_span_without_end, "needs field"),
+        (_no_events, "no metrics.jsonl and no ranks"),
+    ],
+)
+def test_malformed_run_dir_raises_config_error(tmp_path: Path, breakage: Any, message: str) -> None:
     run = tmp_path / "run"
     write_run(run, "allreduce", ["worker"], allreduce_events(1, 2, random.Random(0)))
     breakage(run)
@@ -387,4 +449,13 @@ def test_units_and_flatten() -> None:
     assert human_seconds(0.0123) == "12.3 ms" and human_seconds(200) == "3 min 20 s"
     assert human_rate(1234.5) == "1,234 samples/s"
     assert flatten_metrics({"a": {"b": 1, "c": [1, 2]}, "d": 0.5}) == [
-        ("a.b", "1"), ("a.c", "[1, 2]"), ("d", "0.5")]
+        ("a.b", "1"),
+        ("a.c", "[1, 2]"),
+        ("d", "0.5"),
+    ]
+
+
+def test_moving_average_is_centred() -> None:
+    from polytrain.report.curves import moving_average
+
+    assert moving_average([0.0, 3.0, 9.0, 9.0, 12.0], 5) == [0.0, 4.0, 6.6, 10.0, 12.0]

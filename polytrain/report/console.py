@@ -31,8 +31,12 @@ def summary_table(
     columns, rows = summary_cells(summaries, target_accuracy)
     table = Table(title=title, header_style="bold")
     for c in columns:
-        table.add_column(c.header, justify="right" if c.numeric else "left",
-                         style=None if c.numeric else "cyan", no_wrap=not c.numeric)
+        table.add_column(
+            c.header,
+            justify="right" if c.numeric else "left",
+            style=None if c.numeric else "cyan",
+            no_wrap=not c.numeric,
+        )
     for row in rows:
         table.add_row(*row)
     return table
@@ -61,14 +65,19 @@ def _summary_lines(summary: Summary, run_dir: Path | str | None) -> list[tuple[s
     samples = summary.get("samples")
     lines = [
         ("Accuracy", accuracy),
-        ("Final loss", f"{summary['final_loss']:.4f}" if is_number(summary.get("final_loss"))
-         else MISSING),
+        ("Final loss", f"{summary['final_loss']:.4f}" if is_number(summary.get("final_loss")) else MISSING),
         ("Throughput", human_rate(summary.get("throughput_samples_per_s"))),
-        ("Steps", f"{steps:,} steps, {samples:,} samples" if is_number(steps)
-         and is_number(samples) else MISSING),
+        (
+            "Steps",
+            f"{steps:,} steps, {samples:,} samples" if is_number(steps) and is_number(samples) else MISSING,
+        ),
         ("Bytes sent", _bytes_sent(summary)),
-        ("Peak memory", human_bytes(summary.get("peak_rss_bytes")) + " RSS"
-         if is_number(summary.get("peak_rss_bytes")) else MISSING),
+        (
+            "Peak memory",
+            human_bytes(summary.get("peak_rss_bytes")) + " RSS"
+            if is_number(summary.get("peak_rss_bytes"))
+            else MISSING,
+        ),
         ("Wall time", human_seconds(summary.get("wall_s"))),
     ]
     if "time_to_accuracy_s" in summary:

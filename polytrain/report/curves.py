@@ -61,11 +61,18 @@ def eval_curve(events: Iterable[Event]) -> list[EvalPoint]:
 
 
 def moving_average(values: list[float], window: int) -> list[float]:
-    """Trailing mean over up to `window` values (same length as the input)."""
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
+    """Centred mean over up to `window` values; same length as the input.
+
+    Centred rather than trailing, so the smooth line does not lag behind the raw one; the
+    window shrinks symmetrically near the ends, so the line starts and ends on the data.
+    """
+    half = max(window, 1) // 2
+    prefix = [0.0]
+    for v in values:
+        prefix.append(prefix[-1] + v)
+    out = []
+    for i in range(len(values)):
+        h = min(half, i, len(values) - 1 - i)
+        lo, hi = i - h, i + h + 1
+        out.append((prefix[hi] - prefix[lo]) / (hi - lo))
     return out

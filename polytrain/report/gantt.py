@@ -24,35 +24,50 @@ COLOURS = {
     "other compute": "#937860",
     "comm": "#C44E52",
 }
-MAX_BOXES = 20_000
+MAX_BOXES = 10_000
 EDGES_UP_TO = 2_000  # white box outlines (to tell adjacent boxes apart) below this many boxes
 LABELS_UP_TO = 400  # `F3`-style labels inside wide boxes below this many boxes
+MIN_WIDTH = 0.0015  # of the x range: about 1.5 pixels, the narrowest box drawn
 LANE_H = 0.42  # a rank's row is 1 high: compute lane at the top, comm lane below it
 
 
 def draw_timeline(rows: Sequence[RankRow], title: str, out: Path, max_boxes: int = MAX_BOXES) -> Path:
     """Write the Gantt PNG for `rows` (from `timeline_rows`) to `out`."""
     total = sum(len(r.boxes()) for r in rows)
+    run_end = _last_end(rows)
     shown, cut = window(rows, max_boxes)
-    end = max((b.end for r in shown for b in r.boxes()), default=1.0)
+    end = run_end if cut is None else cut
     if cut is not None:
-        full_end = max(b.end for r in rows for b in r.boxes())
         title += (
-            f"\nfirst {human_seconds(cut)} of {human_seconds(full_end)} shown "
+            f"\nfirst {human_seconds(cut)} of {human_seconds(run_end)} shown "
             f"({max_boxes:,} of {total:,} spans); every span is in timeline.json"
         )
-        end = cut
     height = min(1.6 + 0.75 * len(rows), 16.0)
     fig = Figure(figsize=(11, height), layout="constrained")
     ax = fig.add_subplot()
-    n_boxes = min(total, max_boxes)
     for i, row in enumerate(shown):
-        _draw_row(ax, i, row, end, n_boxes)
-    _decorate(fig, ax, shown, rows, end, title)
+        _draw_row(ax, i, row, end or 1.0, min(total, max_boxes))
+    start = min([0.0, *(lane[0].start for r in shown for lane in r.lanes.values() if lane)])
+    ax.set_xlim(start, (end or 1.0) * 1.01)
+    labels = [f"rank {r.rank} ({r.role})\nbusy {_busy_percent(r, run_end)}" for r in rows]
+    _decorate(fig, ax, shown, labels, title)
     if total == 0:
-        ax.text(end / 2, len(rows) / 2, "no span events recorded", ha="center", va="center")
+        ax.text(
+            0.5,
+            0.5,
+            "no span events recorded",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            bbox={"facecolor": "white", "edgecolor": "#888888"},
+        )
     fig.savefig(out, dpi=110)
     return out
+
+
+def _last_end(rows: Sequence[RankRow]) -> float:
+    """End of the last span of any rank (lanes are sorted and never overlap)."""
+    return max((lane[-1].end for r in rows for lane in r.lanes.values() if lane), default=0.0)
 
 
 def _lane_y(i: int, lane: str) -> float:
@@ -61,48 +76,49 @@ def _lane_y(i: int, lane: str) -> float:
 
 
 def _draw_row(ax: Axes, i: int, row: RankRow, end: float, n_boxes: int) -> None:
-    if i % 2 == 0:  # a faint band marks the row, so idle gaps read as gaps in it
-        ax.axhspan(i, i + 1, color="#f2f2f2", zorder=0)
-    edge = {"edgecolor": "white", "linewidth": 0.6} if n_boxes <= EDGES_UP_TO else {}
+    if i > 0:  # a line between ranks; within a row, white gaps are idle time
+        ax.axhline(i, color="#888888", linewidth=0.8, zorder=1)
+    thin = end * MIN_WIDTH  # narrower boxes are widened to this, else they vanish when drawn
     for lane in LANES:
-        by_kind: dict[str, list[Box]] = {}
+        by_kind: dict[tuple[str, bool], list[tuple[float, float]]] = {}
         for b in row.lanes[lane]:
-            by_kind.setdefault(b.kind, []).append(b)
-        for kind, boxes in by_kind.items():
-            ax.broken_barh(
-                [(b.start, b.duration) for b in boxes],
-                (_lane_y(i, lane), LANE_H),
-                facecolors=COLOURS[kind],
-                zorder=2,
-                **edge,
-            )
-            if n_boxes <= LABELS_UP_TO:
-                _label_boxes(ax, i, lane, boxes, end)
+            # white outlines tell adjacent boxes apart, but would swallow narrow ones
+            outlined = n_boxes <= EDGES_UP_TO and b.duration > 4 * thin
+            by_kind.setdefault((b.kind, outlined), []).append((b.start, max(b.duration, thin)))
+        for (kind, outlined), ranges in by_kind.items():
+            edge = {"edgecolor": "white", "linewidth": 0.6} if outlined else {"linewidth": 0}
+            ax.broken_barh(ranges, (_lane_y(i, lane), LANE_H), facecolors=COLOURS[kind], zorder=2, **edge)
+        if n_boxes <= LABELS_UP_TO:
+            _label_boxes(ax, i, lane, row.lanes[lane], end)
 
 
 def _label_boxes(ax: Axes, i: int, lane: str, boxes: list[Box], end: float) -> None:
     for b in boxes:
-        if b.label and b.duration >= 0.025 * end:
+        if b.label and b.duration >= 0.02 * end:
             ax.text(
-                b.start + b.duration / 2, _lane_y(i, lane) + LANE_H / 2, b.label,
-                ha="center", va="center", fontsize=7, color="white", zorder=3,
+                b.start + b.duration / 2,
+                _lane_y(i, lane) + LANE_H / 2,
+                b.label,
+                ha="center",
+                va="center",
+                fontsize=6.5,
+                color="white",
+                zorder=3,
             )
 
 
-def _decorate(fig: Figure, ax: Axes, shown: Sequence[RankRow], rows: Sequence[RankRow], end: float,
-              title: str) -> None:
-    run_end = max((b.end for r in rows for b in r.boxes()), default=0.0)
-    labels = [
-        f"rank {r.rank} ({r.role})\nbusy {_busy_percent(full, run_end)}"
-        for r, full in zip(shown, rows, strict=True)
-    ]
+def _decorate(fig: Figure, ax: Axes, shown: Sequence[RankRow], labels: list[str], title: str) -> None:
     ax.set_yticks([i + 0.5 for i in range(len(shown))], labels)
     ax.set_ylim(len(shown), 0)
-    ax.set_xlim(0, end * 1.01)
-    ax.set_xlabel(
-        "time since training start (s)   ·   each row: compute lane above comm lane; "
-        "gaps are idle"
+    ax.set_xlabel("time since training start (s)")
+    lanes = ax.secondary_yaxis("right")
+    lanes.set_yticks(
+        [_lane_y(i, lane) + LANE_H / 2 for i in range(len(shown)) for lane in LANES],
+        [lane for _ in shown for lane in LANES],
+        fontsize=8,
+        color="#555555",
     )
+    lanes.tick_params(length=0)
     ax.set_title(title)
     ax.grid(axis="x", color="#cccccc", linewidth=0.5, zorder=1)
     present = {b.kind for r in shown for b in r.boxes()}

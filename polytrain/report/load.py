@@ -29,7 +29,10 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
 }
 """Fields each event kind must carry (besides `event`, `rank`, `t`); other kinds pass through."""
 
-_NUMERIC = frozenset({"t", "loss", "accuracy", "start", "end", "samples", "step"})
+_NUMERIC = frozenset({"rank", "t", "loss", "accuracy", "start", "end", "samples", "step"})
+_COMMON = ("event", "rank", "t")
+_NEEDED = {kind: (*_COMMON, *fields) for kind, fields in EVENT_FIELDS.items()}
+_ABSENT = object()
 
 
 @dataclass
@@ -106,13 +109,10 @@ def time_to_accuracy(events: Sequence[Event], target: float) -> float | None:
     """Seconds until the first `eval` event with accuracy >= target; None if never reached."""
     if not isinstance(target, int | float) or not 0 < target <= 1:
         raise ConfigError(
-            f"Target accuracy must be a fraction in (0, 1]; got {target!r}. "
-            "Write 0.95 for 95 %."
+            f"Target accuracy must be a fraction in (0, 1]; got {target!r}. Write 0.95 for 95 %."
         )
     reached = [
-        float(e["t"])
-        for e in events
-        if e.get("event") == "eval" and float(e.get("accuracy", -1.0)) >= target
+        float(e["t"]) for e in events if e.get("event") == "eval" and float(e.get("accuracy", -1.0)) >= target
     ]
     return min(reached) if reached else None
 
@@ -187,45 +187,56 @@ def _read_jsonl(file: Path, tolerate_cut_tail: bool) -> list[Event]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"Cannot read events file {file}: {exc}.") from exc
     lines = text.split("\n")
-    cut_tail = not text.endswith("\n")  # the last line was never finished
-    events = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if tolerate_cut_tail and cut_tail and number == len(lines):
-                break
-            raise ConfigError(
-                f"{file}:{number} is not a JSON event ({exc}): {line[:80]!r}. Every line of an "
-                "events file is one JSON object; delete the broken line or re-run the job."
-            ) from exc
-        events.append(_check_event(event, file, number))
-    return events
+    if tolerate_cut_tail and not text.endswith("\n"):
+        lines[-1] = _drop_if_cut(lines[-1])  # the last line was never finished
+    numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
+    try:  # fast path: one parse for the whole file (10^5 events in a fraction of a second)
+        parsed = json.loads("[" + ",".join(line for _, line in numbered) + "]")
+    except json.JSONDecodeError:
+        parsed = []
+    if len(parsed) != len(numbered):  # a broken line (or `1, 2` on one line): find it
+        parsed = [_parse_line(file, n, line) for n, line in numbered]
+    return [_check_event(e, file, n) for (n, _), e in zip(numbered, parsed, strict=True)]
+
+
+def _drop_if_cut(line: str) -> str:
+    try:
+        json.loads(line or "{}")
+    except json.JSONDecodeError:
+        return ""
+    return line
+
+
+def _parse_line(file: Path, number: int, line: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{file}:{number} is not a JSON event ({exc}): {line[:80]!r}. Every line of an "
+            "events file is one JSON object; delete the broken line or re-run the job."
+        ) from exc
 
 
 def _check_event(event: Any, file: Path, number: int) -> Event:
-    where = f"{file}:{number}"
     if not isinstance(event, dict):
-        raise ConfigError(f"{where} must be a JSON object (one event); got {_preview(event)}.")
+        raise ConfigError(f"{file}:{number} must be a JSON object (one event); got {_preview(event)}.")
     kind = event.get("event")
-    needed = ("event", "rank", "t", *EVENT_FIELDS.get(str(kind), ()))
-    missing = [k for k in needed if k not in event]
-    if missing:
-        raise ConfigError(
-            f"{where}: a '{kind}' event needs field(s) {', '.join(missing)} "
-            f"(see docs/run-directory.md); got {_preview(event)}."
-        )
-    if isinstance(event["rank"], bool) or not isinstance(event["rank"], int):
-        raise ConfigError(f"{where}: 'rank' must be an integer; got {event['rank']!r}.")
-    for key in _NUMERIC.intersection(event).intersection(needed):
-        value = event[key]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: '{key}' must be a number; got {value!r}.")
+    needed = _NEEDED.get(kind, _COMMON) if isinstance(kind, str) else _COMMON
+    for key in needed:
+        value = event.get(key, _ABSENT)
+        if value is _ABSENT:
+            missing = [k for k in needed if k not in event]
+            raise ConfigError(
+                f"{file}:{number}: a '{kind}' event needs field(s) {', '.join(missing)} "
+                f"(see docs/run-directory.md); got {_preview(event)}."
+            )
+        wrong_type = type(value) is not int if key == "rank" else type(value) not in (int, float)
+        if key in _NUMERIC and wrong_type:
+            kind_of = "an integer" if key == "rank" else "a number"
+            raise ConfigError(f"{file}:{number}: '{key}' must be {kind_of}; got {value!r}.")
     if kind == "span" and not (math.isfinite(event["start"]) and event["end"] >= event["start"]):
         raise ConfigError(
-            f"{where}: span '{event['name']}' ends before it starts "
+            f"{file}:{number}: span '{event['name']}' ends before it starts "
             f"(start={event['start']}, end={event['end']}); spans need start <= end on one clock."
         )
     return event

@@ -11,8 +11,9 @@ from polytrain.report.table import flatten_metrics, per_rank_cells, summary_cell
 PERFETTO = "https://ui.perfetto.dev"
 
 
-def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
-             numeric: Sequence[bool] | None = None) -> str:
+def md_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[bool] | None = None
+) -> str:
     """A GitHub markdown table; `|` inside cells is escaped."""
     numeric = numeric or [False] * len(headers)
     align = ["---:" if n else "---" for n in numeric]
@@ -33,8 +34,7 @@ def render_report(source: Source, images: dict[str, Path], traces: dict[str, Pat
     summaries = [r.summary for r in source.runs]
     parts = [_heading(source), *_header_lines(source)]
     columns, rows = summary_cells(summaries, source.target_accuracy)
-    parts += ["## Summary", md_table([c.header for c in columns], rows,
-                                     [c.numeric for c in columns])]
+    parts += ["## Summary", md_table([c.header for c in columns], rows, [c.numeric for c in columns])]
     parts += _curves(source, images)
     parts += _timelines(source, images, traces)
     parts += _per_rank(source.runs)
@@ -52,16 +52,19 @@ def _heading(source: Source) -> str:
 def _header_lines(source: Source) -> list[str]:
     first = source.runs[0].summary
     lines = [f"Run directory: `{source.path}`"]
-    versions = [f"{k.split('_')[0]} {first[k]}" for k in ("polytrain_version", "torch_version")
-                if first.get(k)]
+    versions = [
+        f"{k.split('_')[0]} {first[k]}" for k in ("polytrain_version", "torch_version") if first.get(k)
+    ]
     if versions:
         lines[0] += " · " + " · ".join(versions)
     testbed = testbed_line(first)
     if testbed:
         lines.append(testbed)
     if source.target_accuracy is not None:
-        lines.append(f"Target accuracy: {source.target_accuracy * 100:g} % "
-                     "(time to accuracy = first evaluation at or above it).")
+        lines.append(
+            f"Target accuracy: {source.target_accuracy * 100:g} % "
+            "(time to accuracy = first evaluation at or above it)."
+        )
     return ["  \n".join(lines)]
 
 
@@ -84,10 +87,12 @@ def _curves(source: Source, images: dict[str, Path]) -> list[str]:
 
 
 def _timelines(source: Source, images: dict[str, Path], traces: dict[str, Path]) -> list[str]:
-    parts = ["## Timelines",
-             "One row per rank: the compute lane above the comm lane, one box per span, "
-             "gaps are idle time. Where spans nest, the innermost is drawn. "
-             f"Open the `.json` traces at {PERFETTO} for every span, zoomable."]
+    parts = [
+        "## Timelines",
+        "One row per rank: the compute lane above the comm lane, one box per span, "
+        "gaps are idle time. Where spans nest, the innermost is drawn. "
+        f"Open the `.json` traces at {PERFETTO} for every span, zoomable.",
+    ]
     for run in source.runs:
         key = f"timeline:{run.strategy}"
         if key in images:
@@ -106,8 +111,11 @@ def _per_rank(runs: Sequence[Run]) -> list[str]:
         headers, rows = per_rank_cells(run.summary)
         if len(runs) > 1:
             parts.append(f"### {run.strategy}")
-        parts.append(md_table(headers, rows, [True, False, True, True, True, True])
-                     if rows else "_no per-rank figures in the summary_")
+        parts.append(
+            md_table(headers, rows, [True, False, True, True, True, True])
+            if rows
+            else "_no per-rank figures in the summary_"
+        )
     return parts
 
 
@@ -116,6 +124,5 @@ def _strategy_metrics(runs: Sequence[Run]) -> list[str]:
     for run in runs:
         pairs = flatten_metrics(run.summary.get("strategy_metrics") or {})
         parts.append(f"### {run.strategy}")
-        parts.append(md_table(["Metric", "Value"], [list(p) for p in pairs])
-                     if pairs else "_none reported_")
+        parts.append(md_table(["Metric", "Value"], [list(p) for p in pairs]) if pairs else "_none reported_")
     return parts

@@ -60,9 +60,7 @@ SUMMARY_COLUMNS: tuple[Column, ...] = (
 )
 
 
-def summary_columns(
-    summaries: Sequence[Summary], target_accuracy: float | None = None
-) -> list[Column]:
+def summary_columns(summaries: Sequence[Summary], target_accuracy: float | None = None) -> list[Column]:
     """The columns to show; time-to-accuracy only when some summary has it."""
     columns = list(SUMMARY_COLUMNS)
     if any("time_to_accuracy_s" in s for s in summaries):

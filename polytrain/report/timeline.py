@@ -13,6 +13,7 @@ trace (`chrome_trace`) keeps the raw spans; Perfetto nests them itself.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from polytrain.report.units import is_number
 Event = Mapping[str, Any]
 
 LANES = ("compute", "comm")
+_SPAN_KEYS = frozenset({"event", "rank", "t", "name", "cat", "start", "end"})
 KINDS = ("forward", "backward", "optimizer", "other compute", "comm")
 """Colour classes of boxes, in legend order."""
 
@@ -125,7 +127,7 @@ def flatten_lane(spans: Sequence[Event]) -> list[Box]:
     active: list[tuple[float, float, int]] = []
     boxes: list[Box] = []
     current, piece_start, nxt = -1, 0.0, 0
-    for p, q in zip(points, points[1:], strict=False):
+    for p, q in itertools.pairwise(points):
         while nxt < len(order) and float(spans[order[nxt]]["start"]) <= p:
             i = order[nxt]
             heapq.heappush(active, (-float(spans[i]["start"]), float(spans[i]["end"]), -i))
@@ -191,7 +193,7 @@ def _trace_event(e: Event, rank: int) -> dict[str, Any] | None:
     us = 1e6
     kind = e.get("event")
     if kind == "span":
-        args = {k: e[k] for k in ("step", "mb", "stage") if k in e}
+        args = {k: v for k, v in e.items() if k not in _SPAN_KEYS}  # step, mb, stage, bucket...
         return {
             "name": str(e["name"]),
             "cat": str(e.get("cat", "compute")),
@@ -216,13 +218,9 @@ def _trace_event(e: Event, rank: int) -> dict[str, Any] | None:
 
 def _process_meta(rank: int, role: str) -> list[dict[str, Any]]:
     meta: list[dict[str, Any]] = [
-        {"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
-         "args": {"name": f"rank {rank} ({role})"}},
-        {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0,
-         "args": {"sort_index": rank}},
+        {"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank} ({role})"}},
+        {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}},
     ]
     for tid, lane in enumerate(LANES):
-        meta.append(
-            {"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": lane}}
-        )
+        meta.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": lane}})
     return meta

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import TypeGuard
 
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 MISSING = "—"
 
 
-def is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     """True for a finite int or float (bools are not numbers here)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
@@ -19,7 +20,7 @@ def human_bytes(n: object) -> str:
     """`1536` -> `1.5 KiB` (binary units, three significant digits); `—` when unknown."""
     if not is_number(n):
         return MISSING
-    value = float(n)  # type: ignore[arg-type]
+    value = float(n)
     sign = "-" if value < 0 else ""
     value = abs(value)
     for unit in _BYTE_UNITS:
@@ -35,7 +36,7 @@ def human_seconds(s: object) -> str:
     """`0.0123` -> `12.3 ms`, `12.34` -> `12.3 s`, `200` -> `3 min 20 s`; `—` when unknown."""
     if not is_number(s):
         return MISSING
-    value = float(s)  # type: ignore[arg-type]
+    value = float(s)
     if value < 0:
         return "-" + human_seconds(-value)
     if value == 0:
@@ -57,7 +58,7 @@ def human_rate(samples_per_s: object) -> str:
     """`1234.5` -> `1,234 samples/s`; small rates keep three significant digits."""
     if not is_number(samples_per_s):
         return MISSING
-    value = float(samples_per_s)  # type: ignore[arg-type]
+    value = float(samples_per_s)
     if abs(value) >= 100:
         return f"{value:,.0f} samples/s"
     return f"{_three_digits(value)} samples/s"
@@ -82,7 +83,7 @@ def percent(fraction: object) -> str:
     """`0.9375` -> `93.8 %`; `—` when unknown."""
     if not is_number(fraction):
         return MISSING
-    return f"{float(fraction) * 100:.1f} %"  # type: ignore[arg-type]
+    return f"{float(fraction) * 100:.1f} %"
 
 
 def _three_digits(value: float) -> str:

@@ -36,8 +36,7 @@ def write_report(path: Path) -> list[Path]:
         "loss_samples": plot_loss(runs, "samples", out / "loss_samples.png"),
     }
     if any(e.get("event") == "eval" for r in runs for e in r.events):
-        images["accuracy_time"] = plot_accuracy(runs, source.target_accuracy,
-                                                out / "accuracy_time.png")
+        images["accuracy_time"] = plot_accuracy(runs, source.target_accuracy, out / "accuracy_time.png")
     images["throughput"] = plot_throughput(summaries, out / "throughput.png")
     images["bytes_per_sample"] = plot_bytes_per_sample(summaries, out / "bytes_per_sample.png")
     images["memory"] = plot_memory(summaries, out / "memory.png")
