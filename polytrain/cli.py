@@ -47,6 +47,8 @@ def _add_job_flags(p: argparse.ArgumentParser, *, with_strategy: bool = True) ->
     p.add_argument("--debug", action="store_true", default=None,
                    help="tracebacks, and PyTorch's collective checks (TORCH_DISTRIBUTED_DEBUG)")
     p.add_argument("--no-report", action="store_true", help="skip the plots and report.md")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="also write TensorBoard scalars to RUN/tensorboard (needs tensorboard)")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -83,14 +85,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--procs-per-host", type=int, help="processes per host (default --procs / hosts)")
     p = sub.add_parser("report", help="plots, timeline and report.md of a run or compare directory")
     p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard scalars")
     sub.add_parser("strategies", help="list the strategies")
     sub.add_parser("models", help="list the model zoo with parameter counts")
     sub.add_parser("datasets", help="list the built-in datasets")
     return parser
 
 
-def _report(console: Console, path: Path, skip: bool) -> None:
+def _report(console: Console, path: Path, skip: bool, tensorboard: bool = False) -> None:
     """Plots, timeline and report.md next to the run's files (unless --no-report)."""
+    if tensorboard:
+        from polytrain.report.tensorboard import export_tensorboard
+
+        runs = [path] if (path / "summary.json").is_file() else sorted(
+            p.parent for p in path.glob("*/summary.json"))
+        for run in runs:
+            export_tensorboard(run)
+        console.print(f"tensorboard: tensorboard --logdir {path}", highlight=False)
     if skip:
         return
     from polytrain.report import write_report
@@ -114,7 +125,7 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
                         console=Console(stderr=True), **_overrides(args))
     run_dir = summary["config"]["out"]
     console.print(format_summary(summary, run_dir))
-    _report(console, Path(run_dir), args.no_report)
+    _report(console, Path(run_dir), args.no_report, args.tensorboard)
     return 0
 
 
@@ -129,12 +140,12 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     console.print(summary_table(result["strategies"], args.target_accuracy,
                                 title="comparison: same model, data and global batch"))
     console.print(f"compare.json: {Path(result['out']) / 'compare.json'}", highlight=False)
-    _report(console, Path(result["out"]), args.no_report)
+    _report(console, Path(result["out"]), args.no_report, args.tensorboard)
     return 0
 
 
 def cmd_report(args: argparse.Namespace, console: Console) -> int:
-    _report(console, Path(args.run_dir), skip=False)
+    _report(console, Path(args.run_dir), skip=False, tensorboard=args.tensorboard)
     return 0
 
 

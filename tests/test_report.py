@@ -459,3 +459,20 @@ def test_moving_average_is_centred() -> None:
     from polytrain.report.curves import moving_average
 
     assert moving_average([0.0, 3.0, 9.0, 9.0, 12.0], 5) == [0.0, 4.0, 6.6, 10.0, 12.0]
+
+
+def test_tensorboard_export_holds_the_loss_curve(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="the optional tensorboard package is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from polytrain.report.tensorboard import export_tensorboard
+
+    events = allreduce_events(2, 12, random.Random(0))
+    write_run(tmp_path / "run", "allreduce", ["worker", "worker"], events)
+    logdir = export_tensorboard(tmp_path / "run")
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    losses = acc.Scalars("allreduce/train_loss")
+    assert [s.step for s in losses] == list(range(1, 13))
+    expected = {p.step: p.loss for p in loss_curve(load_run(tmp_path / "run").events)}
+    assert all(abs(s.value - expected[s.step]) < 1e-5 for s in losses)
