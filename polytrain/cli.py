@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="plots, timeline and report.md of a run or compare directory")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard scalars")
+    from polytrain.rl.cli import add_rl_parser
+
+    add_rl_parser(sub)
     sub.add_parser("strategies", help="list the strategies")
     sub.add_parser("models", help="list the model zoo with parameter counts")
     sub.add_parser("datasets", help="list the built-in datasets")
@@ -226,6 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_compare(args, console)
         if args.command == "testbed":
             return cmd_testbed(args, job, console)
+        if args.command == "rl":
+            from polytrain.rl.cli import run_rl
+
+            return run_rl(args, console)
         if args.command == "report":
             return cmd_report(args, console)
         if args.command == "schedule":

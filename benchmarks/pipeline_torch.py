@@ -1,0 +1,237 @@
+"""polytrain's gpipe/1f1b against PyTorch's own ``torch.distributed.pipelining`` (ScheduleGPipe,
+Schedule1F1B): same model, initial weights, partition, micro-batches, data, optimizer and processes.
+Target: polytrain's throughput / PyTorch's >= 1.0. Throughput counts the training steps only
+(process start-up excluded on both sides); each side's clock starts after a barrier.
+
+    python benchmarks/pipeline_torch.py [--steps 30] [--microbatches 4] [--repeats 3]
+
+The PyTorch side runs this file under torchrun with ``--worker``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+from harness import write_results  # noqa: E402
+
+MODEL_OPTIONS = {"depth": 3, "hidden": 1024}
+COUNTS = (2, 2)
+BATCH, LR, SEED = 256, 0.01, 0
+
+
+def worker(schedule_name: str, steps: int, microbatches: int) -> None:
+    """One rank of the PyTorch pipeline (run by torchrun)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from polytrain.data import load_dataset, task_loss
+    from polytrain.models import resolve_model
+    from polytrain.plan.partition import Partition, cut
+    from polytrain.runtime.batches import GlobalBatches
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = load_dataset("digits", {}, seed=SEED)
+    torch.manual_seed(SEED)
+    model = resolve_model("mlp", data.spec, MODEL_OPTIONS)
+    module = cut(model, Partition(COUNTS))[rank]
+    stage = PipelineStage(module, rank, world, torch.device("cpu"))
+    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule_name]
+    schedule = cls(stage, n_microbatches=microbatches, loss_fn=lambda out, y: task_loss(data.spec, out, y))
+    optimizer = torch.optim.SGD(module.parameters(), lr=LR, momentum=0.9)
+    batches = GlobalBatches(data.x_train, data.y_train, BATCH, SEED)
+    dist.barrier()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for step in range(1, steps + 1):
+        x, y = batches.shard(step)
+        optimizer.zero_grad(set_to_none=True)
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            schedule.step(target=y, losses=[])
+        else:
+            schedule.step()
+        optimizer.step()
+    cpu = time.process_time() - c0
+    dist.barrier()
+    _report(steps * BATCH / (time.perf_counter() - t0), cpu)
+
+
+def _report(samples_per_s: float, cpu_s: float) -> None:
+    """Rank 0 prints throughput and the CPU seconds of all ranks together (robust to host load)."""
+    import torch
+    import torch.distributed as dist
+
+    total = torch.tensor([cpu_s], dtype=torch.float64)
+    dist.all_reduce(total)
+    if dist.get_rank() == 0:
+        print(json.dumps({"samples_per_s": samples_per_s, "cpu_s": float(total)}))
+    dist.destroy_process_group()
+
+
+def polytrain_worker(schedule_name: str, steps: int, microbatches: int) -> None:
+    """One rank of polytrain's pipeline under the same torchrun, without polytrain's launcher."""
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+
+    from polytrain.comm import Comm
+    from polytrain.config import make_config
+    from polytrain.runtime.checkpoint import CheckpointStore
+    from polytrain.runtime.job import Job, RankContext
+    from polytrain.runtime.recorder import Recorder
+    from polytrain.strategies import make_strategy
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sets = {"microbatches": microbatches, "partition": ",".join(map(str, COUNTS))}
+    cfg = make_config(
+        {
+            "strategy": schedule_name,
+            "procs": world,
+            "model": "mlp",
+            "dataset": "digits",
+            "steps": steps,
+            "batch_size": BATCH,
+            "optimizer": "momentum",
+            "lr": LR,
+            "seed": SEED,
+            "options": sets,
+            "model_options": MODEL_OPTIONS,
+        }
+    )
+    tmp = Path(tempfile.mkdtemp())
+    ctx = RankContext(
+        rank=rank,
+        world=world,
+        local_rank=rank,
+        device=torch.device("cpu"),
+        backend="gloo",
+        comm=Comm(rank, world),
+        recorder=Recorder(rank),
+        run_dir=tmp,
+        checkpoints=CheckpointStore(tmp / "checkpoints", "bench"),
+    )
+    c0 = time.process_time()
+    result = make_strategy(cfg.strategy, cfg.options).run(Job.from_config(cfg), ctx)
+    _report(steps * BATCH / result.wall_s, time.process_time() - c0)
+
+
+def torch_side(schedule: str, steps: int, microbatches: int) -> float:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(Path(__file__).resolve()),
+        "--worker",
+        schedule,
+        "--steps",
+        str(steps),
+        "--microbatches",
+        str(microbatches),
+    ]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    return float(json.loads([x for x in out.splitlines() if x.startswith("{")][-1])["samples_per_s"])
+
+
+def polytrain_side(schedule: str, steps: int, microbatches: int, root: Path) -> float:
+    import polytrain
+
+    out = root / f"{schedule}-{time.monotonic_ns()}"
+    sets = [f"model.{k}={v}" for k, v in MODEL_OPTIONS.items()]
+    sets += [f"microbatches={microbatches}", "partition=" + ",".join(map(str, COUNTS))]
+    summary = polytrain.train(
+        strategy=schedule,
+        procs=2,
+        model="mlp",
+        dataset="digits",
+        steps=steps,
+        batch_size=BATCH,
+        optimizer="momentum",
+        lr=LR,
+        seed=SEED,
+        out=str(out),
+        sets=sets,
+    )
+    return float(summary["throughput_samples_per_s"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--worker", choices=["gpipe", "1f1b", "polytrain-gpipe", "polytrain-1f1b"])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    if args.worker:
+        name = args.worker.removeprefix("polytrain-")
+        run = polytrain_worker if args.worker.startswith("polytrain-") else worker
+        run(name, args.steps, args.microbatches)
+        return
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for schedule in ("gpipe", "1f1b"):
+            ours, theirs = [], []
+            for _ in range(args.repeats):  # interleaved, so both sides see the same host load
+                ours.append(polytrain_side(schedule, args.steps, args.microbatches, Path(tmp)))
+                theirs.append(torch_side(schedule, args.steps, args.microbatches))
+            ratio = statistics.median(ours) / statistics.median(theirs)
+            rows.append(
+                {
+                    "schedule": schedule,
+                    "P": 2,
+                    "M": args.microbatches,
+                    "polytrain_samples_per_s": statistics.median(ours),
+                    "torch_pipelining_samples_per_s": statistics.median(theirs),
+                    "ratio": ratio,
+                    "ratio_best": max(ours) / max(theirs),
+                    "polytrain_runs": ours,
+                    "torch_runs": theirs,
+                    "load_avg": os.getloadavg()[0],
+                }
+            )
+    notes = (
+        "mlp depth 3 width 1024 cut 2,2, global batch 256, SGD momentum, 2 ranks on gloo; medians of "
+        f"{args.repeats} interleaved runs of {args.steps} steps. ratio = polytrain / torch (medians); "
+        "ratio_best: of each side's best run (the least disturbed by other users of the host)."
+    )
+    write_results(
+        "pipeline_torch",
+        rows,
+        [
+            "schedule",
+            "P",
+            "M",
+            "polytrain_samples_per_s",
+            "torch_pipelining_samples_per_s",
+            "ratio",
+            "ratio_best",
+            "load_avg",
+        ],
+        notes,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Run an RL job from Python: ``polytrain.rl.api.run(algo="apex", actors=3)`` -> summary dict."""
+
+from __future__ import annotations
+
+import socket
+import time
+from contextlib import nullcontext
+from typing import Any
+
+from rich.console import Console
+
+from polytrain.rl.config import RLConfig, make_rl_config
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_config(cfg: RLConfig, console: Console | None = None, progress: bool = True,
+               plots: bool = True) -> dict[str, Any]:
+    """Validate-free entry for an RLConfig: start, supervise, assemble, plot."""
+    from polytrain.rl.launcher import start_processes, supervise
+    from polytrain.rl.progress import FollowRL
+    from polytrain.rl.results import build_summary, merge_events, new_run_dir, write_config, write_summary
+
+    run_dir = new_run_dir(cfg)
+    write_config(run_dir, cfg)
+    console = console or Console(stderr=True)
+    started = time.monotonic()
+    procs = start_processes(cfg, run_dir, _free_port())
+    follow = FollowRL(run_dir / "ranks" / "rank0.jsonl", cfg, console) if progress else nullcontext()
+    try:
+        with follow:
+            sup = supervise(cfg, run_dir, procs, started)
+    finally:
+        merge_events(run_dir, cfg.world)
+    summary = build_summary(cfg, run_dir, sup)
+    summary["run_dir"] = str(run_dir)
+    write_summary(run_dir, summary)
+    if plots:
+        from polytrain.rl.plots import write_plots
+
+        summary["plots"] = [str(p) for p in write_plots(run_dir)]
+        write_summary(run_dir, summary)
+    return summary
+
+
+def run(console: Console | None = None, progress: bool = True, plots: bool = True,
+        **options: Any) -> dict[str, Any]:
+    """Validate ``options`` (RLConfig fields; ConfigError before any process starts) and run."""
+    return run_config(make_rl_config(options), console=console, progress=progress, plots=plots)

@@ -1,0 +1,176 @@
+"""RL job description: one validated, frozen model for `dqn`, `apex` and `gorila`.
+
+Every rule is checked here, before any process starts, and each failure is a ConfigError naming
+the rule, the value and the fix. The hyperparameters are shared so that the single-process
+`dqn` baseline and the distributed algorithms learn with the same settings.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from polytrain.errors import ConfigError, did_you_mean
+from polytrain.rl.envs import EnvInfo, env_info
+
+ALGOS = ("dqn", "apex", "gorila")
+Algo = Literal["dqn", "apex", "gorila"]
+
+
+class RLConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    algo: Algo = "apex"
+    env: str = "CartPole-v1"
+    seed: int = 0
+    # stopping and evaluation
+    target_return: float | None = None  # None: the env's gymnasium reward_threshold
+    eval_episodes: int = Field(100, ge=1)  # greedy episodes that confirm the target (and at the end)
+    screen_episodes: int = Field(10, ge=1)  # a cheap greedy check before the full evaluation
+    eval_every_s: float = Field(2.0, gt=0)
+    max_seconds: float = Field(300.0, gt=0)
+    max_env_steps: int = Field(0, ge=0)  # 0: no limit
+    # the Q-network and the DQN update (shared by every algorithm)
+    model: str = "mlp"
+    hidden: int = Field(128, ge=1)
+    depth: int = Field(2, ge=1)
+    optimizer: Literal["adam", "rmsprop"] = "adam"
+    lr: float = Field(1e-3, gt=0)
+    gamma: float = Field(0.99, gt=0, le=1)
+    n_step: int = Field(3, ge=1)
+    batch_size: int = Field(64, ge=1)
+    grad_clip: float = Field(10.0, ge=0)
+    target_update: int = Field(500, ge=1)  # C: learner updates between target-network syncs
+    # prioritized replay
+    replay_capacity: int = Field(50_000, ge=1)
+    alpha: float | None = Field(None, ge=0)  # None: 0.6 (dqn, apex), 0 = uniform (gorila, as in the paper)
+    beta0: float = Field(0.4, ge=0, le=1)
+    beta_steps: int = Field(10_000, ge=0)  # learner updates over which β anneals to 1
+    learning_starts: int = Field(1000, ge=1)  # transitions stored before the first update
+    # single-process dqn
+    eps_start: float = Field(1.0, ge=0, le=1)
+    eps_end: float = Field(0.02, ge=0, le=1)
+    eps_decay_steps: int = Field(10_000, ge=0)
+    train_every: int = Field(1, ge=1)  # env steps per learner update
+    # distributed roles
+    actors: int = 2
+    learners: int = 2  # gorila
+    servers: int = 2  # gorila parameter-server shards
+    eps_base: float = Field(0.4, ge=0, le=1)
+    eps_alpha: float = Field(7.0, ge=0)
+    publish_every: int = Field(20, ge=1)  # K: (lead) learner updates between parameter publications
+    fetch_every: int = Field(200, ge=1)  # actor env steps between parameter fetches
+    send_every: int = Field(50, ge=1)  # transitions an actor batches into one message
+    prefetch: int = Field(3, ge=1)  # SAMPLE requests a learner keeps in flight
+    steps_per_update: float = Field(8.0, ge=0)  # replay rate limit: env steps per learner update (0: off)
+    actor_timeout_s: float = Field(10.0, gt=0)  # silence after which an actor is declared lost
+    timeout_s: float = Field(120.0, gt=0)  # process-group timeout (a hung server fails the run)
+    out: str | None = None
+    debug: bool = False
+
+    @property
+    def info(self) -> EnvInfo:
+        return env_info(self.env)
+
+    @property
+    def target(self) -> float:
+        return self.info.reward_threshold if self.target_return is None else self.target_return
+
+    @property
+    def priority_alpha(self) -> float:
+        if self.alpha is not None:
+            return self.alpha
+        return 0.0 if self.algo == "gorila" else 0.6
+
+    @property
+    def world(self) -> int:
+        if self.algo == "dqn":
+            return 1
+        if self.algo == "apex":
+            return self.actors + 2
+        return self.learners + 1 + self.servers + self.actors
+
+
+RULES: dict[str, str] = {
+    "actors": "the number of actor processes (each runs its own environment)",
+    "learners": "the number of gorila learner processes",
+    "servers": "the number of gorila parameter-server shards",
+}
+MAX_PROCESSES = 64
+
+
+def _friendly(err: ValidationError) -> ConfigError:
+    lines = []
+    for e in err.errors():
+        key = str(e["loc"][-1]) if e["loc"] else "(job)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"unknown option '{key}'. {did_you_mean(key, RLConfig.model_fields)}")
+        else:
+            msg = str(e["msg"]).removeprefix("Value error, ")
+            lines.append(f"--{key.replace('_', '-')} = {e.get('input')!r}: {msg}")
+    return ConfigError("Invalid RL job: " + "; ".join(lines) + ".")
+
+
+def _check_roles(cfg: RLConfig) -> None:
+    roles = ["actors"] + (["learners", "servers"] if cfg.algo == "gorila" else [])
+    if cfg.algo == "dqn":
+        roles = []
+    for name in roles:
+        value = getattr(cfg, name)
+        if value < 1:
+            raise ConfigError(f"--{name} is {RULES[name]} and must be at least 1 (got {value}). "
+                              f"Use --{name} 1 or more.")
+    if cfg.world > MAX_PROCESSES:
+        raise ConfigError(f"{cfg.algo} with these roles needs {cfg.world} processes; polytrain rl "
+                          f"starts at most {MAX_PROCESSES} on one machine. Use fewer actors/learners.")
+
+
+def _check_model(cfg: RLConfig) -> None:
+    user = ":" in cfg.model  # pkg.mod:fn (polytrain.models.is_user_model, without importing torch)
+    if cfg.model != "mlp" and not user:
+        raise ConfigError(
+            f"--model {cfg.model!r}: a Q-network maps an observation vector to action values, so "
+            "it must be the zoo's 'mlp' (any float input) or your own factory 'pkg.module:fn' "
+            "(called with a DataSpec whose input_shape is (obs_dim,) and num_classes the actions)."
+        )
+    if user:
+        from polytrain.models.user import split_target
+
+        split_target(cfg.model)
+
+
+def _check_consistency(cfg: RLConfig) -> None:
+    if cfg.batch_size > cfg.replay_capacity:
+        raise ConfigError(f"--batch-size {cfg.batch_size} exceeds --replay-capacity "
+                          f"{cfg.replay_capacity}: a batch is drawn from the replay. Lower the batch "
+                          "or raise the capacity.")
+    if cfg.learning_starts > cfg.replay_capacity:
+        raise ConfigError(f"--learning-starts {cfg.learning_starts} exceeds --replay-capacity "
+                          f"{cfg.replay_capacity}, so learning would never start. Lower it.")
+    if cfg.target_return is not None and not math.isfinite(cfg.target_return):
+        raise ConfigError(f"--target-return must be a finite number (got {cfg.target_return}).")
+    if cfg.algo == "gorila" and cfg.optimizer != "adam":
+        raise ConfigError(f"--optimizer {cfg.optimizer}: gorila's parameter servers (polytrain's `ps` "
+                          "servers) apply sgd, momentum, adagrad or adam, and the DQN core offers adam "
+                          "or rmsprop. Use --optimizer adam with gorila.")
+    if cfg.eps_end > cfg.eps_start:
+        raise ConfigError(f"--eps-end {cfg.eps_end} is above --eps-start {cfg.eps_start}; "
+                          "exploration decays from start to end. Swap them.")
+
+
+def make_rl_config(data: dict[str, Any]) -> RLConfig:
+    """Validate a mapping (CLI flags, Python keywords) into an RLConfig or raise ConfigError."""
+    algo = data.get("algo", "apex")
+    if algo not in ALGOS:
+        raise ConfigError(f"Unknown RL algorithm '{algo}'. {did_you_mean(str(algo), ALGOS)}")
+    try:
+        cfg = RLConfig(**data)
+    except ValidationError as err:
+        raise _friendly(err) from None
+    env_info(cfg.env)  # unknown env: lists the valid ones
+    _check_roles(cfg)
+    _check_model(cfg)
+    _check_consistency(cfg)
+    return cfg

@@ -1,0 +1,175 @@
+"""Start an RL job's processes on this machine, watch them, and let actors die alone.
+
+Training jobs use torch's elastic agent (polytrain/launch/local.py), which stops every rank when
+one fails: right for synchronous training, wrong here — an RL run must survive a lost actor.
+So this launcher spawns the ranks itself (``multiprocessing`` spawn, one process group over
+gloo, joined with :func:`polytrain.launch.worker.init_distributed`) and supervises them:
+
+* an actor that exits abnormally is recorded (exit code or signal, time) and left dead; the
+  replay process notices its silence and stops counting it (see :mod:`polytrain.rl.wire`);
+* a learner, replay or parameter server that fails ends the run at once: every other process
+  is terminated and the error names the rank, its role and its cause;
+* when the lead learner exits cleanly the others are leaving too; any still running after a
+  grace period are killed and reported.
+
+Each rank writes ``ranks/rank{R}.result.json`` when it finishes; the parent assembles
+``summary.json`` from those files, so a dead actor never blocks a gather.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from polytrain.errors import RankFailure
+from polytrain.rl.config import RLConfig
+from polytrain.rl.roles import Ranks, layout_ranks
+
+POLL_S = 0.05
+GRACE_S = 15.0  # after the lead learner finished: how long the others may take to leave
+
+
+@dataclass
+class Exit:
+    rank: int
+    role: str
+    code: int | None
+    at_s: float  # seconds since launch
+
+    @property
+    def cause(self) -> str:
+        if self.code is None:
+            return "still running (killed by the launcher)"
+        if self.code < 0:
+            return f"died ({signal.Signals(-self.code).name})"
+        return f"exit code {self.code}"
+
+
+@dataclass
+class Supervision:
+    launch_epoch: float = field(default_factory=time.time)  # time.time() when supervision began
+    exits: dict[int, Exit] = field(default_factory=dict)
+    lost_actors: list[Exit] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def _stop_all(procs: dict[int, Any]) -> None:
+    """SIGTERM, then SIGKILL what is left after 3 s (only our own children, by pid)."""
+    for p in procs.values():
+        if p.is_alive():
+            p.terminate()
+    end = time.monotonic() + 3
+    for p in procs.values():
+        p.join(timeout=max(0.0, end - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=2)
+
+
+def _error_text(run_dir: Path, rank: int) -> str | None:
+    try:
+        return str(json.loads((run_dir / "ranks" / f"rank{rank}.error.json").read_text())["error"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _failure(run_dir: Path, ranks: Ranks, ex: Exit, debug: bool) -> RankFailure:
+    error = _error_text(run_dir, ex.rank)
+    what = f"failed: {error}" if error else f"{ex.cause} without an error report (killed, or out of memory)"
+    return RankFailure(
+        f"The RL job failed: rank {ex.rank} ({ranks.describe(ex.rank)}) {what} at {ex.at_s:.1f} s. "
+        f"A {ranks.role(ex.rank)[0]} is essential (only actors may be lost), so the other processes "
+        f"were stopped. Logs: {run_dir}/ranks/rank*.log" + ("" if debug else " (add --debug for tracebacks).")
+    )
+
+
+def supervise(cfg: RLConfig, run_dir: Path, procs: dict[int, Any], started: float) -> Supervision:
+    ranks = layout_ranks(cfg)
+    sup = Supervision(launch_epoch=time.time() - (time.monotonic() - started))
+    lead_done_at: float | None = None
+    deadline = started + cfg.max_seconds + cfg.timeout_s + 120  # a last resort against hangs
+    try:
+        while len(sup.exits) < len(procs):
+            now = time.monotonic()
+            for rank, p in procs.items():
+                if rank in sup.exits or p.is_alive():
+                    continue
+                ex = Exit(rank, ranks.describe(rank), p.exitcode, now - started)
+                sup.exits[rank] = ex
+                if ex.code == 0:
+                    lead_done_at = now if rank == ranks.lead else lead_done_at
+                elif rank in ranks.actors:
+                    sup.lost_actors.append(ex)
+                else:
+                    raise _failure(run_dir, ranks, ex, cfg.debug)
+            late = lead_done_at is not None and now - lead_done_at > GRACE_S + cfg.actor_timeout_s
+            if late or now > deadline:
+                for rank in procs:
+                    if rank not in sup.exits:
+                        sup.exits[rank] = Exit(rank, ranks.describe(rank), None, now - started)
+                break
+            time.sleep(POLL_S)
+    finally:
+        _stop_all(procs)
+        sup.wall_s = time.monotonic() - started
+    if ranks.lead in sup.exits and sup.exits[ranks.lead].code != 0:
+        raise _failure(run_dir, ranks, sup.exits[ranks.lead], cfg.debug)
+    return sup
+
+
+def start_processes(cfg: RLConfig, run_dir: Path, port: int) -> dict[int, Any]:
+    # A fork server that has imported torch and polytrain.rl once forks every rank: startup is
+    # then one import, not one per process (minutes on the busy 2-core box with 7 processes).
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["polytrain.rl.preload"])
+    payload = {"config": cfg.model_dump(), "run_dir": str(run_dir), "port": port, "world": cfg.world}
+    procs = {r: ctx.Process(target=rank_main, args=(payload, r), name=f"polytrain-rl-{r}")
+             for r in range(cfg.world)}
+    for p in procs.values():
+        p.start()
+    return procs
+
+
+# ---- inside each process -----------------------------------------------------------------------
+
+
+def _redirect_output(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def rank_main(payload: dict[str, Any], rank: int) -> None:
+    """Entry point of one RL process (spawned by :func:`start_processes`)."""
+    import torch
+
+    from polytrain.rl.roles_run import run_role
+    from polytrain.runtime.recorder import Recorder
+
+    run_dir = Path(payload["run_dir"])
+    (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
+    _redirect_output(run_dir / "ranks" / f"rank{rank}.log")
+    recorder = Recorder(rank, run_dir / "ranks" / f"rank{rank}.jsonl")
+    recorder.emit("process", pid=os.getpid())
+    # Many small processes share few cores: one thread each beats oversubscribed intra-op pools.
+    torch.set_num_threads(1)
+    try:
+        result = run_role(payload, rank, recorder)
+        tmp = run_dir / "ranks" / f"rank{rank}.result.tmp"
+        tmp.write_text(json.dumps(result, indent=1, default=float))
+        tmp.replace(run_dir / "ranks" / f"rank{rank}.result.json")
+    except BaseException as exc:
+        record = {"rank": rank, "error": f"{type(exc).__name__}: {exc}",
+                  "traceback": "".join(traceback.format_exception(exc))}
+        (run_dir / "ranks" / f"rank{rank}.error.json").write_text(json.dumps(record, indent=1))
+        raise
+    finally:
+        recorder.close()

@@ -1,0 +1,200 @@
+"""Checks of pipeline schedules without any process: validation, simulation and dry-run.
+
+`validate` checks the shape of an order list (every F and B once, F before B, neighbours in the
+same micro-batch order); `simulate` derives the time grid and raises on deadlock, naming the stuck
+stages; `dry_run` is `simulate` for its verdict and makespan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+
+from polytrain.errors import ConfigError
+from polytrain.strategies.pipeline.actions import Action, Grid, check_cost, check_sizes, makespan
+
+_DEPS_RULE = (
+    "Rule: a stage runs its list in order, one action at a time; F(s,m) waits for F(s-1,m); "
+    "B(s,m) waits for F(s,m) and B(s+1,m); W(s,m) waits for B(s,m)."
+)
+
+
+def _show(order: list[Action], index: int, width: int = 4) -> str:
+    """The stage's list around ``index`` with the failing step in brackets."""
+    lo, hi = max(0, index - width), min(len(order), index + width + 1)
+    cells = [f"[{a}]" if i == index else str(a) for i, a in enumerate(order[lo:hi], lo)]
+    return f"step {index}: {'… ' if lo else ''}{' '.join(cells)}{' …' if hi < len(order) else ''}"
+
+
+def check_rows(orders: Mapping[int, list[Action]], stages: int | None = None) -> None:
+    """Rows must be stages 0..P-1 and hold only their own stage's actions."""
+    want = list(range(len(orders) if stages is None else stages))
+    if sorted(orders) != want:
+        raise ConfigError(
+            f"Schedule rows are stages {sorted(orders)}. Rule: one row per stage "
+            f"0..{len(want) - 1}. Fix: add the missing rows (an empty list for an idle stage) "
+            "and drop the others."
+        )
+    for s, order in orders.items():
+        for i, a in enumerate(order):
+            if a.stage != s:
+                raise ConfigError(
+                    f"Stage {s} lists {a}, an action of stage {a.stage} ({_show(order, i)}). "
+                    "Rule: a row holds only its own stage's actions. "
+                    f"Fix: move {a} to row {a.stage}."
+                )
+
+
+def _count_problems(s: int, order: list[Action], microbatches: int) -> list[str]:
+    counts = Counter((a.op, a.microbatch) for a in order)
+    out = [
+        f"stage {s}: {Action(s, op, m)} micro-batch {m} is outside 0..{microbatches - 1}"
+        for op, m in sorted(counts)
+        if not 0 <= m < microbatches
+    ]
+    for m in range(microbatches):
+        for op in ("F", "B"):
+            n = counts[(op, m)]
+            if n != 1:
+                what = "is missing" if n == 0 else f"appears {n} times"
+                out.append(f"stage {s}: {Action(s, op, m)} {what} (need exactly one)")
+        if counts[("W", m)] > 1:
+            out.append(f"stage {s}: {Action(s, 'W', m)} appears {counts[('W', m)]} times")
+    return out
+
+
+def _precedence_problems(s: int, order: list[Action]) -> list[str]:
+    """On its own stage a micro-batch goes F, then B, then (optionally) W."""
+    first: dict[tuple[str, int], int] = {}
+    for i, a in enumerate(order):
+        first.setdefault((a.op, a.microbatch), i)
+    out = []
+    for (op, m), i in sorted(first.items(), key=lambda kv: kv[1]):
+        before = {"B": "F", "W": "B"}.get(op)
+        j = first.get((before, m)) if before else None
+        if j is not None and j > i:
+            out.append(
+                f"stage {s}: {order[i]} runs before {order[j]} ({_show(order, i)}); "
+                f"fix: move {order[j]} before {order[i]}"
+            )
+    return out
+
+
+def _fifo_problems(orders: Mapping[int, list[Action]]) -> list[str]:
+    """Neighbours see micro-batches in the same order, so channels between them stay FIFO.
+
+    Why: the runtime can then post untagged, in-order sends and receives between stages.
+    """
+    out = []
+    for s in range(1, len(orders)):
+        for op, src, dst in (("F", s - 1, s), ("B", s, s - 1)):
+            sent = [a.microbatch for a in orders[src] if a.op == op]
+            got = [a.microbatch for a in orders[dst] if a.op == op]
+            if sent != got:
+                out.append(
+                    f"stage {dst} runs {op} in micro-batch order {got} but stage {src} sends them "
+                    f"in order {sent}; fix: use the same order on both"
+                )
+    return out
+
+
+def validate(orders: Mapping[int, list[Action]], stages: int, microbatches: int) -> None:
+    """Check the shape of a flush-style order list; raise ConfigError listing every problem.
+
+    Rules: rows are stages 0..P-1 holding only their own actions; every (stage, micro-batch) has
+    exactly one F and one B (at most one W); on a stage F(m) comes before B(m) before W(m);
+    neighbouring stages process forwards (backwards) in the same micro-batch order.
+    Deadlock freedom is `dry_run`'s job.
+    """
+    check_sizes(stages, microbatches)
+    check_rows(orders, stages)
+    problems = [p for s in range(stages) for p in _count_problems(s, orders[s], microbatches)]
+    problems += [p for s in range(stages) for p in _precedence_problems(s, orders[s])]
+    problems += _fifo_problems(orders) if not problems else []
+    if problems:
+        shown = "\n  ".join(problems[:10])
+        more = f"\n  … and {len(problems) - 10} more" if len(problems) > 10 else ""
+        raise ConfigError(
+            f"Invalid pipeline schedule (P={stages}, M={microbatches}): {len(problems)} "
+            f"problem(s):\n  {shown}{more}\nRule: every stage runs F then B of every micro-batch "
+            "exactly once, in the same micro-batch order as its neighbours."
+        )
+
+
+# --- simulation --------------------------------------------------------------------------------
+
+
+def needs(a: Action, stages: int) -> list[Action]:
+    """The actions that must have finished before ``a`` starts (cross-stage and own-stage)."""
+    if a.op == "F":
+        return [Action(a.stage - 1, "F", a.microbatch)] if a.stage > 0 else []
+    if a.op == "W":
+        return [Action(a.stage, "B", a.microbatch)]
+    up = [Action(a.stage + 1, "B", a.microbatch)] if a.stage < stages - 1 else []
+    return [Action(a.stage, "F", a.microbatch), *up]
+
+
+def _deadlock(orders: Mapping[int, list[Action]], pos: dict[int, int], t: int) -> ConfigError:
+    lines = []
+    for s, order in orders.items():
+        if pos[s] == len(order):
+            continue
+        a = order[pos[s]]
+        for need in needs(a, len(orders)):
+            row = orders.get(need.stage, [])
+            if need in row[: pos[need.stage]]:
+                continue
+            if need not in row:
+                why = f"never scheduled on stage {need.stage}"
+            elif need.stage == s:
+                why = f"comes later on stage {s}, at step {row.index(need)}"
+            else:
+                k = pos[need.stage]
+                why = f"stage {need.stage} is stuck at step {k}: {row[k]}"
+            lines.append(f"stage {s} at step {pos[s]}: {a} waits for {need} ({why})")
+    left = sum(len(o) - pos[s] for s, o in orders.items())
+    return ConfigError(
+        f"Deadlock at time {t}: no stage can make progress, {left} action(s) left.\n  "
+        + "\n  ".join(lines)
+        + f"\n{_DEPS_RULE} Fix: reorder the stage lists so each awaited action can run first "
+        "(the '1f1b' builder gives a valid order)."
+    )
+
+
+def simulate(orders: Mapping[int, list[Action]], cost: Mapping[str, int] | None = None) -> Grid:
+    """Time grid of ``orders``: each stage starts its next action as soon as its needs are met.
+
+    Sends are free and buffered (a stage never waits for its receiver); deadlocks raise.
+    """
+    costs = check_cost(cost)
+    check_rows(orders)
+    finish: dict[Action, int] = {}
+    pos = dict.fromkeys(orders, 0)
+    free_at = dict.fromkeys(orders, 0)
+    grid: Grid = {s: [] for s in sorted(orders)}
+    t = 0
+    while any(pos[s] < len(orders[s]) for s in grid):
+        for s in grid:
+            if free_at[s] > t or pos[s] == len(orders[s]):
+                continue
+            a = orders[s][pos[s]]
+            if all(finish.get(d, math.inf) <= t for d in needs(a, len(orders))):
+                grid[s] += [None] * (t - len(grid[s])) + [a] * costs[a.op]
+                finish[a] = free_at[s] = t + costs[a.op]
+                pos[s] += 1
+        later = [u for u in free_at.values() if u > t]
+        if not later and any(pos[s] < len(orders[s]) for s in grid):
+            raise _deadlock(orders, pos, t)
+        t = min(later, default=t)
+    span = makespan(grid)
+    return {s: row + [None] * (span - len(row)) for s, row in grid.items()}
+
+
+def dry_run(orders: Mapping[int, list[Action]]) -> int:
+    """Run ``orders`` with no processes; raise ConfigError naming stuck stages on deadlock.
+
+    Whether an order deadlocks does not depend on the costs, so unit costs suffice. Returns the
+    makespan in slots (F=B=W=1).
+    """
+    return makespan(simulate(orders))

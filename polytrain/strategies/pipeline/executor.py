@@ -1,0 +1,266 @@
+"""The one executor: runs a stage's list of actions — any schedule — over point-to-point messages.
+
+A stage holds its slice of the model (an ``nn.Sequential``), an inbox of activations from the
+previous stage and one of gradients from the next (`wire`), and the activations of the
+micro-batches in flight (forward done, backward not yet). For each action of its order:
+
+- ``F m``: take the input (stage 0: the data; else the activation of m, (b, ...) as the previous
+  stage produced it), run the slice on it (optionally re-materialised with
+  ``torch.utils.checkpoint``), stash (input, output), and send the output on; the last stage
+  computes the loss instead.
+- ``B m``: take the gradient of m's output (the last stage: backward of loss × loss_scale), run
+  backward, send the input's gradient back, and — for schedules that update after every
+  backward — let the weight policy step.
+
+The order of actions is the schedule's; the executor adds no synchronisation of its own, so a
+schedule that passes `checks.validate` and `checks.dry_run` cannot deadlock here. Every action
+records a ``compute`` span (``forward``/``backward``/``optimizer``) and every wait a ``comm``
+span, with ``stage``, ``mb`` and ``step`` fields, for the timeline and the measured bubble.
+
+Memory. A saved-tensor hook counts the storages autograd keeps for each micro-batch's backward
+(parameters and weight versions excluded), plus the stashed input and output: that is the
+activation memory a stage holds between F and B. `MemoryMeter` tracks its peak together with the
+weight policy's stashed versions. On CPU there are no allocator statistics; this count is exact
+for what the graph retains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.func import functional_call
+from torch.utils.checkpoint import checkpoint
+
+from polytrain.errors import ConfigError
+from polytrain.plan.profile import TensorMeta
+from polytrain.runtime.job import Job, RankContext
+from polytrain.strategies.pipeline.actions import Action
+from polytrain.strategies.pipeline.weights import FlushWeights, Params
+from polytrain.strategies.pipeline.wire import Inbox, Outbox
+
+CHECKPOINT_MODES = ("never", "except_last", "always")
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage's place in the pipeline and how it runs its slice."""
+
+    stage: int
+    stages: int
+    module: nn.Module
+    prev_rank: int | None  # None on the first stage
+    next_rank: int | None  # None on the last stage
+    in_meta: TensorMeta | None  # the activation received per micro-batch
+    out_meta: TensorMeta | None  # the activation sent per micro-batch
+    checkpoint: str = "never"
+    loss_scale: float = 1.0  # 1/M: M micro-batch means sum to the mini-batch mean's gradient
+    trace_versions: bool = False  # emit a "version" event per F and B (tests of weight stashing)
+
+
+class Feed(Protocol):
+    """The data of a segment: micro-batch index -> its step, inputs and targets."""
+
+    def step(self, mb: int) -> int: ...
+    def inputs(self, mb: int) -> torch.Tensor: ...
+    def target(self, mb: int) -> torch.Tensor: ...
+
+
+@dataclass
+class Window:
+    """The compute of one segment on one stage: first start, last end, busy seconds."""
+
+    start: float = float("inf")
+    end: float = float("-inf")
+    busy: float = 0.0
+
+    def to_json(self) -> list[float]:
+        return [self.start, self.end, self.busy] if self.end >= self.start else []
+
+
+class MemoryMeter:
+    """Activation bytes held per in-flight micro-batch, and the peak with stashed weights."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, int] = {}
+        self.peak_activation = 0
+        self.peak_total = 0
+        self.peak_in_flight = 0
+
+    @contextmanager
+    def track(self, exclude: set[int]) -> Iterator[dict[int, int]]:
+        """Count storages autograd saves inside the block (storage pointer -> bytes)."""
+        saved: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in exclude:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield saved
+
+    def hold(self, mb: int, saved: dict[int, int], *tensors: torch.Tensor) -> None:
+        for t in tensors:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        self.live[mb] = sum(saved.values())
+        self.peak_in_flight = max(self.peak_in_flight, len(self.live))
+
+    def release(self, mb: int) -> None:
+        self.live.pop(mb, None)
+
+    def note(self, stash_bytes: int) -> None:
+        act = sum(self.live.values())
+        self.peak_activation = max(self.peak_activation, act)
+        self.peak_total = max(self.peak_total, act + stash_bytes)
+
+
+class StageExecutor:
+    """Runs orders for one stage; keeps its channels and meters across segments."""
+
+    def __init__(self, job: Job, ctx: RankContext, spec: StageSpec, weights: FlushWeights) -> None:
+        self.job, self.ctx, self.spec, self.weights = job, ctx, spec, weights
+        rec, s = ctx.recorder, spec.stage
+        self.acts = None
+        if spec.prev_rank is not None and spec.in_meta is not None:
+            self.acts = Inbox(ctx.comm, rec, spec.prev_rank, spec.in_meta, "activation", s, ctx.device)
+        self.grads = None
+        if spec.next_rank is not None and spec.out_meta is not None:
+            self.grads = Inbox(ctx.comm, rec, spec.next_rank, spec.out_meta, "gradient", s, ctx.device)
+        self.outbox = Outbox(ctx.comm, rec, s)
+        self.meter = MemoryMeter()
+        self.flight: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.losses: dict[int, float] = {}
+        self._last_mb = -1
+
+    def run(self, order: list[Action], feed: Feed, done: Callable[[int, float], None]) -> Window:
+        """Execute ``order``; ``done(mb, loss)`` after each backward. Returns the compute window."""
+        forwards = [a.microbatch for a in order if a.op == "F"]
+        if self.acts is not None:
+            self.acts.expect(len(forwards))
+        if self.grads is not None:
+            self.grads.expect(sum(a.op == "B" for a in order))
+        self._last_mb = max(forwards, default=-1)
+        self.weights.begin_segment(order)
+        window = Window()
+        for a in order:
+            if a.op == "F":
+                self._forward(a.microbatch, feed, window)
+            elif a.op == "B":
+                done(a.microbatch, self._backward(a.microbatch, feed, window))
+            else:
+                raise ConfigError(
+                    f"The pipeline executor runs F and B actions; {a} is a split weight-gradient "
+                    "action, which no built-in strategy schedules. Fix: fold W into B."
+                )
+            self.outbox.poll()
+        self.outbox.drain()
+        return window
+
+    @contextmanager
+    def _compute(self, name: str, mb: int, step: int, window: Window) -> Iterator[None]:
+        rec = self.ctx.recorder
+        start = rec.now()
+        with rec.span(name, "compute", stage=self.spec.stage, mb=mb, step=step):
+            yield
+            self.ctx.straggle(rec.now() - start)  # emulated slowness counts as this stage's work
+        end = rec.now()
+        window.start, window.end = min(window.start, start), max(window.end, end)
+        window.busy += end - start
+
+    def _run_module(self, inp: torch.Tensor, params: Params | None, mb: int) -> torch.Tensor:
+        module = self.spec.module
+
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            return module(x) if params is None else functional_call(module, params, (x,))
+
+        mode = self.spec.checkpoint
+        if mode == "always" or (mode == "except_last" and mb != self._last_mb):
+            out: torch.Tensor = checkpoint(fn, inp, use_reentrant=False)
+            return out
+        return fn(inp)
+
+    def _forward(self, mb: int, feed: Feed, window: Window) -> None:
+        step = feed.step(mb)
+        tag = 0.0
+        if self.acts is None:
+            inp = feed.inputs(mb)
+        else:
+            inp, tag = self.acts.take(mb, step)
+            inp.requires_grad_(inp.is_floating_point())
+        with self._compute("forward", mb, step, window):
+            params = self.weights.forward_params(mb, tag)
+            self._trace("F", mb, step)
+            with self.meter.track(self.weights.held_ptrs()) as saved:
+                out = self._run_module(inp, params, mb)
+                if self.grads is None:  # last stage: the loss of micro-batch mb (a mean over it)
+                    out = self.job.loss(out, feed.target(mb))
+                    self.losses[mb] = float(out.detach())
+            self.meter.hold(mb, saved, inp, out)
+            self.meter.note(self.weights.stash_bytes())
+        self.flight[mb] = (inp, out)
+        if self.grads is not None and self.spec.next_rank is not None:
+            self.outbox.send(out, self.spec.next_rank, "activation", self.weights.out_tag(mb, tag), mb, step)
+
+    def _backward(self, mb: int, feed: Feed, window: Window) -> float:
+        step = feed.step(mb)
+        inp, out = self.flight.pop(mb)
+        grad: torch.Tensor | None = None
+        if self.grads is None:
+            loss = self.losses.pop(mb)
+        else:
+            grad, loss = self.grads.take(mb, step)
+        self._trace("B", mb, step)
+        with self._compute("backward", mb, step, window):
+            if not out.requires_grad:  # a parameter-free stage fed by data: nothing to differentiate
+                pass
+            elif grad is None:  # the last stage: this micro-batch's share of the mini-batch loss
+                (out * self.spec.loss_scale).backward()
+            else:
+                out.backward(grad)
+        self.meter.release(mb)
+        if self.acts is not None and self.spec.prev_rank is not None:
+            g = inp.grad if inp.grad is not None else torch.zeros_like(inp)
+            self.outbox.send(g, self.spec.prev_rank, "gradient", loss, mb, step)
+        if self.weights.updates_per_backward:  # after the send: the previous stage need not wait
+            with self._compute("optimizer", mb, step, window):
+                self.weights.after_backward(mb)
+            self.meter.note(self.weights.stash_bytes())
+        return loss
+
+    def _trace(self, phase: str, mb: int, step: int) -> None:
+        """Which weight version ``phase`` of ``mb`` runs on, with checksums of the tensors used."""
+        if not self.spec.trace_versions:
+            return
+        used = self.weights.params_of(mb)
+        live = dict(self.spec.module.named_parameters())
+        self.ctx.recorder.emit(
+            "version",
+            stage=self.spec.stage,
+            mb=mb,
+            step=step,
+            phase=phase,
+            version=self.weights.version_of(mb),
+            current=self.weights.version,
+            used_sum=_checksum(live if used is None else used),
+            live_sum=_checksum(live),
+        )
+
+    def metrics(self) -> dict[str, Any]:
+        m = self.meter
+        return {
+            "peak_activation_bytes": m.peak_activation,
+            "peak_memory_bytes": m.peak_total,
+            "peak_in_flight": m.peak_in_flight,
+        }
+
+
+@torch.no_grad()
+def _checksum(params: Mapping[str, torch.Tensor]) -> float:
+    """A fingerprint of a set of weights: changes when any of them changes."""
+    return float(sum(float(t.double().sum() + t.double().square().sum()) for t in params.values()))

@@ -1,0 +1,46 @@
+"""``gpipe``: GPipe (Huang et al. 2019; survey 000 §VI, Fig. 9) — micro-batches, flush, one update.
+
+Each mini-batch of B samples is split into M micro-batches of B/M; every stage runs all M forwards,
+then all M backwards (last in, first out), then one optimizer step. Each micro-batch's loss is
+scaled by 1/M, so the accumulated gradient is the full mini-batch's mean gradient and the run
+equals ``single`` training. ``checkpoint=except_last|always`` re-materialises the forward during
+backward (``torch.utils.checkpoint``), trading compute for activation memory.
+
+    polytrain train --strategy gpipe --procs 4 --set microbatches=8 --set checkpoint=except_last
+"""
+
+from __future__ import annotations
+
+from polytrain.config import JobConfig
+from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.strategies.base import Strategy
+from polytrain.strategies.pipeline.options import FlushOptions, check_microbatches, check_pipeline
+from polytrain.strategies.pipeline.shell import PipelineRun, RunPlan
+from polytrain.strategies.pipeline.weights import FlushWeights
+
+
+def flush_plan(strategy: str, opts: FlushOptions) -> RunPlan:
+    return RunPlan(
+        strategy=strategy,
+        schedule=strategy,
+        per_step=opts.microbatches,
+        stream=False,
+        make_weights=lambda module, optimizer, _stage: FlushWeights(module, optimizer),
+        checkpoint=opts.checkpoint,
+    )
+
+
+class GPipe(Strategy):
+    name = "gpipe"
+    family = "pipeline"
+    summary = "GPipe: M micro-batches, all forwards then all backwards, one synchronous update"
+    Options = FlushOptions
+
+    def check(self, cfg: JobConfig, world: int) -> None:
+        opts: FlushOptions = self.options  # type: ignore[assignment]
+        check_microbatches(self.name, cfg, opts.microbatches)
+        check_pipeline(opts, cfg, world)
+
+    def run(self, job: Job, ctx: RankContext) -> RankResult:
+        opts: FlushOptions = self.options  # type: ignore[assignment]
+        return PipelineRun(job, ctx, opts, flush_plan(self.name, opts)).run()

@@ -1,0 +1,65 @@
+"""What a pipeline run reports in ``strategy_metrics``, computed at rank 0 from every stage's record.
+
+Bubble fraction, measured. Each stage records, per segment (one mini-batch for gpipe/1f1b, a run of
+mini-batches for pipedream), a window: the start of its first compute span, the end of its last,
+and its busy seconds (the sum of its forward/backward/optimizer spans inside). For segment w the
+pipeline's wall is W_w = max end − min start over stages (clocks share an origin set after a
+barrier), and
+
+    bubble = Σ_w Σ_s (W_w − busy_{s,w}) / Σ_w (P · W_w)
+
+— idle stage-time over stage-time, the measured counterpart of (P−1)/(M+P−1). It includes what
+the textbook formula leaves out: transfers, imbalance between stages, and the load of the host.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def bubble_fraction(windows: list[list[list[float]]]) -> float:
+    """``windows[stage][segment] = [start, end, busy]`` (or [] if idle) -> idle / (stages x wall)."""
+    stages = len(windows)
+    if stages == 0:
+        return 0.0
+    idle = total = 0.0
+    for seg in zip(*windows, strict=True):
+        ran = [w for w in seg if w]  # an empty window: the stage computed nothing this segment
+        wall = max((w[1] for w in ran), default=0.0) - min((w[0] for w in ran), default=0.0)
+        if wall <= 0:
+            continue
+        idle += sum(max(0.0, wall - (w[2] if w else 0.0)) for w in seg)
+        total += stages * wall
+    return idle / total if total else 0.0
+
+
+def theoretical_bubble(stages: int, microbatches: int) -> float:
+    """GPipe's (P−1)/(M+P−1) for balanced stages and free transfers."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def summarise(records: list[dict[str, Any]], head: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's ``strategy_metrics``: ``head`` (schedule, partition, ...) plus per-stage figures."""
+    records = sorted(records, key=lambda r: r["stage"])
+    out = dict(head)
+    out["bubble_fraction"] = bubble_fraction([r["windows"] for r in records])
+    if head.get("flush"):
+        out["bubble_fraction_theory"] = theoretical_bubble(len(records), head["microbatches"])
+    per_stage = ("busy_s", "peak_memory_bytes", "peak_activation_bytes", "peak_in_flight")
+    for key in per_stage:
+        out[f"{key}_per_stage"] = [r[key] for r in records]
+    for key in (
+        "stash_bytes_peak",
+        "stashed_versions_peak",
+        "prediction_bytes_peak",
+        "predicted_versions_peak",
+    ):
+        if key in records[0]:
+            out[f"{key}_per_stage"] = [r[key] for r in records]
+    if "staleness" in records[0]:
+        out["staleness"] = {str(r["stage"]): r["staleness"] for r in records}
+        out["max_staleness"] = max(r["max_staleness"] for r in records)
+    if "predicted_distance" in records[0]:
+        out["predicted_distance"] = {str(r["stage"]): r["predicted_distance"] for r in records}
+    out["layers_per_stage"] = [r["layers"] for r in records]
+    return out

@@ -1,0 +1,106 @@
+"""Options shared by the pipeline strategies and the checks made before any process starts."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from torch import nn
+
+from polytrain.config import JobConfig
+from polytrain.data import dataset_spec
+from polytrain.errors import ConfigError
+from polytrain.models import resolve_model
+from polytrain.plan.partition import Partition, check_cuttable
+
+PARTITION_MODES = ("auto", "uniform", "params", "time")
+PARTITION_HELP = (
+    "auto (PipeDream's planner on a measured profile), uniform (equal layer counts), params "
+    "(balance parameter bytes), time (balance measured forward+backward time), or layer counts "
+    "per stage such as 3,5,5,6"
+)
+
+
+class PipelineOptions(BaseModel):
+    """``partition``: how layers are split over stages; ``link_gbps``: the link the planner assumes."""
+
+    model_config = ConfigDict(extra="forbid")
+    partition: str = "auto"
+    link_gbps: float = Field(10.0, gt=0, description="link bandwidth (Gbit/s) assumed by partition=auto")
+
+    @field_validator("partition", mode="before")
+    @classmethod
+    def _partition(cls, v: Any) -> str:
+        if isinstance(v, (list, tuple)) or (isinstance(v, int) and not isinstance(v, bool)):
+            v = ",".join(str(x) for x in (v if isinstance(v, (list, tuple)) else [v]))
+        if not isinstance(v, str):
+            raise ValueError(f"partition must be {PARTITION_HELP}")
+        text = v.strip().lower()
+        if text not in PARTITION_MODES:
+            try:
+                Partition.parse(text)
+            except ConfigError as err:
+                raise ValueError(str(err)) from None
+        return text
+
+
+class FlushOptions(PipelineOptions):
+    """gpipe / 1f1b: M micro-batches per mini-batch, optional re-materialisation."""
+
+    microbatches: int = Field(4, ge=1, description="micro-batches M per mini-batch (B % M == 0)")
+    checkpoint: Literal["never", "except_last", "always"] = "never"
+
+
+class AsyncOptions(PipelineOptions):
+    """pipedream: ``vertical_sync``; ``trace_versions`` records the weight version of every action."""
+
+    vertical_sync: bool = False
+    trace_versions: bool = False
+
+
+def _meta_model(cfg: JobConfig) -> nn.Module | None:
+    """The model built on the meta device (no memory), or None when a factory cannot do that."""
+    spec = dataset_spec(cfg.dataset, cfg.data_options)
+    try:
+        with torch.device("meta"):
+            return resolve_model(cfg.model, spec, cfg.model_options)
+    except ConfigError:
+        raise
+    except Exception:  # e.g. a factory that loads weights: the ranks check the real model
+        return None
+
+
+def check_pipeline(opts: PipelineOptions, cfg: JobConfig, world: int) -> None:
+    """Refuse, before any process starts, a pipeline job that cannot run (ConfigError)."""
+    model = _meta_model(cfg)
+    layers = None if model is None else check_cuttable(model, world)
+    if opts.partition not in PARTITION_MODES:
+        part = Partition.parse(opts.partition)
+        if layers is not None:
+            part.check(layers, world)
+        check_replicas(part)
+
+
+def check_replicas(part: Partition) -> None:
+    if any(r > 1 for r in part.replicas):
+        raise ConfigError(
+            f"Partition {part} replicates stage(s) {[s for s, r in enumerate(part.replicas) if r > 1]}."
+            " Rule: the pipeline runtime runs one rank per stage for now; replicated stages are "
+            "planned (polytrain.plan.partition.pipedream_plan) but not executed. Fix: drop the xR "
+            f"suffixes, e.g. --set partition={','.join(map(str, part.counts))} with --procs "
+            f"{part.stages}."
+        )
+
+
+def check_microbatches(name: str, cfg: JobConfig, microbatches: int) -> None:
+    """B % M must be 0: every micro-batch has B/M samples, so their mean losses average exactly."""
+    b, m = cfg.batch_size, microbatches
+    if b % m:
+        divisors = [d for d in range(1, b + 1) if b % d == 0 and d <= 4 * m]
+        lower = max(m, b - b % m)
+        raise ConfigError(
+            f"Strategy '{name}' splits the global batch of {b} samples into {m} micro-batches. Rule: "
+            f"--batch-size must be a multiple of microbatches. Fix: --batch-size {lower} or "
+            f"{lower + m}, or --set microbatches=<a divisor of {b}: {', '.join(map(str, divisors))}>."
+        )

@@ -1,0 +1,73 @@
+"""From ``--set partition=...`` to the Partition every rank of a pipeline job uses.
+
+``uniform``, ``params`` and explicit counts are computed on every rank (deterministic). ``time`` and
+``auto`` need a profile measured on this machine: rank 0 measures it (`plan.profile`), plans, and
+broadcasts the plan, because timings differ from rank to rank and all stages must agree.
+``auto`` runs PipeDream's planner with one replica per stage (the runtime does not run replicated
+stages yet); the planner itself can replicate (`polytrain.plan.partition.pipedream_plan`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from polytrain.plan.partition import (
+    Partition,
+    balanced,
+    check_cuttable,
+    layers_of,
+    pipedream_plan,
+    uniform,
+)
+from polytrain.plan.profile import profile_layers
+from polytrain.runtime.job import RankContext
+from polytrain.strategies.pipeline.options import PipelineOptions, check_replicas
+
+
+def _param_bytes(layer: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in layer.parameters())
+
+
+def _measured_plan(
+    opts: PipelineOptions, model: nn.Module, ranks: int, sample: torch.Tensor
+) -> dict[str, Any]:
+    """Profile on this rank and plan (``time`` or ``auto``); JSON for the broadcast."""
+    profiles = profile_layers(model, sample)
+    bandwidth = opts.link_gbps * 1e9 / 8
+    if opts.partition == "time":
+        part = balanced([p.compute_s for p in profiles], ranks)
+        predicted = None
+    else:
+        plan = pipedream_plan([p.cost() for p in profiles], ranks, bandwidth, replicate=False)
+        part, predicted = plan.partition, plan.period_s
+    return {
+        "counts": list(part.counts),
+        "profile_ms": [round(p.compute_s * 1e3, 4) for p in profiles],
+        "predicted_period_ms": None if predicted is None else round(predicted * 1e3, 4),
+    }
+
+
+def resolve_partition(
+    opts: PipelineOptions, model: nn.Module, ctx: RankContext, sample: torch.Tensor
+) -> tuple[Partition, dict[str, Any]]:
+    """(partition, what to report about how it was chosen) — identical on every rank."""
+    ranks, mode = ctx.world, opts.partition
+    layers = check_cuttable(model, ranks)
+    info: dict[str, Any] = {}
+    if mode == "uniform" or ranks == 1:  # one stage: nothing to plan, nothing to measure
+        part = uniform(layers, ranks)
+    elif mode == "params":
+        part = balanced([_param_bytes(layer) for _, layer in layers_of(model)], ranks)
+    elif mode in ("time", "auto"):
+        decided = _measured_plan(opts, model, ranks, sample) if ctx.is_leader else None
+        decided = ctx.comm.broadcast_json(decided, src=0)
+        part = Partition(tuple(decided.pop("counts")))
+        info = {k: v for k, v in decided.items() if v is not None}
+    else:
+        part = Partition.parse(mode)
+    part.check(layers, ranks)
+    check_replicas(part)
+    return part, info

@@ -1,0 +1,265 @@
+"""The pipeline training shell: set up one stage, run segments of a schedule, checkpoint, evaluate.
+
+Every rank builds the full model (same seed, same initial weights as ``single``), derives the
+partition (``auto``/``time`` are decided on rank 0 from a measured profile and broadcast, so all
+ranks agree), keeps its stage's slice and drops the rest; rank 0 keeps the full model, into which
+it gathers every stage's weights for evaluation and the final ``model.pt``.
+
+Segments. gpipe/1f1b run one segment per step: M micro-batches, then the flush (one optimizer
+step). pipedream/spectrain run a stream: one segment spans the steps up to the next checkpoint,
+evaluation or the end; inside it every stage updates after every backward, and at its end the
+pipeline drains, so checkpoints are consistent across stages without any extra protocol.
+
+Evaluation gathers the model on rank 0 and runs the test set there (one process; the run's
+stage-to-stage traffic is unchanged). A model too large for one process would need a pipelined
+forward instead; that is not built.
+
+Each stage reports the same per-step loss (it travels with the gradients, see `wire`), so the
+``step`` events of every rank agree, as for data-parallel strategies.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from polytrain.errors import ConfigError
+from polytrain.plan.partition import Partition, cut
+from polytrain.plan.profile import boundary_metas
+from polytrain.runtime.batches import GlobalBatches
+from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.loop import LoopSpec, restore_checkpoint, save_checkpoint
+from polytrain.strategies.pipeline.checks import dry_run, validate
+from polytrain.strategies.pipeline.executor import StageExecutor, StageSpec, Window
+from polytrain.strategies.pipeline.metrics import summarise
+from polytrain.strategies.pipeline.options import PipelineOptions
+from polytrain.strategies.pipeline.planning import resolve_partition
+from polytrain.strategies.pipeline.schedule import Orders, stage_orders
+from polytrain.strategies.pipeline.weights import FlushWeights
+from polytrain.strategies.pipeline.wire import recv_state, send_state
+
+MakeWeights = Callable[[nn.Module, torch.optim.Optimizer, int], FlushWeights]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a pipeline strategy asks of the shell."""
+
+    strategy: str
+    schedule: str  # a registered schedule (schedule.SCHEDULES)
+    per_step: int  # micro-batches per step: M for gpipe/1f1b, 1 for a stream of mini-batches
+    stream: bool  # no flush: a segment spans several steps, updates after every backward
+    make_weights: MakeWeights
+    checkpoint: str = "never"
+    trace_versions: bool = False
+    extra: tuple[tuple[str, Any], ...] = ()  # strategy options to report in strategy_metrics
+
+
+class BatchFeed:
+    """Micro-batch index of a segment -> its step and its slice of that step's global batch."""
+
+    def __init__(self, batches: GlobalBatches, steps: list[int], per_step: int, device: torch.device) -> None:
+        self.batches, self.steps, self.per_step, self.device = batches, steps, per_step, device
+        self._cache: dict[int, tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = {}
+
+    def step(self, mb: int) -> int:
+        return self.steps[mb // self.per_step]
+
+    def _parts(self, mb: int) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        step = self.step(mb)
+        if step not in self._cache:
+            x, y = self.batches.shard(step)  # the whole global batch (B, ...); chunks of B/M
+            self._cache = {step: (x.chunk(self.per_step), y.chunk(self.per_step))}
+        return self._cache[step]
+
+    def inputs(self, mb: int) -> torch.Tensor:
+        return self._parts(mb)[0][mb % self.per_step].to(self.device)
+
+    def target(self, mb: int) -> torch.Tensor:
+        return self._parts(mb)[1][mb % self.per_step].to(self.device)
+
+
+@dataclass
+class Stage:
+    """One rank's part: its stage, slice, and (rank 0 only) the full model."""
+
+    partition: Partition
+    stage: int
+    module: nn.Sequential
+    full: nn.Sequential | None
+    spec: StageSpec
+    plan_info: dict[str, Any]
+
+
+def setup_stage(job: Job, ctx: RankContext, opts: PipelineOptions, plan: RunPlan) -> Stage:
+    model = job.build_model().to(ctx.device)
+    x, _ = job.batches().shard(1)
+    sample = x[: job.batch_size // plan.per_step].to(ctx.device)  # one unit of work: (b, ...)
+    partition, info = resolve_partition(opts, model, ctx, sample)
+    metas = boundary_metas(model, sample)
+    bounds = partition.bounds
+    for _, end in bounds[:-1]:
+        if not metas[end - 1].dtype.is_floating_point:
+            raise ConfigError(
+                f"Partition {partition} cuts after layer {end - 1}, whose output is "
+                f"{metas[end - 1].dtype} {list(metas[end - 1].shape)}. Rule: a cut must carry a "
+                "floating-point tensor (its gradient flows back). Fix: move the cut later."
+            )
+    stage = ctx.rank
+    module = cut(model, partition)[stage]
+    last = partition.stages - 1
+    spec = StageSpec(
+        stage=stage,
+        stages=partition.stages,
+        module=module,
+        prev_rank=stage - 1 if stage > 0 else None,
+        next_rank=stage + 1 if stage < last else None,
+        in_meta=metas[bounds[stage][0] - 1] if stage > 0 else None,
+        out_meta=metas[bounds[stage][1] - 1] if stage < last else None,
+        checkpoint=plan.checkpoint,
+        loss_scale=1.0 / plan.per_step,
+        trace_versions=plan.trace_versions,
+    )
+    return Stage(partition, stage, module, model if ctx.is_leader else None, spec, info)
+
+
+def _segments(first: int, steps: int, plan: RunPlan, job: Job) -> Iterator[list[int]]:
+    """Steps grouped into segments (see the module docstring)."""
+    cfg, current = job.config, []
+    for k in range(first, steps + 1):
+        current.append(k)
+        boundary = k == steps or any(
+            every and k % every == 0 for every in (cfg.checkpoint_every, cfg.eval_every)
+        )
+        if not plan.stream or boundary:
+            yield current
+            current = []
+
+
+def gather_model(ctx: RankContext, stage: Stage) -> None:
+    """Collective: every stage's weights into rank 0's full model (rank of stage s is s)."""
+    if stage.full is None:
+        send_state(ctx.comm, stage.module.state_dict(), 0)
+        return
+    slices, state = cut(stage.full, stage.partition), stage.full.state_dict()
+    for s in range(1, stage.partition.stages):
+        recv_state(ctx.comm, state, list(slices[s].state_dict()), src=s)
+
+
+class PipelineRun:
+    """One rank of a pipeline job (see the module docstring)."""
+
+    def __init__(self, job: Job, ctx: RankContext, opts: PipelineOptions, plan: RunPlan) -> None:
+        self.job, self.ctx, self.opts, self.plan = job, ctx, opts, plan
+        self.stage = setup_stage(job, ctx, opts, plan)
+        self.optimizer = job.make_optimizer(self.stage.module.parameters())
+        self.weights = plan.make_weights(self.stage.module, self.optimizer, self.stage.stage)
+        self.executor = StageExecutor(job, ctx, self.stage.spec, self.weights)
+        self.windows: list[Window] = []
+        self.loss = float("nan")
+        self._orders: dict[int, Orders] = {}
+        self.loop = LoopSpec(
+            model=self.stage.module,
+            optimizer=self.optimizer,
+            step_fn=lambda *_: float("nan"),  # unused: this shell drives the steps
+            replicated=False,
+            state=self.weights.state,
+            load_state=self.weights.load_state,
+        )
+
+    def orders(self, units: int) -> Orders:
+        """The schedule for ``units`` micro-batches, validated and dry-run once per size."""
+        if units not in self._orders:
+            orders = stage_orders(self.plan.schedule, self.stage.partition.stages, units)
+            validate(orders, self.stage.partition.stages, units)
+            dry_run(orders)
+            self._orders[units] = orders
+        return self._orders[units]
+
+    def run(self) -> RankResult:
+        job, ctx = self.job, self.ctx
+        start = restore_checkpoint(ctx, self.loop) if ctx.resume else 0
+        batches = job.batches()
+        ctx.comm.barrier()
+        ctx.recorder.start_clock()
+        ctx.recorder.emit("start", first_step=start + 1, steps=job.steps)
+        t0 = time.perf_counter()
+        for steps in _segments(start + 1, job.steps, self.plan, job):
+            self._segment(steps, batches)
+            self._boundary(steps[-1])
+        wall = time.perf_counter() - t0
+        done = job.steps - start
+        result = RankResult(steps=done, samples=done * job.batch_size, wall_s=wall, final_loss=self.loss)
+        result.strategy_metrics = self._metrics()
+        gather_model(ctx, self.stage)
+        if self.stage.full is not None:
+            result.eval = job.evaluate(self.stage.full)
+            ctx.recorder.emit("eval", step=job.steps, **result.eval)
+            result.model_state = {k: v.detach().clone() for k, v in self.stage.full.state_dict().items()}
+        return result
+
+    def _segment(self, steps: list[int], batches: GlobalBatches) -> None:
+        per_step = self.plan.per_step
+        feed = BatchFeed(batches, steps, per_step, self.ctx.device)
+        order = self.orders(len(steps) * per_step)[self.stage.stage]
+        losses: dict[int, list[float]] = defaultdict(list)
+
+        def done(mb: int, loss: float) -> None:
+            step = feed.step(mb)
+            losses[step].append(loss)
+            if self.plan.stream:  # an update follows every backward: the step is complete
+                self._finish_step(step, loss)
+
+        self.windows.append(self.executor.run(order, feed, done))
+        if not self.plan.stream:
+            with self.ctx.recorder.span("optimizer", stage=self.stage.stage, step=steps[0]):
+                self.weights.end_segment()
+            self._finish_step(steps[0], sum(losses[steps[0]]) / per_step)
+
+    def _finish_step(self, step: int, loss: float) -> None:
+        self.loss = loss
+        self.ctx.recorder.step(step, loss, samples=step * self.job.batch_size)
+        if self.ctx.progress is not None:
+            self.ctx.progress.update(step, loss)
+
+    def _boundary(self, step: int) -> None:
+        cfg, ctx = self.job.config, self.ctx
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+            save_checkpoint(self.job, ctx, self.loop, step)
+        if cfg.eval_every and step % cfg.eval_every == 0 and step < self.job.steps:
+            gather_model(ctx, self.stage)
+            if self.stage.full is not None:
+                ctx.recorder.emit("eval", step=step, **self.job.evaluate(self.stage.full))
+
+    def _metrics(self) -> dict[str, Any]:
+        """Collective: every stage's record gathered at rank 0, which summarises them."""
+        module, stage = self.stage.module, self.stage.stage
+        record: dict[str, Any] = {
+            "stage": stage,
+            "layers": [name for name, _ in module.named_children()],
+            "windows": [w.to_json() for w in self.windows],
+            "busy_s": sum(w.busy for w in self.windows),
+            **self.executor.metrics(),
+            **self.weights.metrics(),
+        }
+        records = self.ctx.comm.gather_json(record)
+        if records is None:  # rank 0 reports for every stage (its lists are indexed by stage)
+            return {}
+        head = {
+            "schedule": self.plan.schedule,
+            "flush": not self.plan.stream,
+            "stages": self.stage.partition.stages,
+            "microbatches": self.plan.per_step,
+            "partition": self.stage.partition.to_json(),
+            "partition_option": self.opts.partition,
+            "checkpoint": self.plan.checkpoint,
+            **dict(self.plan.extra),
+            **self.stage.plan_info,
+        }
+        return summarise(records, head)

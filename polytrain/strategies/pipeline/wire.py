@@ -1,0 +1,144 @@
+"""Point-to-point messages between pipeline stages, all through the accounted ``ctx.comm``.
+
+Message format. Every activation (stage s -> s+1) and gradient (s+1 -> s) travels as one uint8
+buffer: a 16-byte header of two float64 — ``tag`` and the micro-batch index — followed by the
+tensor's raw bytes. The header carries what the receiver needs besides the tensor: on
+activations the input stage's weight version (PipeDream's vertical sync), on gradients the
+micro-batch's loss (so every stage learns each loss without a separate message or a collective).
+The micro-batch index lets the receiver check the FIFO order (a mismatch is a bug, reported
+loudly, never trained on). Raw bytes keep any dtype exact. The cost is one copy of the tensor at
+the sender and 16 bytes per message; the receiver views the buffer without a copy.
+
+Shapes are never exchanged: every rank derives them from one dry forward on a sample
+(`polytrain.plan.profile.boundary_metas`), so both ends of a channel agree by construction.
+
+Overlap. An `Inbox` keeps one ``irecv`` posted ahead on its channel, so the next message lands
+while the stage computes; an `Outbox` sends with ``isend`` and only waits at the end of a segment.
+gloo gives no completion callback for point-to-point work, so a ``send`` span ends when the
+outbox first sees the work completed (polled between actions): an upper bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from polytrain.comm import Comm
+from polytrain.plan.profile import TensorMeta
+from polytrain.runtime.recorder import Recorder
+
+HEADER = 16  # bytes: float64 tag, float64 micro-batch index
+
+
+def pack(t: torch.Tensor, tag: float, mb: int) -> torch.Tensor:
+    """``t`` as (HEADER + t.nbytes,) uint8: [tag, mb] as float64, then the tensor's bytes."""
+    head = torch.tensor([tag, float(mb)], dtype=torch.float64, device=t.device).view(torch.uint8)
+    return torch.cat([head, t.detach().contiguous().reshape(-1).view(torch.uint8)])
+
+
+def unpack(buf: torch.Tensor, meta: TensorMeta) -> tuple[torch.Tensor, float, int]:
+    """(tensor of ``meta``'s shape viewing ``buf``, tag, micro-batch index)."""
+    tag, mb = buf[:HEADER].view(torch.float64).tolist()
+    # detach: a leaf of its own (the stage may set requires_grad on it), same storage, no copy
+    tensor = buf[HEADER:].view(meta.dtype).view(meta.shape).detach()
+    return tensor, tag, int(mb)
+
+
+class Inbox:
+    """The FIFO channel of one kind of message from one peer, with one receive posted ahead."""
+
+    def __init__(
+        self,
+        comm: Comm,
+        rec: Recorder,
+        peer: int,
+        meta: TensorMeta,
+        op: str,
+        stage: int,
+        device: torch.device,
+    ) -> None:
+        self.comm, self.rec, self.peer, self.meta, self.op, self.stage = comm, rec, peer, meta, op, stage
+        self.device = device
+        self.left = 0  # messages still expected on this channel, posted one included
+        self._posted: tuple[Any, torch.Tensor] | None = None
+
+    def expect(self, count: int) -> None:
+        """Announce ``count`` more messages (a segment's worth) and post the first receive."""
+        self.left += count
+        self._post()
+
+    def _post(self) -> None:
+        if self._posted is None and self.left > 0:
+            buf = torch.empty(HEADER + self.meta.nbytes, dtype=torch.uint8, device=self.device)
+            self._posted = (self.comm.irecv(buf, self.peer, op=self.op), buf)
+
+    def take(self, mb: int, step: int) -> tuple[torch.Tensor, float]:
+        """Wait for the next message (a ``recv`` comm span), check it is ``mb``'s, post the next."""
+        if self._posted is None:
+            raise RuntimeError(f"stage {self.stage}: no {self.op} expected from rank {self.peer}")
+        work, buf = self._posted
+        with self.rec.span("recv", "comm", stage=self.stage, mb=mb, step=step, peer=self.peer, kind=self.op):
+            work.wait()
+        self._posted, self.left = None, self.left - 1
+        self._post()
+        tensor, tag, got = unpack(buf, self.meta)
+        if got != mb:
+            raise RuntimeError(
+                f"stage {self.stage} expected the {self.op} of micro-batch {mb} from rank "
+                f"{self.peer} but received micro-batch {got}: the stages' schedules disagree."
+            )
+        return tensor, tag
+
+
+class Outbox:
+    """Asynchronous sends; a buffer stays referenced until its send completes."""
+
+    def __init__(self, comm: Comm, rec: Recorder, stage: int) -> None:
+        self.comm, self.rec, self.stage = comm, rec, stage
+        self._pending: list[tuple[Any, torch.Tensor, float, dict[str, Any]]] = []
+
+    def send(self, t: torch.Tensor, peer: int, op: str, tag: float, mb: int, step: int) -> None:
+        buf = pack(t, tag, mb)
+        start = self.rec.now()
+        fields = {"stage": self.stage, "mb": mb, "step": step, "peer": peer, "kind": op}
+        self._pending.append((self.comm.isend(buf, peer, op=op), buf, start, fields))
+
+    def poll(self) -> None:
+        """Close the spans of sends that have completed and drop their buffers."""
+        still = []
+        for work, buf, start, fields in self._pending:
+            if work.is_completed():
+                self.rec.add_span("send", "comm", start, self.rec.now(), **fields)
+            else:
+                still.append((work, buf, start, fields))
+        self._pending = still
+
+    def drain(self) -> None:
+        for work, _, start, fields in self._pending:
+            work.wait()
+            self.rec.add_span("send", "comm", start, self.rec.now(), **fields)
+        self._pending = []
+
+
+# --- the final model: every stage's slice gathered at rank 0 ---------------------------------------
+
+
+def send_state(comm: Comm, state: Mapping[str, torch.Tensor], dst: int) -> None:
+    """Send a stage's state tensors to ``dst`` in key order (op ``model_gather``)."""
+    for key in sorted(state):
+        comm.send(state[key].detach().contiguous(), dst, op="model_gather")
+
+
+def recv_state(comm: Comm, into: Mapping[str, torch.Tensor], keys: list[str], src: int) -> None:
+    """Receive ``keys`` from ``src`` straight into the tensors of ``into`` (same shapes, dtypes).
+
+    The receiver holds the full model, so it already knows every shape: nothing else is sent.
+    """
+    for key in sorted(keys):
+        target = into[key]
+        buf = target if target.is_contiguous() else torch.empty_like(target)
+        comm.recv(buf, src, op="model_gather")
+        if buf is not target:
+            target.copy_(buf)
