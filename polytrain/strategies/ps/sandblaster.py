@@ -1,0 +1,265 @@
+"""``sandblaster``: synchronous batch L-BFGS with a coordinator (Sandblaster, DistBelief, Dean et
+al. 2012). Rank 0 is the coordinator, ranks 1..S parameter servers, the rest workers.
+
+One iteration k (the batch is the whole training set, or with ``batch=job`` global batch k)::
+
+    servers ──x shard──▶ every worker                                    op sb_params
+    coordinator cuts the batch into P portions (P = ``portions``, default 4·W) and hands one
+      to each worker; a worker that reports a portion done gets the next (load balancing:
+      a slow worker simply does fewer)                                   ops sb_portion, sb_done
+    worker: Σ over its portions of ∇(n_p · mean loss) ──shard──▶ every server   op sb_grad
+    servers: g = Σ/n, then the shard-wise two-loop recursion (:mod:`.lbfgs`); every dot product
+      is a round: each server sends its partial to the coordinator, which sums the S partials
+      and sends the scalar back — only scalars ever reach the coordinator   op sb_scalar
+
+The oracle: ``torch.optim.LBFGS(history_size=history, lr=lr, max_iter=1, line_search_fn=None)``
+stepped once per iteration on the same batch gives the same parameters and losses.
+
+strategy_metrics: ``portions_per_worker`` (the load balance), ``reduce_rounds``,
+``server_bytes``/``server_busy_s`` per server, ``coordinator_bytes``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from polytrain.config import JobConfig
+from polytrain.errors import ConfigError
+from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.strategies.base import Strategy
+from polytrain.strategies.ps.lbfgs import LbfgsShard
+from polytrain.strategies.ps.server import gather_shards
+from polytrain.strategies.ps.sharding import flat_grads, flat_params, load_flat, make_plan, param_infos
+from polytrain.strategies.ps.strategy import check_roles, model_plan
+from polytrain.strategies.ps.worker import work_seconds
+
+OPS = {"sum": 1.0, "max": 2.0}
+END = 0.0
+
+
+class SandblasterOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    servers: int = Field(1, ge=1, description="parameter servers (ranks 1..S)")
+    sharding: Literal["layer", "size"] = "size"
+    portions: int | None = Field(None, ge=1, description="portions per batch (default 4 x workers)")
+    history: int = Field(10, ge=1, description="L-BFGS history size m")
+    batch: Literal["full", "job"] = "full"
+
+
+class Layout:
+    """Who is who: coordinator 0, servers 1..S, workers S+1..world-1; and the batch split."""
+
+    def __init__(self, job: Job, opts: SandblasterOptions, world: int) -> None:
+        self.servers = list(range(1, opts.servers + 1))
+        self.workers = list(range(opts.servers + 1, world))
+        self.portions = opts.portions or 4 * len(self.workers)
+        self.full = opts.batch == "full"
+        self.job = job
+        self._batches = job.batches()
+        self.plan = make_plan(opts.sharding, param_infos(job.build_model()), opts.servers)
+
+    def batch(self, step: int) -> torch.Tensor:
+        """Sample indices of iteration ``step``."""
+        return torch.arange(self.job.spec.train_size) if self.full else self._batches.indices(step)
+
+    def portion(self, step: int, p: int) -> torch.Tensor:
+        return torch.tensor_split(self.batch(step), self.portions)[p]
+
+    @property
+    def samples(self) -> int:
+        return self.job.spec.train_size if self.full else self.job.batch_size
+
+
+def coordinate(job: Job, ctx: RankContext, lay: Layout) -> RankResult:
+    """Rank 0: hand out portions, combine the servers' scalars, record each iteration's loss."""
+    rec, comm = ctx.recorder, ctx.comm
+    done_by = dict.fromkeys(lay.workers, 0)
+    rounds = 0
+    loss = float("nan")
+    t0 = time.perf_counter()
+    for step in range(1, job.steps + 1):
+        loss = _hand_out(ctx, lay, done_by) / lay.samples
+        rounds += _reduce_rounds(ctx, lay)
+        rec.step(step, loss, samples=step * lay.samples)
+        if ctx.progress is not None:
+            ctx.progress.update(step, loss)
+    wall = time.perf_counter() - t0
+    flat = gather_shards(comm, lay.plan, lay.servers, None, dst=0)
+    everyone = comm.gather_json({"role": "coordinator", "bytes": comm.bytes_sent + comm.bytes_received})
+    assert flat is not None and everyone is not None
+    model = job.build_model()
+    load_flat(model, flat)
+    result = RankResult(role="coordinator", steps=job.steps, samples=job.steps * lay.samples,
+                        wall_s=wall, final_loss=loss, eval=job.evaluate(model))
+    rec.emit("eval", step=job.steps, **(result.eval or {}))
+    result.model_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    servers = [r for r in everyone if r["role"] == "server"]
+    result.strategy_metrics = {
+        "portions": lay.portions, "batch": "full" if lay.full else "job",
+        "portions_per_worker": list(done_by.values()), "reduce_rounds": rounds,
+        "server_bytes": [r["bytes"] for r in servers], "server_busy_s": [r["busy_s"] for r in servers],
+        "server_params": [r["params"] for r in servers], "coordinator_bytes": everyone[0]["bytes"],
+    }
+    return result
+
+
+def _hand_out(ctx: RankContext, lay: Layout, done_by: dict[int, int]) -> float:
+    """One batch's portions to the workers, first come first served; returns the loss sum."""
+    comm, nxt, active, loss_sum = ctx.comm, 0, 0, 0.0
+    sends = []
+    for w in lay.workers:
+        p = nxt if nxt < lay.portions else -1
+        nxt, active = nxt + (p >= 0), active + (p >= 0)
+        msg = torch.tensor([p], dtype=torch.int64)
+        sends.append((comm.isend(msg, w, op="sb_portion"), msg))
+    report = torch.zeros(3, dtype=torch.float64)
+    while active:
+        w = comm.recv(report, None, op="sb_done")  # only workers talk to rank 0 in this phase
+        loss_sum += float(report[1])
+        done_by[w] += 1
+        p = nxt if nxt < lay.portions else -1
+        nxt, active = nxt + (p >= 0), active - (p < 0)
+        msg = torch.tensor([p], dtype=torch.int64)
+        sends.append((comm.isend(msg, w, op="sb_portion"), msg))
+    for work, _ in sends:
+        work.wait()
+    return loss_sum
+
+
+def _reduce_rounds(ctx: RankContext, lay: Layout) -> int:
+    """Sum (or max) the servers' partial scalars until every server reports END."""
+    rounds = 0
+    while True:
+        parts = []
+        for s in lay.servers:
+            buf = torch.zeros(4, dtype=torch.float64)
+            ctx.comm.recv(buf, s, op="sb_scalar")
+            parts.append(buf)
+        ops = {float(b[0]) for b in parts}
+        if ops == {END}:
+            return rounds
+        if len(ops) != 1:
+            raise RuntimeError(f"sandblaster servers out of step: ops {sorted(ops)}")
+        stacked = torch.stack(parts)
+        total = stacked.max(0).values if ops.pop() == OPS["max"] else stacked.sum(0)
+        for s in lay.servers:
+            ctx.comm.send(total.clone(), s, op="sb_scalar")
+        rounds += 1
+
+
+def serve(job: Job, ctx: RankContext, lay: Layout, opts: SandblasterOptions) -> RankResult:
+    """A server: send x, sum the workers' gradients, run the shard-wise L-BFGS iteration."""
+    comm, plan = ctx.comm, lay.plan
+    me = lay.servers.index(ctx.rank)
+    shard = LbfgsShard(plan.gather(flat_params(job.build_model()), me).clone(), job.config.lr, opts.history)
+    busy = 0.0
+    for _step in range(1, job.steps + 1):
+        sends = [comm.isend(shard.x, w, op="sb_params") for w in lay.workers]
+        acc = torch.zeros_like(shard.x)
+        buf = torch.empty_like(shard.x)
+        for _ in lay.workers:
+            comm.recv(buf, None, op="sb_grad")  # only workers send to a server in this phase
+            acc.add_(buf)
+        for work in sends:
+            work.wait()  # x must not change while it is on the wire
+        t0 = time.perf_counter()
+        gen = shard.iterate(acc.div_(lay.samples))
+        try:
+            op, values = next(gen)
+            while True:
+                busy += time.perf_counter() - t0
+                out = torch.tensor([OPS[op], *values, *[0.0] * (3 - len(values))], dtype=torch.float64)
+                comm.send(out, 0, op="sb_scalar")
+                comm.recv(out, 0, op="sb_scalar")
+                t0 = time.perf_counter()
+                op, values = gen.send(out[1 : 1 + len(values)].tolist())
+        except StopIteration:
+            busy += time.perf_counter() - t0
+        comm.send(torch.tensor([END, 0.0, 0.0, 0.0], dtype=torch.float64), 0, op="sb_scalar")
+    stats = {"role": "server", "bytes": comm.bytes_sent + comm.bytes_received,
+             "busy_s": round(busy, 6), "params": shard.x.numel()}
+    gather_shards(comm, plan, lay.servers, shard.x, dst=0)
+    comm.gather_json(stats)
+    return RankResult(role="server")
+
+
+def work(job: Job, ctx: RankContext, lay: Layout) -> RankResult:
+    """A worker: fetch x, compute portions until told to stop, push the gradient sum."""
+    comm, plan = ctx.comm, lay.plan
+    model = job.build_model()
+    flat = torch.zeros(plan.total)
+    x_all, y_all = job.dataset.x_train, job.dataset.y_train
+    computed = 0
+    for step in range(1, job.steps + 1):
+        shards = [torch.empty(n) for n in plan.sizes()]
+        for s, (rank, buf) in enumerate(zip(lay.servers, shards, strict=True)):
+            comm.recv(buf, rank, op="sb_params")
+            plan.scatter(flat, s, buf)
+        load_flat(model, flat)
+        model.zero_grad(set_to_none=False)
+        msg = torch.zeros(1, dtype=torch.int64)
+        while True:
+            comm.recv(msg, 0, op="sb_portion")
+            p = int(msg[0])
+            if p < 0:
+                break
+            idx = lay.portion(step, p)
+            t0, cpu0 = time.perf_counter(), time.process_time()
+            loss = job.loss(model(x_all[idx]), y_all[idx]) * idx.numel()  # a sum, not a mean
+            loss.backward()
+            ctx.straggle(work_seconds(t0, cpu0))
+            computed += 1
+            comm.send(torch.tensor([p, float(loss.detach()), idx.numel()], dtype=torch.float64), 0,
+                      op="sb_done")
+        grad = flat_grads(model)
+        pushes = [(comm.isend(part, rank, op="sb_grad"), part) for rank, part in
+                  zip(lay.servers, (plan.gather(grad, s).contiguous() for s in range(plan.servers)),
+                      strict=True)]
+        for w, _ in pushes:
+            w.wait()
+    comm.gather_json({"role": "worker", "portions": computed})
+    return RankResult(role="worker")
+
+
+class Sandblaster(Strategy):
+    name = "sandblaster"
+    family = "parameter-server"
+    summary = "synchronous batch L-BFGS: coordinator, load-balanced portions, shard-wise two-loop"
+    Options = SandblasterOptions
+
+    @property
+    def opts(self) -> SandblasterOptions:
+        return self.options  # type: ignore[return-value]
+
+    def roles(self, world: int) -> list[str]:
+        s = min(self.opts.servers, max(0, world - 1))
+        return ["coordinator"] + ["server"] * s + ["worker"] * max(0, world - 1 - s)
+
+    def check(self, cfg: JobConfig, world: int) -> None:
+        check_roles(self.name, self.opts.servers + 1, world)
+        try:
+            model_plan(cfg, self.opts.sharding, self.opts.servers)
+        except ConfigError:
+            raise
+        except Exception:  # a user model that cannot be built on the meta device
+            pass
+        if self.opts.batch == "job" and self.opts.portions and self.opts.portions > cfg.batch_size:
+            raise ConfigError(f"portions={self.opts.portions} exceeds the batch of "
+                              f"{cfg.batch_size} samples; use --set portions={cfg.batch_size} or fewer.")
+
+    def run(self, job: Job, ctx: RankContext) -> RankResult:
+        if ctx.resume:
+            raise ConfigError("Strategy 'sandblaster' cannot resume from a checkpoint; start a new run.")
+        lay = Layout(job, self.opts, ctx.world)
+        ctx.comm.barrier()
+        ctx.recorder.start_clock()
+        ctx.recorder.emit("start", first_step=1, steps=job.steps)
+        if ctx.rank == 0:
+            return coordinate(job, ctx, lay)
+        if ctx.rank in lay.servers:
+            return serve(job, ctx, lay, self.opts)
+        return work(job, ctx, lay)

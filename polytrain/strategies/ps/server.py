@@ -1,0 +1,281 @@
+"""A parameter server rank and its worker-side client, talking point-to-point over ``ctx.comm``.
+
+Message protocol (gloo point-to-point, tag 0; all int64 headers have 5 fields)::
+
+    worker -> server  header [kind, clock, need, reply, nnz]                   op ps_header
+                      PUSH, nnz = -1: the gradient shard (n,) f32                 op ps_push
+                      PUSH, nnz > 0: indices (nnz,) i32, then values (nnz,) f32   op ps_push
+                      PUSH, nnz = 0: nothing more (an all-zero gradient)
+                      PULL: nothing more;  DONE: nothing more (the worker has finished)
+    server -> worker  header [version, step, 0, 0, 0]                          op ps_header
+                      then the parameter shard (n,) f32                          op ps_pull
+                      (for a PULL, or a PUSH with reply = 1, once step >= need)
+
+The server receives headers from *any* source (``recv(src=None)``), so it serves whichever
+worker speaks first, and reads that header's payload from the same source before taking the
+next header: per (source, destination) pair gloo delivers in order, so an any-source receive
+only ever matches a header. Replies are sent with ``isend`` from a snapshot of the shard, so a
+slow reader never blocks the server. A worker posts its reply ``irecv`` s *before* it sends the
+request and talks to all servers at once (every request is an ``isend``), then waits for all.
+
+A worker sends a shard sparsely when fewer than half its entries are non-zero (8 bytes per
+non-zero instead of 4 per entry; lossless): on sparse data (``sparse-bow``) a batch touches
+few input features, so few columns of the first layer's weight. Pulls stay dense.
+
+A PUSH with reply = 1 is a push and a pull in one message: the server registers the pull while
+it handles the push, so under SSP/BSP all pulls that wait for step t are answered the moment the
+last push of step t is applied, before any other message is read — with staleness 0 the replies
+hold exactly the updates of steps ≤ t (this makes ssp with staleness=0 equal bsp).
+
+Reuse: ``ParameterServer(comm, workers, shard, optimizer, policy)`` serves any list of client
+ranks with any :class:`~polytrain.strategies.ps.consistency.Consistency`; ``PSClient`` speaks
+for one client rank. Strategies that share servers between model replicas (distbelief) or
+between learners (gorila) build the same two objects with their own plan and rank lists.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from polytrain.comm import Comm
+from polytrain.runtime.recorder import Recorder
+from polytrain.strategies.ps.consistency import Consistency, ProtocolError, histogram
+from polytrain.strategies.ps.sharding import ShardPlan
+
+PUSH, PULL, DONE = 1, 2, 3
+HEADER = 5
+SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam")
+
+
+def make_server_optimizer(name: str, param: nn.Parameter, lr: float, momentum: float = 0.9,
+                          weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """The optimizer a server applies to its shard: the same torch optimizers single-process
+    training uses (all are element-wise, so applying them shard by shard changes nothing)."""
+    if name == "sgd":
+        return torch.optim.SGD([param], lr=lr, weight_decay=weight_decay)
+    if name == "momentum":
+        return torch.optim.SGD([param], lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if name == "adagrad":
+        return torch.optim.Adagrad([param], lr=lr, weight_decay=weight_decay)
+    if name == "adam":
+        return torch.optim.Adam([param], lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"unknown server optimizer '{name}'; valid: {', '.join(SERVER_OPTIMIZERS)}")
+
+
+class ParameterServer:
+    """Owns one shard (n,) and serves pushes and pulls from ``workers`` until all send DONE."""
+
+    def __init__(self, comm: Comm, workers: list[int], shard: torch.Tensor, optimizer: str,
+                 policy: Consistency, *, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
+                 recorder: Recorder | None = None, straggle: Callable[[float], None] | None = None) -> None:
+        self.comm, self.policy, self.recorder = comm, policy, recorder
+        self.index = {rank: i for i, rank in enumerate(workers)}
+        self.param = nn.Parameter(shard.detach().clone().contiguous())
+        self.optimizer = make_server_optimizer(optimizer, self.param, lr, momentum, weight_decay)
+        self.straggle = straggle or (lambda _s: None)
+        self.version = 0  # optimizer applications so far
+        self.read_step = [0] * len(workers)  # policy.step at the last reply to each worker
+        self.read_version = [0] * len(workers)
+        self.pending: list[tuple[int, int]] = []  # (worker rank, need) pulls not yet answered
+        self.sends: list[tuple[Any, torch.Tensor]] = []
+        self.done: set[int] = set()
+        self.staleness: list[int] = []
+        self.update_lag: list[int] = []
+        self.idle_s = self.wall_s = 0.0
+        self.messages = 0
+
+    @property
+    def shard(self) -> torch.Tensor:
+        return self.param.detach()
+
+    def serve(self) -> None:
+        """Handle messages in arrival order until every worker has sent DONE."""
+        header = torch.zeros(HEADER, dtype=torch.int64)
+        start = time.perf_counter()
+        while len(self.done) < len(self.index):
+            t0 = time.perf_counter()
+            src = self.comm.recv(header, None, op="ps_header")
+            self.idle_s += time.perf_counter() - t0
+            self._handle(src, *header.tolist())
+            self.sends = [(w, t) for w, t in self.sends if not w.is_completed()]
+        for w, _ in self.sends:
+            w.wait()
+        self.sends = []
+        self.wall_s = time.perf_counter() - start
+        if self.pending:
+            raise ProtocolError(f"workers finished with pulls still waiting: {self.pending}")
+
+    def _handle(self, src: int, kind: int, clock: int, need: int, reply: int, nnz: int = -1) -> None:
+        if src not in self.index:
+            raise ProtocolError(f"rank {src} is not a client of this server")
+        self.messages += 1
+        if kind == PUSH:
+            self._push(src, clock, self._receive_grad(src, nnz))
+        elif kind == DONE:
+            self.done.add(src)
+            return
+        elif kind != PULL:
+            raise ProtocolError(f"unknown message kind {kind} from rank {src}")
+        if kind == PULL or reply:
+            self.pending.append((src, need))
+        self._answer()
+
+    def _receive_grad(self, src: int, nnz: int) -> torch.Tensor:
+        """The pushed gradient (n,): dense (nnz = -1) or from nnz (index, value) pairs."""
+        if nnz < 0:
+            grad = torch.empty_like(self.param.detach())
+            self.comm.recv(grad, src, op="ps_push")
+            return grad
+        grad = torch.zeros_like(self.param.detach())
+        if nnz:
+            idx, vals = torch.empty(nnz, dtype=torch.int32), torch.empty(nnz)
+            self.comm.recv(idx, src, op="ps_push")
+            self.comm.recv(vals, src, op="ps_push")
+            grad[idx.long()] = vals
+        return grad
+
+    def _push(self, src: int, clock: int, grad: torch.Tensor) -> None:
+        w = self.index[src]
+        dropped = self.policy.dropped
+        update = self.policy.on_push(w, clock, grad)
+        if self.policy.dropped == dropped:  # accepted: measure how stale it was
+            self.staleness.append(clock - 1 - self.read_step[w])
+            self.update_lag.append(self.version - self.read_version[w])
+        if update is not None:
+            self._apply(update)
+
+    def _apply(self, grad: torch.Tensor) -> None:
+        t0 = time.perf_counter()
+        start = self.recorder.now() if self.recorder else 0.0
+        self.param.grad = grad
+        self.optimizer.step()
+        self.param.grad = None
+        self.version += 1
+        self.straggle(time.perf_counter() - t0)
+        if self.recorder is not None:
+            self.recorder.add_span("apply", "compute", start, self.recorder.now(), version=self.version)
+
+    def _answer(self) -> None:
+        step = self.policy.step
+        ready = [(r, n) for r, n in self.pending if step >= n]
+        if not ready:
+            return
+        self.pending = [(r, n) for r, n in self.pending if step < n]
+        snapshot = self.param.detach().clone()  # one copy serves every reply of this moment
+        head = torch.tensor([self.version, step, 0, 0, 0], dtype=torch.int64)
+        for rank, _ in ready:
+            w = self.index[rank]
+            self.read_step[w], self.read_version[w] = step, self.version
+            self.sends.append((self.comm.isend(head, rank, op="ps_header"), head))
+            self.sends.append((self.comm.isend(snapshot, rank, op="ps_pull"), snapshot))
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "bytes": self.comm.bytes_sent + self.comm.bytes_received,
+            "busy_s": max(0.0, self.wall_s - self.idle_s),
+            "params": self.param.numel(),
+            "version": self.version,
+            "step": self.policy.step,
+            "messages": self.messages,
+            "dropped": self.policy.dropped,
+            "accepted": list(self.policy.accepted),
+            "staleness": histogram(self.staleness),
+            "update_lag": histogram(self.update_lag),
+        }
+
+
+class PSClient:
+    """One worker's side: push to and pull from every server at once."""
+
+    def __init__(self, comm: Comm, plan: ShardPlan, servers: list[int], sparse: bool = True) -> None:
+        self.comm, self.plan, self.servers, self.sparse = comm, plan, servers, sparse
+        self.sparse_pushes = 0
+        self.sends: list[tuple[Any, torch.Tensor]] = []
+        self.recvs: list[tuple[Any, int, torch.Tensor, torch.Tensor]] = []
+        self.flat = torch.zeros(plan.total)
+        self.wait_s = 0.0
+
+    def _request(self, s: int, kind: int, clock: int, need: int, reply: bool, nnz: int = -1) -> None:
+        rank = self.servers[s]
+        if reply:  # post the receives first: the answer may come at once
+            head = torch.zeros(HEADER, dtype=torch.int64)
+            data = torch.empty(self.plan.sizes()[s])
+            self.recvs.append((self.comm.irecv(head, rank, op="ps_header"), s, head, data))
+            self.recvs.append((self.comm.irecv(data, rank, op="ps_pull"), s, head, data))
+        head = torch.tensor([kind, clock, need, int(reply), nnz], dtype=torch.int64)
+        self.sends.append((self.comm.isend(head, rank, op="ps_header"), head))
+
+    def _settle_sends(self) -> None:
+        self.sends = [(w, t) for w, t in self.sends if not w.is_completed()]
+
+    def push(self, flat_grad: torch.Tensor, clock: int, need: int | None = None) -> None:
+        """Send each server its shard of ``flat_grad`` (N,); with ``need``, also ask for the
+        parameters once the server's step reaches ``need`` (collect them with :meth:`wait`)."""
+        self._settle_sends()
+        for s, rank in enumerate(self.servers):
+            part = self.plan.gather(flat_grad, s).contiguous()
+            idx = part.nonzero().squeeze(1) if self.sparse else None
+            dense = idx is None or 2 * idx.numel() >= part.numel()
+            self._request(s, PUSH, clock, need if need is not None else 0, need is not None,
+                          -1 if dense or idx is None else idx.numel())
+            if dense or idx is None:
+                self.sends.append((self.comm.isend(part, rank, op="ps_push"), part))
+                continue
+            self.sparse_pushes += 1
+            if idx.numel():
+                pairs = (idx.to(torch.int32), part[idx].contiguous())
+                self.sends += [(self.comm.isend(t, rank, op="ps_push"), t) for t in pairs]
+
+    def pull(self, clock: int, need: int) -> None:
+        """Ask every server for its shard once its step reaches ``need``."""
+        self._settle_sends()
+        for s in range(len(self.servers)):
+            self._request(s, PULL, clock, need, True)
+
+    def wait(self) -> tuple[torch.Tensor, list[int], list[int]]:
+        """Wait for the requested shards: (flat parameters (N,), steps, versions per server)."""
+        t0 = time.perf_counter()
+        steps, versions = [0] * len(self.servers), [0] * len(self.servers)
+        for i, (work, s, head, data) in enumerate(self.recvs):
+            work.wait()
+            if i % 2:  # the data message of this server has arrived
+                versions[s], steps[s] = int(head[0]), int(head[1])
+                self.plan.scatter(self.flat, s, data)
+        for w, _ in self.sends:
+            w.wait()
+        self.recvs, self.sends = [], []
+        self.wait_s += time.perf_counter() - t0
+        return self.flat, steps, versions
+
+    def done(self) -> None:
+        """Tell every server this worker has finished (after its last push)."""
+        for s in range(len(self.servers)):
+            self._request(s, DONE, 0, 0, False)
+        for w, _ in self.sends:
+            w.wait()
+        self.sends = []
+
+
+def gather_shards(comm: Comm, plan: ShardPlan, servers: list[int], shard: torch.Tensor | None,
+                  dst: int) -> torch.Tensor | None:
+    """Servers send their final shards to ``dst`` (op ``ps_collect``), which may be a server
+    itself (then ``shard`` is its own) or another rank: (N,) at ``dst``, None elsewhere."""
+    if comm.rank != dst:
+        if shard is None:
+            raise ValueError("a sending server must pass its shard")
+        comm.send(shard.contiguous(), dst, op="ps_collect")
+        return None
+    flat = torch.zeros(plan.total)
+    for s, rank in enumerate(servers):
+        if rank == dst and shard is not None:
+            plan.scatter(flat, s, shard)
+            continue
+        part = torch.empty(plan.sizes()[s])
+        comm.recv(part, rank, op="ps_collect")
+        plan.scatter(flat, s, part)
+    return flat

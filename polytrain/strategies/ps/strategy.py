@@ -1,0 +1,206 @@
+"""``ps``: a parameter server over the network — S server ranks own shards, W worker ranks push
+gradients to and pull parameters from all of them, under one of four consistency models.
+
+    polytrain train --strategy ps --procs 5 --set servers=1 --set consistency=ssp --set staleness=2
+
+Ranks 0..S-1 are servers, ranks S..S+W-1 workers. Each server holds its shard as one flat tensor
+and applies the optimizer (``server_optimizer``, default the job's --optimizer) when the
+consistency model says so (:mod:`.consistency`); the wire protocol is in :mod:`.server`; the plans
+in :mod:`.sharding`. When the workers are done, the servers send their shards to rank 0, which
+evaluates the trained model and writes it to the run directory.
+
+strategy_metrics: ``server_bytes`` (sent + received per server, before the final collection),
+``server_busy_s`` (per server: wall time not spent waiting for a message), ``server_params``,
+``staleness_hist``/``staleness_max`` (in steps; one entry per shard update, i.e. per accepted
+push and server), ``update_lag_hist``/``update_lag_max`` (optimizer applications between a
+worker's pull and its push), ``dropped_gradients`` (k-of-n: pushes dropped, the most any server
+dropped; per server in ``dropped_by_server``), and per worker ``worker_wait_s`` and
+``worker_steps`` (steps each computed).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from polytrain.config import JobConfig
+from polytrain.errors import ConfigError
+from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.strategies.base import Strategy
+from polytrain.strategies.data.allreduce import check_divisible
+from polytrain.strategies.ps.consistency import histogram, make_consistency
+from polytrain.strategies.ps.server import ParameterServer, PSClient, gather_shards
+from polytrain.strategies.ps.sharding import (
+    ShardPlan,
+    flat_params,
+    load_flat,
+    make_plan,
+    param_infos,
+)
+from polytrain.strategies.ps.worker import WorkerLoop
+
+
+class PsOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    servers: int = Field(1, ge=1, description="server ranks (the first S ranks); the rest are workers")
+    sharding: Literal["layer", "size"] = "layer"
+    consistency: Literal["bsp", "async", "ssp", "k-of-n"] = "bsp"
+    staleness: int | None = Field(None, ge=0, description="ssp: clocks a worker may run ahead (default 2)")
+    k: int | None = Field(None, ge=1, description="k-of-n: gradients aggregated per step (default W-1)")
+    n_push: int = Field(1, ge=1, description="async: push accumulated gradients every n_push steps")
+    n_fetch: int = Field(1, ge=1, description="async: fetch parameters every n_fetch steps")
+    server_optimizer: Literal["sgd", "momentum", "adagrad", "adam"] | None = None
+    sparse_push: bool = Field(True, description="push (index, value) pairs when under half non-zero")
+
+
+def model_plan(cfg: JobConfig, kind: str, servers: int) -> ShardPlan:
+    """The sharding plan of the job's model, built on the meta device (nothing allocated)."""
+    from polytrain.data import dataset_spec
+    from polytrain.models import resolve_model
+
+    spec = dataset_spec(cfg.dataset, cfg.data_options)
+    with torch.device("meta"):
+        model = resolve_model(cfg.model, spec, cfg.model_options)
+    return make_plan(kind, param_infos(model), servers)
+
+
+def check_roles(name: str, servers: int, world: int, role: str = "worker") -> int:
+    """The number of workers; at least one must remain after the servers."""
+    if servers >= world:
+        raise ConfigError(
+            f"Strategy '{name}' with servers={servers} needs at least one {role} besides the "
+            f"servers, but --procs is {world}. Use --procs {servers + 1} or more, or fewer servers."
+        )
+    return world - servers
+
+
+class Ps(Strategy):
+    name = "ps"
+    family = "parameter-server"
+    summary = "parameter servers (layer|size sharding) with bsp, async (Downpour), ssp or k-of-n"
+    Options = PsOptions
+
+    @property
+    def opts(self) -> PsOptions:
+        return self.options  # type: ignore[return-value]
+
+    def roles(self, world: int) -> list[str]:
+        s = min(self.opts.servers, world)
+        return ["server"] * s + ["worker"] * (world - s)
+
+    def check(self, cfg: JobConfig, world: int) -> None:
+        o = self.opts
+        workers = check_roles(self.name, o.servers, world)
+        check_divisible(cfg, workers, self.name)
+        if o.staleness is not None and o.consistency != "ssp":
+            raise ConfigError(f"Option staleness={o.staleness} applies to consistency=ssp only "
+                              f"(got consistency={o.consistency}). Drop it or --set consistency=ssp.")
+        if o.k is not None and (o.consistency != "k-of-n" or o.k > workers):
+            raise ConfigError(f"Option k={o.k} needs consistency=k-of-n and 1 <= k <= workers "
+                              f"({workers} here; got consistency={o.consistency}). "
+                              f"Use --set consistency=k-of-n --set k={max(1, workers - 1)}.")
+        if (o.n_push, o.n_fetch) != (1, 1) and o.consistency != "async":
+            raise ConfigError(f"n_push={o.n_push}/n_fetch={o.n_fetch} apply to consistency=async "
+                              f"(Downpour) only; {o.consistency} pushes and pulls every step. "
+                              "Drop them or --set consistency=async.")
+        if cfg.checkpoint_every:
+            raise ConfigError("Strategy 'ps' keeps its state on the servers and does not checkpoint "
+                              f"yet (got --checkpoint-every {cfg.checkpoint_every}). Drop the flag.")
+        try:
+            model_plan(cfg, o.sharding, o.servers)
+        except ConfigError:
+            raise
+        except Exception:  # a user model that cannot be built on the meta device: checked at run time
+            pass
+
+    def setup(self, cfg: JobConfig, world: int) -> dict[str, Any]:
+        o = self.opts
+        workers = world - o.servers
+        return {
+            "servers": list(range(o.servers)),
+            "workers": list(range(o.servers, world)),
+            "optimizer": o.server_optimizer or cfg.optimizer,
+            "staleness": 2 if o.staleness is None else o.staleness,
+            "k": o.k or max(1, workers - 1),
+        }
+
+    def run(self, job: Job, ctx: RankContext) -> RankResult:
+        cfg, o = job.config, self.opts
+        if ctx.resume:
+            raise ConfigError("Strategy 'ps' cannot resume from a checkpoint; start a new run.")
+        s = self.setup(cfg, ctx.world)
+        policy = make_consistency(o.consistency, len(s["workers"]), staleness=s["staleness"], k=s["k"])
+        plan = make_plan(o.sharding, param_infos(job.build_model()), o.servers)
+        if ctx.rank in s["servers"]:
+            server = ParameterServer(ctx.comm, s["workers"], plan.gather(flat_params(job.build_model()),
+                                     ctx.rank), s["optimizer"], policy, lr=cfg.lr, momentum=cfg.momentum,
+                                     weight_decay=cfg.weight_decay, recorder=ctx.recorder,
+                                     straggle=ctx.straggle)
+            _start(job, ctx)
+            server.serve()
+            return self._finish_server(job, ctx, server, plan, s)
+        loop = WorkerLoop(job, ctx, PSClient(ctx.comm, plan, s["servers"], o.sparse_push), policy,
+                          index=ctx.rank - o.servers, workers=len(s["workers"]),
+                          n_push=o.n_push, n_fetch=o.n_fetch)
+        _start(job, ctx)
+        if o.consistency == "k-of-n":
+            loop.run_k_of_n(s["k"])
+        else:
+            loop.run_clocked()
+        loop.client.done()
+        wall = ctx.recorder.now()
+        ctx.comm.gather_json(loop.stats())
+        part = job.batch_size // len(s["workers"])
+        samples = job.steps * (s["k"] * part if o.consistency == "k-of-n" else job.batch_size)
+        return RankResult(role="worker", steps=job.steps, samples=samples, wall_s=wall,
+                          final_loss=loop.last_loss)
+
+    def _finish_server(self, job: Job, ctx: RankContext, server: ParameterServer, plan: ShardPlan,
+                       s: dict[str, Any]) -> RankResult:
+        stats = {"role": "server", "rank": ctx.rank, **server.stats()}
+        flat = gather_shards(ctx.comm, plan, s["servers"], server.shard, dst=0)
+        everyone = ctx.comm.gather_json(stats)
+        result = RankResult(role="server", steps=0, wall_s=server.wall_s)
+        if flat is None or everyone is None:
+            return result
+        model = job.build_model()
+        load_flat(model, flat)
+        result.eval = job.evaluate(model)
+        ctx.recorder.emit("eval", step=job.steps, **result.eval)
+        result.model_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        result.strategy_metrics = self._metrics(everyone, plan, s)
+        return result
+
+    def _metrics(self, everyone: list[dict[str, Any]], plan: ShardPlan, s: dict[str, Any]) -> dict[str, Any]:
+        servers = [r for r in everyone if r["role"] == "server"]
+        workers = [r for r in everyone if r["role"] == "worker"]
+        stale = [int(k) for r in servers for k, n in r["staleness"].items() for _ in range(n)]
+        lag = [int(k) for r in servers for k, n in r["update_lag"].items() for _ in range(n)]
+        return {
+            "servers": len(servers), "workers": len(workers), "sharding": plan.kind,
+            "consistency": self.opts.consistency, "server_optimizer": s["optimizer"],
+            **({"staleness_bound": s["staleness"]} if self.opts.consistency == "ssp" else {}),
+            **({"k": s["k"]} if self.opts.consistency == "k-of-n" else {}),
+            "server_params": [r["params"] for r in servers],
+            "server_bytes": [r["bytes"] for r in servers],
+            "server_busy_s": [round(r["busy_s"], 6) for r in servers],
+            "server_messages": [r["messages"] for r in servers],
+            "staleness_hist": histogram(stale), "staleness_max": max(stale, default=0),
+            "update_lag_hist": histogram(lag), "update_lag_max": max(lag, default=0),
+            "dropped_gradients": max((r["dropped"] for r in servers), default=0),
+            "dropped_by_server": [r["dropped"] for r in servers],
+            "accepted_by_worker": servers[0]["accepted"] if servers else [],
+            "worker_steps": [r["steps_computed"] for r in workers],
+            "worker_wait_s": [r["wait_s"] for r in workers],
+            "worker_compute_s": [r["compute_s"] for r in workers],
+            "sparse_pushes": sum(r["sparse_pushes"] for r in workers),
+        }
+
+
+def _start(job: Job, ctx: RankContext) -> None:
+    """Every rank, servers included, starts the clock after the same barrier."""
+    ctx.comm.barrier()
+    ctx.recorder.start_clock()
+    ctx.recorder.emit("start", first_step=1, steps=job.steps)

@@ -1,0 +1,115 @@
+"""The worker side of ``ps``: compute gradients on this worker's part of each global batch, push
+them, pull parameters — when, is the consistency model's call.
+
+Worker w of W computes step s on part w of global batch s (``GlobalBatches.shard(s, w, W)``), so
+the union of the workers' parts is single-process training's batch s: the basis of the BSP
+oracle. Under k-of-n a worker always computes the step after the newest one the servers have
+aggregated (a late worker skips steps rather than falling further behind).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from polytrain.runtime.job import Job, RankContext
+from polytrain.strategies.ps.consistency import Consistency
+from polytrain.strategies.ps.server import PSClient
+from polytrain.strategies.ps.sharding import flat_grads, load_flat
+
+
+def work_seconds(wall0: float, cpu0: float) -> float:
+    """The work done since (perf_counter, process_time) = (wall0, cpu0), for straggler emulation:
+    the smaller of wall and CPU time. Wall time alone also counts time the rank waited for a core
+    while other ranks computed, and a straggler that sleeps (F-1)x that would turn CPU contention
+    into extra slowness (measured: ssp with a 30x straggler ran at half bsp's speed)."""
+    return min(time.perf_counter() - wall0, time.process_time() - cpu0)
+
+
+@dataclass
+class WorkerLoop:
+    """One worker's training loop (everything but the wire protocol, which PSClient speaks)."""
+
+    job: Job
+    ctx: RankContext
+    client: PSClient
+    policy: Consistency
+    index: int  # w, this worker's place among the W workers
+    workers: int  # W
+    n_push: int = 1
+    n_fetch: int = 1
+    model: nn.Module = field(init=False)
+    compute_s: float = 0.0
+    computed: int = 0
+    last_loss: float = float("nan")
+
+    def __post_init__(self) -> None:
+        self.model = self.job.build_model()  # same seed on every rank: same start as the servers
+        self.batches = self.job.batches()
+
+    def _gradient(self, step: int) -> torch.Tensor:
+        """Forward and backward on this worker's part of global batch ``step``: flat grad (N,)."""
+        x, y = self.batches.shard(step, self.index, self.workers)
+        rec = self.ctx.recorder
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        self.model.zero_grad(set_to_none=True)
+        with rec.span("forward", step=step):
+            loss = self.job.loss(self.model(x), y)
+        with rec.span("backward", step=step):
+            loss.backward()
+        self.ctx.straggle(work_seconds(t0, cpu0))  # slow at computing, not at waiting
+        self.compute_s += time.perf_counter() - t0
+        self.computed += 1
+        self.last_loss = float(loss.detach())
+        return flat_grads(self.model)
+
+    def _load(self) -> list[int]:
+        flat, steps, _ = self.client.wait()
+        load_flat(self.model, flat)
+        return steps
+
+    def _record(self, step: int, samples: int) -> None:
+        ctx = self.ctx
+        ctx.recorder.step(step, self.last_loss, samples=samples)
+        if ctx.progress is not None:
+            ctx.progress.update(step, self.last_loss)
+        every = self.job.config.eval_every
+        if self.index == 0 and every and step % every == 0 and step < self.job.steps:
+            ctx.recorder.emit("eval", step=step, **self.job.evaluate(self.model))
+
+    def run_clocked(self) -> None:
+        """bsp, ssp, async: every worker runs steps 1..T on its own clock."""
+        steps, batch = self.job.steps, self.job.batch_size
+        acc: torch.Tensor | None = None
+        for step in range(1, steps + 1):
+            grad = self._gradient(step)
+            acc = grad if acc is None else acc.add_(grad)
+            push = step % self.n_push == 0 or step == steps
+            fetch = step % self.n_fetch == 0 and step < steps
+            if push:
+                self.client.push(acc, step, self.policy.need(step) if fetch else None)
+                acc = None
+            elif fetch:
+                self.client.pull(step, self.policy.need(step))
+            if fetch:
+                self._load()
+            self._record(step, step * batch)
+
+    def run_k_of_n(self, k: int) -> None:
+        """k-of-n: compute the step after the servers' newest, push it, wait for its aggregate."""
+        steps, part = self.job.steps, self.job.batch_size // self.workers
+        newest = 0
+        while newest < steps:
+            step = newest + 1
+            self.client.push(self._gradient(step), step, need=step)
+            newest = min(self._load())
+            self._record(step, step * k * part)
+
+    def stats(self) -> dict[str, Any]:
+        return {"role": "worker", "rank": self.ctx.rank, "steps_computed": self.computed,
+                "compute_s": round(self.compute_s, 6), "wait_s": round(self.client.wait_s, 6),
+                "sparse_pushes": self.client.sparse_pushes}
