@@ -89,16 +89,17 @@ def run_rank(payload: dict[str, Any]) -> None:
     run_dir = Path(payload["run_dir"])
     if payload.get("rank_logs"):
         _redirect_output(run_dir / "ranks" / f"rank{rank}.log")
+    set_threads()
     recorder = Recorder(rank, run_dir / "ranks" / f"rank{rank}.jsonl")
     recorder.emit(
         "process",
         pid=os.getpid(),
         host=socket.gethostname(),
         generation=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        threads=torch.get_num_threads(),
     )
     try:
         cfg = make_config(payload["config"])
-        set_threads()
         device, backend = pick_device(local_rank)
         init_distributed(backend, rank, world, cfg.timeout_s)
         strategy = make_strategy(cfg.strategy, cfg.options)
