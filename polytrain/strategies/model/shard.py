@@ -1,0 +1,59 @@
+"""Slicing layers by output rows, the building block of every intra-layer split here.
+
+A Linear's ``weight`` is (out, in) and a Conv2d's (out, in/groups, k, k): keeping output rows
+[a, b) keeps those rows of the weight and of the bias, and the layer then computes exactly those
+output features/channels of the full layer for any input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+WeightLayer = nn.Linear | nn.Conv2d
+
+
+def weight_layers(module: nn.Module) -> Iterator[tuple[str, WeightLayer]]:
+    """(name, layer) of every Linear / Conv2d inside ``module``, in order."""
+    for name, m in module.named_modules():
+        if isinstance(m, nn.Linear | nn.Conv2d):
+            yield name, m
+
+
+def first_weight_layer(module: nn.Module) -> tuple[str, WeightLayer] | None:
+    return next(weight_layers(module), None)
+
+
+def out_size(layer: WeightLayer) -> int:
+    return layer.out_features if isinstance(layer, nn.Linear) else layer.out_channels
+
+
+def keep_out_rows(layer: WeightLayer, rows: tuple[int, int]) -> None:
+    """Keep output rows [a, b) of ``layer`` (weight and bias), in place."""
+    a, b = rows
+    with torch.no_grad():
+        layer.weight = nn.Parameter(layer.weight[a:b].clone())
+        if layer.bias is not None:
+            layer.bias = nn.Parameter(layer.bias[a:b].clone())
+    if isinstance(layer, nn.Linear):
+        layer.out_features = b - a
+    else:
+        layer.out_channels = b - a
+
+
+def own_group_only(conv: nn.Conv2d) -> None:
+    """A 2-group conv whose output rows were cut to one group's: it now reads only that group's
+    input half, i.e. it is an ordinary conv on (in/2) channels (the weight is already (out/2,
+    in/2, k, k))."""
+    conv.in_channels //= conv.groups
+    conv.groups = 1
+
+
+def param_keys(prefix: str, layer: WeightLayer) -> list[str]:
+    """State-dict keys of ``layer``'s weight (and bias) under ``prefix`` (the child's path)."""
+    keys = [f"{prefix}.weight"]
+    if layer.bias is not None:
+        keys.append(f"{prefix}.bias")
+    return keys
