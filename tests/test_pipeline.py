@@ -169,9 +169,14 @@ def test_bad_pipeline_jobs_are_refused_before_launch(strategy: str, sets: list[s
         polytrain.train(strategy=strategy, procs=2, sets=sets, out=tempfile.mkdtemp(), **COMMON)
 
 
-def test_replicated_stages_are_refused_with_the_fix() -> None:
-    with pytest.raises(ConfigError, match=r"replicates stage\(s\) \[1\].*partition=2,1 with --procs 2"):
-        polytrain.train(strategy="gpipe", procs=3, sets=["partition=2,1x2"], out=tempfile.mkdtemp(), **COMMON)
+def test_replicated_stages_under_an_asynchronous_schedule_are_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigError, match=r"replicates stage\(s\) \[1\] under 'pipedream'.*"
+                                          r"--strategy 1f1b.*partition=2,1 with --procs 2"):
+        polytrain.train(strategy="pipedream", procs=3, sets=["partition=2,1x2"], out=tempfile.mkdtemp(),
+                        **COMMON)
+    with pytest.raises(ConfigError, match=r"replicate=true with 'spectrain'"):
+        polytrain.train(strategy="spectrain", procs=2, sets=["replicate=true"], out=tempfile.mkdtemp(),
+                        **COMMON)
 
 
 def test_more_stages_than_layers_is_refused() -> None:
@@ -321,7 +326,8 @@ def test_partition_modes_resolve_to_a_valid_partition(mode: str) -> None:
         run_dir=Path(tempfile.mkdtemp()),
         checkpoints=CheckpointStore(Path(tempfile.mkdtemp()), "test"),
     )
-    part, info = resolve_partition(PipelineOptions(partition=mode), model, ctx, job.dataset.x_train[:8])
+    part, info = resolve_partition(PipelineOptions(partition=mode), model, ctx, job.dataset.x_train[:8],
+                                   "gpipe")
     assert part.stages == 2 and part.layers == 3
     if mode == "params":  # fc1 64x128, fc2 128x128, head 128x10: the heavy layers apart
         assert part.counts == (1, 2)

@@ -122,3 +122,34 @@ def test_pipedream_stashes_weights_and_syncs_versions(tmp_path: Path) -> None:
         f"{n}.{p}" for n in ("fc1.1", "fc2.0", "fc3.0", "head") for p in ("weight", "bias")
     }
     assert summary["eval"] is not None
+
+
+@pytest.mark.parametrize(
+    "strategy,partition",
+    [("1f1b", "2x2,2"), ("gpipe", "3,1x2")],  # a replicated first stage; a replicated last stage
+)
+def test_replicated_stages_equal_single(
+    single_run: Path, tmp_path: Path, strategy: str, partition: str
+) -> None:
+    """Replicas of a stage take micro-batches in turn and sum gradients at the flush."""
+    out = tmp_path / strategy
+    summary = polytrain.train(
+        strategy=strategy, procs=3, out=str(out),
+        sets=[*DEPTH, "microbatches=4", f"partition={partition}"], **COMMON,
+    )
+    assert_same_params(load_model(out), load_model(single_run))
+    ours, theirs = step_losses(out), step_losses(single_run)
+    assert list(ours) == [1, 2, 3, 4]
+    for s in ours:
+        assert ours[s] == pytest.approx(theirs[s], rel=1e-5, abs=1e-6)
+    m = summary["strategy_metrics"]
+    assert m["partition"]["text"] == partition and m["stages"] == 2
+    assert len(m["busy_s_per_rank"]) == 3 and all(b > 0 for b in m["busy_s_per_rank"])
+    replicated = [0, 1] if partition.startswith("2x2") else [1, 2]
+    for rank, r in enumerate(summary["per_rank"]):
+        assert ("replica_allreduce" in r["bytes_by_op"]) == (rank in replicated)
+    # each replica runs half of the micro-batches: the cut carries every micro-batch once
+    message = 16 + (32 // 4) * HIDDEN * 4
+    senders = [0, 1] if partition.startswith("2x2") else [0]
+    sent = sum(summary["per_rank"][r]["bytes_by_op"]["activation"] for r in senders)
+    assert sent == COMMON["steps"] * 4 * message

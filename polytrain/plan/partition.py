@@ -136,6 +136,16 @@ class Partition:
             first += r
         raise ValueError(f"rank {rank} is beyond the partition's {self.ranks} ranks")
 
+    def stage_ranks(self, stage: int) -> list[int]:
+        """The ranks of ``stage``'s replicas (replica j is the j-th)."""
+        first = sum(self.replicas[:stage])
+        return list(range(first, first + self.replicas[stage]))
+
+    def rank_for(self, stage: int, microbatch: int) -> int:
+        """The rank that runs ``microbatch`` on ``stage``: its replicas take micro-batches in turn."""
+        ranks = self.stage_ranks(stage)
+        return ranks[microbatch % len(ranks)]
+
     def to_json(self) -> dict[str, Any]:
         return {"counts": list(self.counts), "replicas": list(self.replicas), "text": str(self)}
 

@@ -12,6 +12,9 @@ micro-batches in flight (forward done, backward not yet). For each action of its
   backward, send the input's gradient back, and — for schedules that update after every
   backward — let the weight policy step.
 
+A neighbouring stage may be replicated: its replicas take micro-batches in turn (m mod R), so the
+peer of micro-batch m is ``peer(ranks, m)`` and there is one FIFO channel per neighbouring rank.
+
 The order of actions is the schedule's; the executor adds no synchronisation of its own, so a
 schedule that passes `checks.validate` and `checks.dry_run` cannot deadlock here. Every action
 records a ``compute`` span (``forward``/``backward``/``optimizer``) and every wait a ``comm``
@@ -53,13 +56,18 @@ class StageSpec:
     stage: int
     stages: int
     module: nn.Module
-    prev_rank: int | None  # None on the first stage
-    next_rank: int | None  # None on the last stage
+    prev_ranks: tuple[int, ...]  # the previous stage's replicas (none on the first stage)
+    next_ranks: tuple[int, ...]  # the next stage's replicas (none on the last stage)
     in_meta: TensorMeta | None  # the activation received per micro-batch
     out_meta: TensorMeta | None  # the activation sent per micro-batch
     checkpoint: str = "never"
     loss_scale: float = 1.0  # 1/M: M micro-batch means sum to the mini-batch mean's gradient
     trace_versions: bool = False  # emit a "version" event per F and B (tests of weight stashing)
+
+
+def peer(ranks: tuple[int, ...], mb: int) -> int:
+    """The replica of a neighbouring stage that runs micro-batch ``mb`` (they take turns)."""
+    return ranks[mb % len(ranks)]
 
 
 class Feed(Protocol):
@@ -126,12 +134,15 @@ class StageExecutor:
     def __init__(self, job: Job, ctx: RankContext, spec: StageSpec, weights: FlushWeights) -> None:
         self.job, self.ctx, self.spec, self.weights = job, ctx, spec, weights
         rec, s = ctx.recorder, spec.stage
-        self.acts = None
-        if spec.prev_rank is not None and spec.in_meta is not None:
-            self.acts = Inbox(ctx.comm, rec, spec.prev_rank, spec.in_meta, "activation", s, ctx.device)
-        self.grads = None
-        if spec.next_rank is not None and spec.out_meta is not None:
-            self.grads = Inbox(ctx.comm, rec, spec.next_rank, spec.out_meta, "gradient", s, ctx.device)
+        # one FIFO channel per neighbouring replica and direction
+        self.acts: dict[int, Inbox] = {}
+        if spec.in_meta is not None:
+            self.acts = {r: Inbox(ctx.comm, rec, r, spec.in_meta, "activation", s, ctx.device)
+                         for r in spec.prev_ranks}
+        self.grads: dict[int, Inbox] = {}
+        if spec.out_meta is not None:
+            self.grads = {r: Inbox(ctx.comm, rec, r, spec.out_meta, "gradient", s, ctx.device)
+                          for r in spec.next_ranks}
         self.outbox = Outbox(ctx.comm, rec, s)
         self.meter = MemoryMeter()
         self.flight: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -141,10 +152,10 @@ class StageExecutor:
     def run(self, order: list[Action], feed: Feed, done: Callable[[int, float], None]) -> Window:
         """Execute ``order``; ``done(mb, loss)`` after each backward. Returns the compute window."""
         forwards = [a.microbatch for a in order if a.op == "F"]
-        if self.acts is not None:
-            self.acts.expect(len(forwards))
-        if self.grads is not None:
-            self.grads.expect(sum(a.op == "B" for a in order))
+        channels = ((self.acts, self.spec.prev_ranks, "F"), (self.grads, self.spec.next_ranks, "B"))
+        for inboxes, ranks, op in channels:
+            for r, inbox in inboxes.items():
+                inbox.expect(sum(a.op == op and peer(ranks, a.microbatch) == r for a in order))
         self._last_mb = max(forwards, default=-1)
         self.weights.begin_segment(order)
         window = Window()
@@ -188,33 +199,34 @@ class StageExecutor:
     def _forward(self, mb: int, feed: Feed, window: Window) -> None:
         step = feed.step(mb)
         tag = 0.0
-        if self.acts is None:
+        if not self.acts:
             inp = feed.inputs(mb)
         else:
-            inp, tag = self.acts.take(mb, step)
+            inp, tag = self.acts[peer(self.spec.prev_ranks, mb)].take(mb, step)
             inp.requires_grad_(inp.is_floating_point())
         with self._compute("forward", mb, step, window):
             params = self.weights.forward_params(mb, tag)
             self._trace("F", mb, step)
             with self.meter.track(self.weights.held_ptrs()) as saved:
                 out = self._run_module(inp, params, mb)
-                if self.grads is None:  # last stage: the loss of micro-batch mb (a mean over it)
+                if not self.grads:  # last stage: the loss of micro-batch mb (a mean over it)
                     out = self.job.loss(out, feed.target(mb))
                     self.losses[mb] = float(out.detach())
             self.meter.hold(mb, saved, inp, out)
             self.meter.note(self.weights.stash_bytes())
         self.flight[mb] = (inp, out)
-        if self.grads is not None and self.spec.next_rank is not None:
-            self.outbox.send(out, self.spec.next_rank, "activation", self.weights.out_tag(mb, tag), mb, step)
+        if self.grads:
+            dst = peer(self.spec.next_ranks, mb)
+            self.outbox.send(out, dst, "activation", self.weights.out_tag(mb, tag), mb, step)
 
     def _backward(self, mb: int, feed: Feed, window: Window) -> float:
         step = feed.step(mb)
         inp, out = self.flight.pop(mb)
         grad: torch.Tensor | None = None
-        if self.grads is None:
+        if not self.grads:
             loss = self.losses.pop(mb)
         else:
-            grad, loss = self.grads.take(mb, step)
+            grad, loss = self.grads[peer(self.spec.next_ranks, mb)].take(mb, step)
         self._trace("B", mb, step)
         with self._compute("backward", mb, step, window):
             if not out.requires_grad:  # a parameter-free stage fed by data: nothing to differentiate
@@ -224,9 +236,9 @@ class StageExecutor:
             else:
                 out.backward(grad)
         self.meter.release(mb)
-        if self.acts is not None and self.spec.prev_rank is not None:
+        if self.acts:
             g = inp.grad if inp.grad is not None else torch.zeros_like(inp)
-            self.outbox.send(g, self.spec.prev_rank, "gradient", loss, mb, step)
+            self.outbox.send(g, peer(self.spec.prev_ranks, mb), "gradient", loss, mb, step)
         if self.weights.updates_per_backward:  # after the send: the previous stage need not wait
             with self._compute("optimizer", mb, step, window):
                 self.weights.after_backward(mb)

@@ -39,7 +39,7 @@ class GPipe(Strategy):
     def check(self, cfg: JobConfig, world: int) -> None:
         opts: FlushOptions = self.options  # type: ignore[assignment]
         check_microbatches(self.name, cfg, opts.microbatches)
-        check_pipeline(opts, cfg, world)
+        check_pipeline(opts, cfg, world, self.name)
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: FlushOptions = self.options  # type: ignore[assignment]

@@ -8,6 +8,8 @@ barrier), and
 
     bubble = Σ_w Σ_s (W_w − busy_{s,w}) / Σ_w (P · W_w)
 
+(with replicated stages the sum runs over every rank, P being the number of ranks)
+
 — idle stage-time over stage-time, the measured counterpart of (P−1)/(M+P−1). It includes what
 the textbook formula leaves out: transfers, imbalance between stages, and the load of the host.
 """
@@ -40,11 +42,14 @@ def theoretical_bubble(stages: int, microbatches: int) -> float:
 
 def summarise(records: list[dict[str, Any]], head: dict[str, Any]) -> dict[str, Any]:
     """Rank 0's ``strategy_metrics``: ``head`` (schedule, partition, ...) plus per-stage figures."""
-    records = sorted(records, key=lambda r: r["stage"])
+    lanes = sorted(records, key=lambda r: (r["stage"], r.get("replica", 0)))
+    records = [r for r in lanes if r.get("replica", 0) == 0]  # one per stage: replicas are alike
     out = dict(head)
-    out["bubble_fraction"] = bubble_fraction([r["windows"] for r in records])
+    out["bubble_fraction"] = bubble_fraction([r["windows"] for r in lanes])  # over every rank
     if head.get("flush"):
         out["bubble_fraction_theory"] = theoretical_bubble(len(records), head["microbatches"])
+    if len(lanes) > len(records):
+        out["busy_s_per_rank"] = [r["busy_s"] for r in lanes]
     per_stage = ("busy_s", "peak_memory_bytes", "peak_activation_bytes", "peak_in_flight")
     for key in per_stage:
         out[f"{key}_per_stage"] = [r[key] for r in records]

@@ -15,10 +15,11 @@ from polytrain.models import resolve_model
 from polytrain.plan.partition import Partition, check_cuttable
 
 PARTITION_MODES = ("auto", "uniform", "params", "time")
+REPLICA_SCHEDULES = ("gpipe", "1f1b")
 PARTITION_HELP = (
     "auto (PipeDream's planner on a measured profile), uniform (equal layer counts), params "
     "(balance parameter bytes), time (balance measured forward+backward time), or layer counts "
-    "per stage such as 3,5,5,6"
+    "per stage such as 3,5,5,6, each optionally xR for R data-parallel replicas (3x2,5)"
 )
 
 
@@ -27,6 +28,9 @@ class PipelineOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     partition: str = "auto"
+    replicate: bool = Field(
+        False, description="let partition=auto replicate stages (data-parallel within a stage; gpipe/1f1b)"
+    )
     link_gbps: float = Field(10.0, gt=0, description="link bandwidth (Gbit/s) assumed by partition=auto")
 
     @field_validator("partition", mode="before")
@@ -71,26 +75,36 @@ def _meta_model(cfg: JobConfig) -> nn.Module | None:
         return None
 
 
-def check_pipeline(opts: PipelineOptions, cfg: JobConfig, world: int) -> None:
+def check_pipeline(opts: PipelineOptions, cfg: JobConfig, world: int, name: str) -> None:
     """Refuse, before any process starts, a pipeline job that cannot run (ConfigError)."""
+    if opts.replicate and name not in REPLICA_SCHEDULES:
+        raise ConfigError(
+            f"--set replicate=true with '{name}'. Rule: replicated stages synchronise their "
+            f"gradients at the flush, so only {' and '.join(REPLICA_SCHEDULES)} run them. Fix: drop "
+            "replicate, or use --strategy 1f1b (or gpipe)."
+        )
     model = _meta_model(cfg)
-    layers = None if model is None else check_cuttable(model, world)
-    if opts.partition not in PARTITION_MODES:
-        part = Partition.parse(opts.partition)
+    part = Partition.parse(opts.partition) if opts.partition not in PARTITION_MODES else None
+    stages = world if part is None else part.stages
+    layers = None if model is None else check_cuttable(model, stages)
+    if part is not None:
         if layers is not None:
             part.check(layers, world)
-        check_replicas(part)
+        check_replicas(part, name)
 
 
-def check_replicas(part: Partition) -> None:
-    if any(r > 1 for r in part.replicas):
-        raise ConfigError(
-            f"Partition {part} replicates stage(s) {[s for s, r in enumerate(part.replicas) if r > 1]}."
-            " Rule: the pipeline runtime runs one rank per stage for now; replicated stages are "
-            "planned (polytrain.plan.partition.pipedream_plan) but not executed. Fix: drop the xR "
-            f"suffixes, e.g. --set partition={','.join(map(str, part.counts))} with --procs "
-            f"{part.stages}."
-        )
+def check_replicas(part: Partition, name: str) -> None:
+    """Replicated stages (data-parallel within a stage) run with the flush schedules only."""
+    if name in REPLICA_SCHEDULES or all(r == 1 for r in part.replicas):
+        return
+    raise ConfigError(
+        f"Partition {part} replicates stage(s) {[s for s, r in enumerate(part.replicas) if r > 1]} "
+        f"under '{name}'. Rule: replicated stages synchronise their gradients at the flush, so "
+        f"only {' and '.join(REPLICA_SCHEDULES)} run them; the asynchronous schedules update after "
+        "every backward and run one rank per stage. Fix: --strategy 1f1b (or gpipe) with this "
+        f"partition, or drop the xR suffixes: --set partition={','.join(map(str, part.counts))} "
+        f"with --procs {part.stages}."
+    )
 
 
 def check_microbatches(name: str, cfg: JobConfig, microbatches: int) -> None:

@@ -28,7 +28,7 @@ class PipeDream(Strategy):
     Options = AsyncOptions
 
     def check(self, cfg: JobConfig, world: int) -> None:
-        check_pipeline(self.options, cfg, world)  # type: ignore[arg-type]
+        check_pipeline(self.options, cfg, world, self.name)  # type: ignore[arg-type]
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: AsyncOptions = self.options  # type: ignore[assignment]

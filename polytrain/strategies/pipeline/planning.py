@@ -3,8 +3,8 @@
 ``uniform``, ``params`` and explicit counts are computed on every rank (deterministic). ``time`` and
 ``auto`` need a profile measured on this machine: rank 0 measures it (`plan.profile`), plans, and
 broadcasts the plan, because timings differ from rank to rank and all stages must agree.
-``auto`` runs PipeDream's planner with one replica per stage (the runtime does not run replicated
-stages yet); the planner itself can replicate (`polytrain.plan.partition.pipedream_plan`).
+``auto`` runs PipeDream's planner: one replica per stage, or (``replicate=true``, gpipe/1f1b) any
+number of data-parallel replicas per stage, as the planner finds fastest for the link.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from polytrain.plan.partition import (
 )
 from polytrain.plan.profile import profile_layers
 from polytrain.runtime.job import RankContext
-from polytrain.strategies.pipeline.options import PipelineOptions, check_replicas
+from polytrain.strategies.pipeline.options import PARTITION_MODES, PipelineOptions, check_replicas
 
 
 def _param_bytes(layer: nn.Module) -> int:
@@ -41,21 +41,23 @@ def _measured_plan(
         part = balanced([p.compute_s for p in profiles], ranks)
         predicted = None
     else:
-        plan = pipedream_plan([p.cost() for p in profiles], ranks, bandwidth, replicate=False)
+        plan = pipedream_plan([p.cost() for p in profiles], ranks, bandwidth, replicate=opts.replicate)
         part, predicted = plan.partition, plan.period_s
     return {
         "counts": list(part.counts),
+        "replicas": list(part.replicas),
         "profile_ms": [round(p.compute_s * 1e3, 4) for p in profiles],
         "predicted_period_ms": None if predicted is None else round(predicted * 1e3, 4),
     }
 
 
 def resolve_partition(
-    opts: PipelineOptions, model: nn.Module, ctx: RankContext, sample: torch.Tensor
+    opts: PipelineOptions, model: nn.Module, ctx: RankContext, sample: torch.Tensor, strategy: str
 ) -> tuple[Partition, dict[str, Any]]:
     """(partition, what to report about how it was chosen) — identical on every rank."""
     ranks, mode = ctx.world, opts.partition
-    layers = check_cuttable(model, ranks)
+    explicit = None if mode in PARTITION_MODES else Partition.parse(mode)
+    layers = check_cuttable(model, ranks if explicit is None else explicit.stages)
     info: dict[str, Any] = {}
     if mode == "uniform" or ranks == 1:  # one stage: nothing to plan, nothing to measure
         part = uniform(layers, ranks)
@@ -64,10 +66,11 @@ def resolve_partition(
     elif mode in ("time", "auto"):
         decided = _measured_plan(opts, model, ranks, sample) if ctx.is_leader else None
         decided = ctx.comm.broadcast_json(decided, src=0)
-        part = Partition(tuple(decided.pop("counts")))
+        part = Partition(tuple(decided.pop("counts")), tuple(decided.pop("replicas")))
         info = {k: v for k, v in decided.items() if v is not None}
     else:
-        part = Partition.parse(mode)
+        assert explicit is not None
+        part = explicit
     part.check(layers, ranks)
-    check_replicas(part)
+    check_replicas(part, strategy)
     return part, info

@@ -14,6 +14,10 @@ Evaluation gathers the model on rank 0 and runs the test set there (one process;
 stage-to-stage traffic is unchanged). A model too large for one process would need a pipelined
 forward instead; that is not built.
 
+Replicated stages (``--set partition=3x2,5`` with gpipe/1f1b): stage s with R replicas runs on R
+ranks, which take the micro-batches in turn and sum their gradients at the flush, so the run still
+equals ``single``. Ranks are numbered stage by stage (`Partition.stage_of_rank`).
+
 Each stage reports the same per-step loss (it travels with the gradients, see `wire`), so the
 ``step`` events of every rank agree, as for data-parallel strategies.
 """
@@ -29,12 +33,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from polytrain.comm import GroupComm, new_groups
 from polytrain.errors import ConfigError
 from polytrain.plan.partition import Partition, cut
 from polytrain.plan.profile import boundary_metas
 from polytrain.runtime.batches import GlobalBatches
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, restore_checkpoint, save_checkpoint
+from polytrain.strategies.pipeline.actions import Action
 from polytrain.strategies.pipeline.checks import dry_run, validate
 from polytrain.strategies.pipeline.executor import StageExecutor, StageSpec, Window
 from polytrain.strategies.pipeline.metrics import summarise
@@ -87,21 +93,26 @@ class BatchFeed:
 
 @dataclass
 class Stage:
-    """One rank's part: its stage, slice, and (rank 0 only) the full model."""
+    """One rank's part: its stage and replica, slice, and (rank 0 only) the full model.
+
+    ``group``: the communicator of this stage's replicas (None when the stage has one rank).
+    """
 
     partition: Partition
     stage: int
+    replica: int
     module: nn.Sequential
     full: nn.Sequential | None
     spec: StageSpec
     plan_info: dict[str, Any]
+    group: GroupComm | None = None
 
 
 def setup_stage(job: Job, ctx: RankContext, opts: PipelineOptions, plan: RunPlan) -> Stage:
     model = job.build_model().to(ctx.device)
     x, _ = job.batches().shard(1)
     sample = x[: job.batch_size // plan.per_step].to(ctx.device)  # one unit of work: (b, ...)
-    partition, info = resolve_partition(opts, model, ctx, sample)
+    partition, info = resolve_partition(opts, model, ctx, sample, plan.strategy)
     metas = boundary_metas(model, sample)
     bounds = partition.bounds
     for _, end in bounds[:-1]:
@@ -111,22 +122,26 @@ def setup_stage(job: Job, ctx: RankContext, opts: PipelineOptions, plan: RunPlan
                 f"{metas[end - 1].dtype} {list(metas[end - 1].shape)}. Rule: a cut must carry a "
                 "floating-point tensor (its gradient flows back). Fix: move the cut later."
             )
-    stage = ctx.rank
+    stage, replica = partition.stage_of_rank(ctx.rank)
     module = cut(model, partition)[stage]
     last = partition.stages - 1
+    group = None
+    if partition.ranks > partition.stages:  # collective: every rank creates every stage's group
+        group = new_groups(ctx.comm, [partition.stage_ranks(s) for s in range(partition.stages)])
+        group = group if group.world > 1 else None
     spec = StageSpec(
         stage=stage,
         stages=partition.stages,
         module=module,
-        prev_rank=stage - 1 if stage > 0 else None,
-        next_rank=stage + 1 if stage < last else None,
+        prev_ranks=tuple(partition.stage_ranks(stage - 1)) if stage > 0 else (),
+        next_ranks=tuple(partition.stage_ranks(stage + 1)) if stage < last else (),
         in_meta=metas[bounds[stage][0] - 1] if stage > 0 else None,
         out_meta=metas[bounds[stage][1] - 1] if stage < last else None,
         checkpoint=plan.checkpoint,
         loss_scale=1.0 / plan.per_step,
         trace_versions=plan.trace_versions,
     )
-    return Stage(partition, stage, module, model if ctx.is_leader else None, spec, info)
+    return Stage(partition, stage, replica, module, model if ctx.is_leader else None, spec, info, group)
 
 
 def _segments(first: int, steps: int, plan: RunPlan, job: Job) -> Iterator[list[int]]:
@@ -143,13 +158,16 @@ def _segments(first: int, steps: int, plan: RunPlan, job: Job) -> Iterator[list[
 
 
 def gather_model(ctx: RankContext, stage: Stage) -> None:
-    """Collective: every stage's weights into rank 0's full model (rank of stage s is s)."""
+    """Collective: every stage's weights into rank 0's full model (from each stage's replica 0;
+    replicas hold identical weights)."""
+    part = stage.partition
     if stage.full is None:
-        send_state(ctx.comm, stage.module.state_dict(), 0)
+        if stage.replica == 0:
+            send_state(ctx.comm, stage.module.state_dict(), 0)
         return
-    slices, state = cut(stage.full, stage.partition), stage.full.state_dict()
-    for s in range(1, stage.partition.stages):
-        recv_state(ctx.comm, state, list(slices[s].state_dict()), src=s)
+    slices, state = cut(stage.full, part), stage.full.state_dict()
+    for s in range(1, part.stages):
+        recv_state(ctx.comm, state, list(slices[s].state_dict()), src=part.stage_ranks(s)[0])
 
 
 class PipelineRun:
@@ -160,6 +178,7 @@ class PipelineRun:
         self.stage = setup_stage(job, ctx, opts, plan)
         self.optimizer = job.make_optimizer(self.stage.module.parameters())
         self.weights = plan.make_weights(self.stage.module, self.optimizer, self.stage.stage)
+        self.weights.replicas = self.stage.group
         self.executor = StageExecutor(job, ctx, self.stage.spec, self.weights)
         self.windows: list[Window] = []
         self.loss = float("nan")
@@ -174,13 +193,23 @@ class PipelineRun:
         )
 
     def orders(self, units: int) -> Orders:
-        """The schedule for ``units`` micro-batches, validated and dry-run once per size."""
+        """The schedule for ``units`` micro-batches, validated and dry-run once per size.
+
+        A replicated stage's replicas take its micro-batches in turn (m mod R): each runs the
+        stage's order restricted to its own micro-batches. Restriction keeps every order's
+        sequence, so the schedule's deadlock-free execution, restricted, is one of the replicas'.
+        """
         if units not in self._orders:
             orders = stage_orders(self.plan.schedule, self.stage.partition.stages, units)
             validate(orders, self.stage.partition.stages, units)
             dry_run(orders)
             self._orders[units] = orders
         return self._orders[units]
+
+    def my_order(self, units: int) -> list[Action]:
+        st = self.stage
+        reps = st.partition.replicas[st.stage]
+        return [a for a in self.orders(units)[st.stage] if a.microbatch % reps == st.replica]
 
     def run(self) -> RankResult:
         job, ctx = self.job, self.ctx
@@ -207,7 +236,7 @@ class PipelineRun:
     def _segment(self, steps: list[int], batches: GlobalBatches) -> None:
         per_step = self.plan.per_step
         feed = BatchFeed(batches, steps, per_step, self.ctx.device)
-        order = self.orders(len(steps) * per_step)[self.stage.stage]
+        order = self.my_order(len(steps) * per_step)
         losses: dict[int, list[float]] = defaultdict(list)
 
         def done(mb: int, loss: float) -> None:
@@ -220,7 +249,12 @@ class PipelineRun:
         if not self.plan.stream:
             with self.ctx.recorder.span("optimizer", stage=self.stage.stage, step=steps[0]):
                 self.weights.end_segment()
-            self._finish_step(steps[0], sum(losses[steps[0]]) / per_step)
+            total = sum(losses[steps[0]])
+            if self.stage.group is not None:  # each replica saw its own micro-batches' losses
+                t = torch.tensor([total], dtype=torch.float64)
+                self.stage.group.all_reduce(t, op="replica_loss")
+                total = float(t)
+            self._finish_step(steps[0], total / per_step)
 
     def _finish_step(self, step: int, loss: float) -> None:
         self.loss = loss
@@ -242,6 +276,7 @@ class PipelineRun:
         module, stage = self.stage.module, self.stage.stage
         record: dict[str, Any] = {
             "stage": stage,
+            "replica": self.stage.replica,
             "layers": [name for name, _ in module.named_children()],
             "windows": [w.to_json() for w in self.windows],
             "busy_s": sum(w.busy for w in self.windows),

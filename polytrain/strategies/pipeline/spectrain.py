@@ -38,7 +38,7 @@ class SpecTrain(Strategy):
                 "Strategy 'spectrain' predicts weights instead of stashing versions, so "
                 "vertical_sync does not apply. Fix: drop --set vertical_sync, or use pipedream."
             )
-        check_pipeline(opts, cfg, world)
+        check_pipeline(opts, cfg, world, self.name)
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: AsyncOptions = self.options  # type: ignore[assignment]

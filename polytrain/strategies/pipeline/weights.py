@@ -1,7 +1,8 @@
 """Which weights a stage's forward and backward use, and when the stage updates them.
 
 - `FlushWeights` (gpipe, 1f1b): forwards use the live parameters; gradients of the M
-  micro-batches accumulate; one optimizer step after the flush (`end_segment`).
+  micro-batches accumulate; one optimizer step after the flush (`end_segment`). A replicated
+  stage sums its replicas' gradients first (`sync_gradients`), so all replicas stay identical.
 - `StashedWeights` (pipedream): an update after every backward. Each forward runs on a *version*:
   a frozen copy of the parameters taken when the version was current (weight stashing), so the
   backward of that mini-batch differentiates exactly the weights its forward used, however many
@@ -26,9 +27,29 @@ from typing import Any
 import torch
 from torch import nn
 
+from polytrain.comm import GroupComm
 from polytrain.strategies.pipeline.actions import Action
 
 Params = dict[str, torch.Tensor]
+
+
+def sync_gradients(replicas: GroupComm, module: nn.Module) -> None:
+    """Sum the accumulated gradients over a stage's replicas (one flat all-reduce).
+
+    Each replica ran a disjoint share of the M micro-batches, each scaled by 1/M, so the sum is
+    the whole mini-batch's gradient: every replica then takes the same optimizer step.
+    """
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    replicas.all_reduce(flat, op="replica_allreduce")
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset : offset + n].view_as(p).clone()
+        offset += n
 
 
 def predict(weight: torch.Tensor, velocity: torch.Tensor | None, lr: float, distance: int) -> torch.Tensor:
@@ -64,6 +85,7 @@ class FlushWeights:
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.module, self.optimizer = module, optimizer
         self.version = 0
+        self.replicas: GroupComm | None = None  # set by the shell when this stage is replicated
 
     def begin_segment(self, order: list[Action]) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -86,6 +108,8 @@ class FlushWeights:
         """Gradients stay in ``.grad`` and accumulate until the flush."""
 
     def end_segment(self) -> None:
+        if self.replicas is not None:
+            sync_gradients(self.replicas, self.module)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
