@@ -1,0 +1,218 @@
+"""``hogwild``: lock-free SGD on one shared parameter copy (Hogwild!, Recht et al. 2011).
+
+All W ranks run on ONE host and map the same parameters: rank 0 creates a file in /dev/shm
+holding the flat parameter vector (N,) f32, writes the initial model into it, and after a
+barrier every rank maps it with ``torch.from_file(shared=True)`` (our ranks are independent
+processes started by the launcher, so ``Tensor.share_memory_()`` — which needs a common parent —
+does not apply). Each rank's model parameters are views of that mapping: a forward reads
+whatever the other ranks have written so far, and each update is written in place, with no lock:
+
+    rank r, step s:  read (forward on part r of batch s) -> backward -> write w -= lr·g
+
+On sparse data (``sparse-bow``: ~10 features per sample) a gradient touches few coordinates, so
+only those are written (an ``index_add_`` of the non-zero entries); updates rarely collide,
+which is why dropping the lock costs no accuracy. ``lock=true`` is the baseline: the write takes
+an exclusive ``flock`` on a lock file next to the mapping, so writes never run concurrently.
+
+Measured, not assumed (strategy_metrics): ``updates_per_s`` (all ranks' writes / wall time),
+``overlapping_updates`` (writes whose [start, end] interval overlaps another rank's write —
+the clock is CLOCK_MONOTONIC, shared by the processes of one host), and ``interleaved_updates``
+(writes made on parameters another rank changed between this update's read and its write).
+With ``lock=true`` overlapping_updates must be 0; without it, it shows the concurrency is real.
+
+Plain SGD only (``--optimizer sgd``): per-rank optimizer state would not be shared.
+"""
+
+from __future__ import annotations
+
+import bisect
+import fcntl
+import hashlib
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from polytrain.config import JobConfig
+from polytrain.errors import ConfigError
+from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.loop import LoopSpec, run_loop
+from polytrain.strategies.base import Strategy
+from polytrain.strategies.data.allreduce import check_divisible
+
+SPARSE_BELOW = 0.5  # write only the non-zero entries when fewer than this fraction are non-zero
+
+
+class HogwildOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lock: bool = False
+
+
+def multi_host_problem(env: Mapping[str, str] | None = None) -> str | None:
+    """Why this job spans several hosts (torchrun's LOCAL_WORLD_SIZE < WORLD_SIZE), or None."""
+    env = os.environ if env is None else env
+    local, world = env.get("LOCAL_WORLD_SIZE"), env.get("WORLD_SIZE")
+    if local and world and int(local) != int(world):
+        return f"torchrun runs {local} of its {world} processes on this host (LOCAL_WORLD_SIZE={local})"
+    return None
+
+
+def refuse_multi_host(name: str) -> None:
+    problem = multi_host_problem()
+    if problem:
+        raise ConfigError(
+            f"Strategy '{name}' shares one parameter copy in this host's memory, so all its ranks "
+            f"must run on one host, but {problem}. Run it on one host (torchrun --nnodes 1, or "
+            "polytrain train --procs N), or pick a multi-host strategy such as ps or allreduce."
+        )
+
+
+def shm_path(ctx: RankContext) -> Path:
+    """The same name on every rank of this job, different for every job."""
+    env = os.environ
+    key = f"{ctx.run_dir.resolve()}|{env.get('MASTER_PORT', '')}|{env.get('TORCHELASTIC_RUN_ID', '')}"
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    return base / f"polytrain-hogwild-{hashlib.sha1(key.encode()).hexdigest()[:16]}"
+
+
+def map_shared(model: torch.nn.Module, ctx: RankContext) -> torch.Tensor:
+    """Make every parameter of ``model`` a view of one shared (N,) mapping; returns the mapping."""
+    params = list(model.parameters())
+    n = sum(p.numel() for p in params)
+    path = shm_path(ctx)
+    if ctx.is_leader:
+        flat = torch.from_file(str(path), shared=True, size=n, dtype=torch.float32)
+        flat.copy_(torch.cat([p.detach().reshape(-1) for p in params]))
+    ctx.comm.barrier()
+    if not ctx.is_leader:
+        flat = torch.from_file(str(path), shared=True, size=n, dtype=torch.float32)
+    ctx.comm.barrier()
+    if ctx.is_leader:
+        path.unlink()  # every rank holds its mapping; the name is no longer needed
+    pos = 0
+    for p in params:
+        p.data = flat[pos : pos + p.numel()].view_as(p)
+        pos += p.numel()
+    return flat
+
+
+class FileLock(AbstractContextManager["FileLock"]):
+    """An exclusive flock shared by independently started processes of one host."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+
+    def __enter__(self) -> FileLock:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+@torch.no_grad()
+def sgd_write(params: Sequence[torch.Tensor], lr: float) -> None:
+    """w -= lr·g in place; sparse gradients write only their non-zero coordinates."""
+    for p in params:
+        if p.grad is None:
+            continue
+        g, w = p.grad.reshape(-1), p.data.view(-1)
+        idx = g.nonzero().squeeze(1)
+        if idx.numel() < SPARSE_BELOW * g.numel():
+            w.index_add_(0, idx, g[idx], alpha=-lr)
+        else:
+            w.add_(g, alpha=-lr)
+
+
+def overlapping(writes: list[list[tuple[float, float, float]]]) -> int:
+    """Writes whose [start, end] overlaps a write of another rank; writes[r] = (read, start, end)."""
+    spans = sorted((s, e, r) for r, ws in enumerate(writes) for _, s, e in ws)
+    active: list[tuple[float, int, int]] = []  # (end, rank, index)
+    hit: set[int] = set()
+    for i, (s, e, r) in enumerate(spans):
+        active = [a for a in active if a[0] > s]
+        for _, r2, j in active:
+            if r2 != r:
+                hit.update((i, j))
+        active.append((e, r, i))
+    return len(hit)
+
+
+def interleaved(writes: list[list[tuple[float, float, float]]]) -> int:
+    """Writes made after another rank finished a write during this update's read-to-write."""
+    count = 0
+    for r, ws in enumerate(writes):
+        others = sorted(e for r2, w2 in enumerate(writes) if r2 != r for _, _, e in w2)
+        for read, start, _ in ws:
+            if bisect.bisect_left(others, start) > bisect.bisect_right(others, read):
+                count += 1
+    return count
+
+
+class Hogwild(Strategy):
+    name = "hogwild"
+    family = "data"
+    summary = "lock-free SGD of W processes on one shared parameter copy (one host)"
+    Options = HogwildOptions
+    multi_host = False
+
+    def check(self, cfg: JobConfig, world: int) -> None:
+        check_divisible(cfg, world, self.name)
+        if cfg.optimizer != "sgd":
+            raise ConfigError(
+                f"Strategy 'hogwild' writes plain SGD updates (w -= lr·g) into the shared copy; "
+                f"--optimizer {cfg.optimizer} would need per-rank state. Use --optimizer sgd."
+            )
+        refuse_multi_host(self.name)
+
+    def run(self, job: Job, ctx: RankContext) -> RankResult:
+        opts: HogwildOptions = self.options  # type: ignore[assignment]
+        refuse_multi_host(self.name)
+        model = job.build_model()
+        params = list(model.parameters())
+        map_shared(model, ctx)
+        lock = FileLock(shm_path(ctx).with_suffix(".lock")) if opts.lock else None
+        optimizer = torch.optim.SGD(params, lr=job.config.lr)  # for checkpoints; never stepped
+        writes: list[tuple[float, float, float]] = []
+        rec = ctx.recorder
+
+        def step(i: int, x: torch.Tensor, y: torch.Tensor) -> float:
+            read = time.monotonic()
+            model.zero_grad(set_to_none=True)
+            with rec.span("forward", step=i):
+                loss = job.loss(model(x), y)
+            with rec.span("backward", step=i):
+                loss.backward()
+            guard: AbstractContextManager[Any] = lock if lock is not None else nullcontext()
+            with guard:
+                start = time.monotonic()
+                sgd_write(params, job.config.lr)
+                writes.append((read, start, time.monotonic()))
+            if i == job.steps:
+                ctx.comm.barrier()  # rank 0 evaluates the final shared copy, after every write
+            return float(loss.detach())
+
+        result = run_loop(job, ctx, LoopSpec(model=model, optimizer=optimizer, step_fn=step))
+        if lock is not None:
+            lock.close()
+        everyone = ctx.comm.gather_json(writes)  # a collective: every rank is done with the lock
+        if everyone is not None:
+            shm_path(ctx).with_suffix(".lock").unlink(missing_ok=True)
+            wall = max(w[-1][2] for w in everyone if w) - min(w[0][0] for w in everyone if w)
+            total = sum(len(w) for w in everyone)
+            result.strategy_metrics = {
+                "lock": opts.lock, "updates": total,
+                "updates_per_s": round(total / wall, 3) if wall > 0 else 0.0,
+                "overlapping_updates": overlapping(everyone),
+                "interleaved_updates": interleaved(everyone),
+            }
+        return result
