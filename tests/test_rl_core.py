@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from polytrain.errors import ConfigError
-from polytrain.rl.config import make_rl_config
+from polytrain.rl.config import check_qnet, make_rl_config
 from polytrain.rl.core import Layout, NStep, double_dqn_td, epsilon_ladder, linear_epsilon
 from polytrain.rl.roles import layout_ranks
 
@@ -140,8 +140,23 @@ def test_user_q_network_factory(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) 
         "from torch import nn\n"
         "def make(spec):\n"
         "    return nn.Sequential(nn.Linear(spec.input_shape[0], 16), nn.ReLU(),"
-        " nn.Linear(16, spec.num_classes))\n")
+        " nn.Linear(16, spec.num_classes))\n"
+        "def wrong(spec):\n"
+        "    return nn.Linear(spec.input_shape[0], 7)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = make_rl_config({"algo": "dqn", "env": "Acrobot-v1", "model": "myq:make"})
     net = build_qnet(cfg.model, cfg.info, cfg.hidden, cfg.depth)
     assert net(torch.zeros(5, ENVS["Acrobot-v1"].obs_dim)).shape == (5, 3)
+    # checked in the launching process, before any rank starts (polytrain.rl.api.run_config)
+    check_qnet(cfg)
+    with pytest.raises(ConfigError, match=r"--model myq:wrong: .* to \(7,\) per row; .* \(B, 3\)"):
+        check_qnet(make_rl_config({"algo": "apex", "env": "Acrobot-v1", "model": "myq:wrong"}))
+    with pytest.raises(ConfigError, match=r"Cannot import module 'nosuchmod'"):
+        check_qnet(make_rl_config({"algo": "apex", "model": "nosuchmod:make"}))
+
+
+def test_unwritable_run_directory_is_a_config_error() -> None:
+    from polytrain.rl.results import new_run_dir
+
+    with pytest.raises(ConfigError, match=r"--out /proc/polytrain-rl: cannot create the run directory"):
+        new_run_dir(make_rl_config({"out": "/proc/polytrain-rl"}))

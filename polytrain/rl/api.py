@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-from polytrain.rl.config import RLConfig, make_rl_config
+from polytrain.rl.config import RLConfig, check_qnet, make_rl_config
 
 
 def _free_port() -> int:
@@ -25,6 +25,7 @@ def run_config(cfg: RLConfig, console: Console | None = None, progress: bool = T
     from polytrain.rl.progress import FollowRL
     from polytrain.rl.results import build_summary, merge_events, new_run_dir, write_config, write_summary
 
+    check_qnet(cfg)  # a broken user Q-network fails here, before any process starts
     run_dir = new_run_dir(cfg)
     write_config(run_dir, cfg)
     console = console or Console(stderr=True)

@@ -46,7 +46,7 @@ RL_FLAGS: list[tuple[str, str, Any, str]] = [
     ("publish_every", "--publish-every", int, "K: lead learner updates between publications; default 20"),
     ("fetch_every", "--fetch-every", int, "actor env steps between parameter fetches; default 200"),
     ("steps_per_update", "--steps-per-update", float,
-     "replay rate limit: env steps per learner update, actors wait beyond it (0: off); default 8"),
+     "replay rate limit: env steps per learner update, actors wait beyond it (0: off); default 2"),
     ("actor_timeout_s", "--actor-timeout", float, "seconds of silence before an actor is lost; default 10"),
     ("out", "--out", str, "run directory; default runs/<time>-rl-<algo>"),
 ]

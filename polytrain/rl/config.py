@@ -64,7 +64,9 @@ class RLConfig(BaseModel):
     fetch_every: int = Field(200, ge=1)  # actor env steps between parameter fetches
     send_every: int = Field(50, ge=1)  # transitions an actor batches into one message
     prefetch: int = Field(3, ge=1)  # SAMPLE requests a learner keeps in flight
-    steps_per_update: float = Field(8.0, ge=0)  # replay rate limit: env steps per learner update (0: off)
+    # replay rate limit: env steps per learner update (0: off). 8 let the replay turn over so fast
+    # that CartPole runs peaked and then forgot (measured); 2 is near dqn's 1 (train_every)
+    steps_per_update: float = Field(2.0, ge=0)
     actor_timeout_s: float = Field(10.0, gt=0)  # silence after which an actor is declared lost
     timeout_s: float = Field(120.0, gt=0)  # process-group timeout (a hung server fails the run)
     out: str | None = None
@@ -106,7 +108,8 @@ def _friendly(err: ValidationError) -> ConfigError:
     for e in err.errors():
         key = str(e["loc"][-1]) if e["loc"] else "(job)"
         if e["type"] == "extra_forbidden":
-            lines.append(f"unknown option '{key}'. {did_you_mean(key, RLConfig.model_fields)}")
+            hint = did_you_mean(key, RLConfig.model_fields).removesuffix(".")
+            lines.append(f"unknown option '{key}'. {hint}")
         else:
             msg = str(e["msg"]).removeprefix("Value error, ")
             lines.append(f"--{key.replace('_', '-')} = {e.get('input')!r}: {msg}")
@@ -158,6 +161,30 @@ def _check_consistency(cfg: RLConfig) -> None:
     if cfg.eps_end > cfg.eps_start:
         raise ConfigError(f"--eps-end {cfg.eps_end} is above --eps-start {cfg.eps_start}; "
                           "exploration decays from start to end. Swap them.")
+
+
+def check_qnet(cfg: RLConfig) -> None:
+    """Build the Q-network once (in the launching process, before any rank starts), so a user
+    factory that does not import, raises or returns the wrong shape fails with a ConfigError."""
+    import torch
+
+    from polytrain.rl.core import build_qnet
+
+    info = cfg.info
+    try:
+        net = build_qnet(cfg.model, info, cfg.hidden, cfg.depth)
+        with torch.no_grad():
+            out = net(torch.zeros(2, info.obs_dim))
+    except ConfigError:
+        raise
+    except Exception as exc:  # the user's factory or forward pass raised
+        raise ConfigError(f"--model {cfg.model}: building the Q-network or running it on a batch of "
+                          f"{info.name} observations (2, {info.obs_dim}) raised {type(exc).__name__}: "
+                          f"{exc}. Fix the factory.") from exc
+    if tuple(out.shape) != (2, info.actions):
+        raise ConfigError(f"--model {cfg.model}: the Q-network maps observations (B, {info.obs_dim}) "
+                          f"to {tuple(out.shape[1:])} per row; DQN needs one value per action of "
+                          f"{info.name}, i.e. (B, {info.actions}). Fix the factory's output layer.")
 
 
 def make_rl_config(data: dict[str, Any]) -> RLConfig:

@@ -30,7 +30,11 @@ def new_run_dir(cfg: RLConfig, base: Path = Path("runs")) -> Path:
         if (out / "summary.json").exists() or (out / "config.toml").exists():
             raise ConfigError(f"--out {out} already holds a run; polytrain never overwrites one. "
                               "Choose another --out.")
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--out {out}: cannot create the run directory ({exc.strerror}). "
+                              "Choose a writable path.") from None
         return out
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for i in range(1000):
@@ -40,6 +44,9 @@ def new_run_dir(cfg: RLConfig, base: Path = Path("runs")) -> Path:
             return out
         except FileExistsError:
             continue
+        except OSError as exc:
+            raise ConfigError(f"Cannot create the run directory {out} ({exc.strerror}). Run from a "
+                              "writable directory or pass --out.") from None
     raise ConfigError(f"Cannot create a run directory under {base}: too many runs this second.")
 
 
