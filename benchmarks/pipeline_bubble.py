@@ -1,12 +1,14 @@
 """Measured pipeline bubble of gpipe and 1f1b against the textbook (P-1)/(M+P-1).
 
 The bubble is measured from the run's own timeline (idle stage-time / (stages x wall) per
-mini-batch, see polytrain/strategies/pipeline/metrics.py). Balanced stages: mlp with three hidden
-layers of width 1024, cut after the second layer (fc1+fc2 | fc3+head: 1.06 M vs 1.01 M
-multiply-adds per sample). One rank per core: P=2 on the 2-core dev box (P=4 would time-share
+mini-batch, see polytrain/strategies/pipeline/metrics.py). Balanced stages, two models: ``narrow``
+(benchmarks/bubble_model.py: two 1.1 M multiply-add halves joined by a 64-float cut, so transfers
+are nearly free, as the formula assumes) and ``wide`` (mlp with three hidden layers of width 1024,
+cut after the second: 1.06 M vs 1.01 M multiply-adds, 1024 floats per sample cross the cut).
+One rank per core: P=2 on the 2-core dev box (P=4 would time-share
 cores and measure the scheduler, not the pipeline).
 
-    python benchmarks/pipeline_bubble.py [--steps 12] [--batch-size 256] [--microbatches 1,2,4,8]
+    python benchmarks/pipeline_bubble.py [--steps 12] [--batch-size 1024] [--microbatches 1,2,4,8]
                                           [--repeats 3]
 """
 
@@ -26,39 +28,49 @@ sys.path.insert(0, str(HERE))
 
 from harness import write_results  # noqa: E402
 
-MODEL = ["model.depth=3", "model.hidden=1024", "partition=2,2"]
+# name -> (model, sets, what crosses the cut per sample)
+MODELS = {
+    "narrow": ("benchmarks.bubble_model:make", ["partition=6,6"], "64 floats"),
+    "wide": ("mlp", ["model.depth=3", "model.hidden=1024", "partition=2,2"], "1024 floats"),
+}
 
 
-def one_run(strategy: str, microbatches: int, steps: int, batch: int, out: Path) -> dict[str, Any]:
+def one_run(model: str, strategy: str, microbatches: int, steps: int, batch: int,
+            out: Path) -> dict[str, Any]:
     import polytrain
 
+    name, sets, _ = MODELS[model]
     summary = polytrain.train(
         strategy=strategy,
         procs=2,
-        model="mlp",
+        model=name,
         dataset="digits",
         steps=steps,
         batch_size=batch,
         optimizer="momentum",
         lr=0.01,
         out=str(out),
-        sets=[*MODEL, f"microbatches={microbatches}"],
+        sets=[*sets, f"microbatches={microbatches}"],
     )
     return summary
 
 
-def measure(strategy: str, microbatches: int, args: argparse.Namespace, root: Path) -> dict[str, object]:
+def measure(model: str, strategy: str, microbatches: int, args: argparse.Namespace,
+            root: Path) -> dict[str, object]:
     """Repeated runs; the least disturbed one (lowest bubble) and the median are reported."""
     runs = []
     for i in range(args.repeats):
-        out = root / f"{strategy}-m{microbatches}-{i}"
-        runs.append(one_run(strategy, microbatches, args.steps, args.batch_size, out))
+        out = root / f"{model}-{strategy}-m{microbatches}-{i}"
+        runs.append(one_run(model, strategy, microbatches, args.steps, args.batch_size, out))
         runs[-1]["load_avg"] = os.getloadavg()[0]
     bubbles = [r["strategy_metrics"]["bubble_fraction"] for r in runs]
     best = runs[bubbles.index(min(bubbles))]
     m = best["strategy_metrics"]
     theory = m["bubble_fraction_theory"]
+    waiting = m["bubble_fraction"] - m["overhead_fraction"]
     return {
+        "model": model,
+        "cut carries": MODELS[model][2],
         "strategy": strategy,
         "P": m["stages"],
         "M": microbatches,
@@ -66,6 +78,9 @@ def measure(strategy: str, microbatches: int, args: argparse.Namespace, root: Pa
         "bubble_median": statistics.median(bubbles),
         "bubble_theory": theory,
         "relative_gap_best": (min(bubbles) - theory) / theory if theory else float("nan"),
+        "overhead_best": m["overhead_fraction"],
+        "dependency_bubble_best": waiting,
+        "dependency_gap_best": (waiting - theory) / theory if theory else float("nan"),
         "busy_s_per_stage": m["busy_s_per_stage"],
         "samples_per_s_best": best["throughput_samples_per_s"],
         "bubbles": bubbles,
@@ -76,22 +91,30 @@ def measure(strategy: str, microbatches: int, args: argparse.Namespace, root: Pa
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--microbatches", default="1,2,4,8")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--models", default="narrow,wide")
+    ap.add_argument("--strategies", default="gpipe,1f1b")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for strategy in ("gpipe", "1f1b"):
-            for m in (int(x) for x in args.microbatches.split(",")):
-                rows.append(measure(strategy, m, args, Path(tmp)))
+        for model in args.models.split(","):
+            for strategy in args.strategies.split(","):
+                for m in (int(x) for x in args.microbatches.split(",")):
+                    rows.append(measure(model, strategy, m, args, Path(tmp)))
     notes = (
         "bubble: idle / (stages x wall) from the recorded forward/backward spans, summed over "
         f"mini-batches; best and median of {args.repeats} runs (the host is shared: a descheduled "
         "rank shows up as bubble). bubble_theory: (P-1)/(M+P-1). The gap is what the formula leaves out: "
-        "transfers and waits for them, Python overhead per action, residual imbalance, a shared host."
+        "transfers and waits for them, Python overhead per action, residual imbalance, a shared host. "
+        "overhead: the part of the bubble that is the runtime's own time between actions (neither "
+        "compute nor waiting for a message); dependency_bubble = bubble - overhead: the idle time the "
+        "schedule's dependencies cause, which is what the formula models."
     )
     cols = [
+        "model",
+        "cut carries",
         "strategy",
         "P",
         "M",
@@ -99,6 +122,9 @@ def main() -> None:
         "bubble_median",
         "bubble_theory",
         "relative_gap_best",
+        "overhead_best",
+        "dependency_bubble_best",
+        "dependency_gap_best",
         "samples_per_s_best",
     ]
     write_results("pipeline_bubble", rows, cols, notes)

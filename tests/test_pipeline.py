@@ -24,7 +24,7 @@ from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.recorder import Recorder
 from polytrain.strategies import make_strategy
-from polytrain.strategies.pipeline.metrics import bubble_fraction, theoretical_bubble
+from polytrain.strategies.pipeline.metrics import bubble_fraction, overhead_fraction, theoretical_bubble
 from polytrain.strategies.pipeline.schedule import Action, stage_orders
 from polytrain.strategies.pipeline.weights import (
     PredictedWeights,
@@ -147,6 +147,14 @@ def test_bubble_fraction_from_windows() -> None:
     assert bubble_fraction([[[0.0, 8.0, 8.0]], [[2.0, 10.0, 6.0]]]) == pytest.approx(0.3)
     assert bubble_fraction([[[0.0, 4.0, 4.0], []], [[0.0, 4.0, 2.0], []]]) == pytest.approx(0.25)
     assert theoretical_bubble(4, 8) == pytest.approx(3 / 11) and bubble_fraction([]) == 0.0
+
+
+def test_overhead_fraction_is_the_time_neither_computing_nor_waiting() -> None:
+    # stage 0: window 0..8, busy 6, waited 1 -> 1 of runtime overhead; stage 1: window 2..10,
+    # busy 6, waited 2 -> none; wall 10 over 2 stages
+    windows = [[[0.0, 8.0, 6.0, 1.0]], [[2.0, 10.0, 6.0, 2.0]]]
+    assert overhead_fraction(windows) == pytest.approx(1 / 20)
+    assert bubble_fraction(windows) == pytest.approx(8 / 20)
 
 
 # --- options and refusals before any process -------------------------------------------------------

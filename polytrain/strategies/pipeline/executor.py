@@ -80,14 +80,16 @@ class Feed(Protocol):
 
 @dataclass
 class Window:
-    """The compute of one segment on one stage: first start, last end, busy seconds."""
+    """The compute of one segment on one stage: first start, last end, busy seconds, and the
+    seconds spent waiting for messages after the first compute began."""
 
     start: float = float("inf")
     end: float = float("-inf")
     busy: float = 0.0
+    wait: float = 0.0
 
     def to_json(self) -> list[float]:
-        return [self.start, self.end, self.busy] if self.end >= self.start else []
+        return [self.start, self.end, self.busy, self.wait] if self.end >= self.start else []
 
 
 class MemoryMeter:
@@ -196,13 +198,21 @@ class StageExecutor:
             return out
         return fn(inp)
 
+    def _take(self, inbox: Inbox, mb: int, step: int, window: Window) -> tuple[torch.Tensor, float]:
+        """The next message of ``inbox``; the wait counts once this segment's compute has begun."""
+        start = self.ctx.recorder.now()
+        got = inbox.take(mb, step)
+        if start >= window.start:
+            window.wait += self.ctx.recorder.now() - start
+        return got
+
     def _forward(self, mb: int, feed: Feed, window: Window) -> None:
         step = feed.step(mb)
         tag = 0.0
         if not self.acts:
             inp = feed.inputs(mb)
         else:
-            inp, tag = self.acts[peer(self.spec.prev_ranks, mb)].take(mb, step)
+            inp, tag = self._take(self.acts[peer(self.spec.prev_ranks, mb)], mb, step, window)
             inp.requires_grad_(inp.is_floating_point())
         with self._compute("forward", mb, step, window):
             params = self.weights.forward_params(mb, tag)
@@ -226,7 +236,7 @@ class StageExecutor:
         if not self.grads:
             loss = self.losses.pop(mb)
         else:
-            grad, loss = self.grads[peer(self.spec.next_ranks, mb)].take(mb, step)
+            grad, loss = self._take(self.grads[peer(self.spec.next_ranks, mb)], mb, step, window)
         self._trace("B", mb, step)
         with self._compute("backward", mb, step, window):
             if not out.requires_grad:  # a parameter-free stage fed by data: nothing to differentiate

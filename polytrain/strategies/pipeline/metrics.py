@@ -20,7 +20,7 @@ from typing import Any
 
 
 def bubble_fraction(windows: list[list[list[float]]]) -> float:
-    """``windows[stage][segment] = [start, end, busy]`` (or [] if idle) -> idle / (stages x wall)."""
+    """``windows[stage][segment] = [start, end, busy, wait]`` (or [] if idle) -> idle / (stages x wall)."""
     stages = len(windows)
     if stages == 0:
         return 0.0
@@ -35,6 +35,23 @@ def bubble_fraction(windows: list[list[list[float]]]) -> float:
     return idle / total if total else 0.0
 
 
+def overhead_fraction(windows: list[list[list[float]]]) -> float:
+    """The part of `bubble_fraction` that is the runtime's own time between actions (packing,
+    posting receives, bookkeeping): inside a stage's window, neither compute nor waiting for a
+    message. ``bubble_fraction − overhead_fraction`` is the idle time the schedule's dependencies
+    cause — what (P−1)/(M+P−1) predicts."""
+    stages = len(windows)
+    gaps = total = 0.0
+    for seg in zip(*windows, strict=True):
+        ran = [w for w in seg if w]
+        wall = max((w[1] for w in ran), default=0.0) - min((w[0] for w in ran), default=0.0)
+        if wall <= 0:
+            continue
+        gaps += sum(max(0.0, (w[1] - w[0]) - w[2] - (w[3] if len(w) > 3 else 0.0)) for w in ran)
+        total += stages * wall
+    return gaps / total if total else 0.0
+
+
 def theoretical_bubble(stages: int, microbatches: int) -> float:
     """GPipe's (P−1)/(M+P−1) for balanced stages and free transfers."""
     return (stages - 1) / (microbatches + stages - 1)
@@ -46,6 +63,7 @@ def summarise(records: list[dict[str, Any]], head: dict[str, Any]) -> dict[str, 
     records = [r for r in lanes if r.get("replica", 0) == 0]  # one per stage: replicas are alike
     out = dict(head)
     out["bubble_fraction"] = bubble_fraction([r["windows"] for r in lanes])  # over every rank
+    out["overhead_fraction"] = overhead_fraction([r["windows"] for r in lanes])
     if head.get("flush"):
         out["bubble_fraction_theory"] = theoretical_bubble(len(records), head["microbatches"])
     if len(lanes) > len(records):
