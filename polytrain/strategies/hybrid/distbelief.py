@@ -1,0 +1,205 @@
+"""``distbelief``: model-parallel replicas sharing parameter servers (Dean et al. 2012, Downpour
+SGD; 000 §V, 004 §2). Reuses the ``ps`` server and client (:mod:`polytrain.strategies.ps.server`)
+and the ``layerwise`` stages.
+
+    polytrain train --strategy distbelief --procs 6 --set stages=2 --model mlp   # 2 servers,
+                                                          # 2 replicas × 2 stages
+
+Ranks: first the servers, ``servers`` per stage (stage p's are p·k … p·k+k−1), then the replicas,
+each ``stages`` consecutive ranks (replica d, stage p at S + d·P + p). A replica trains like
+``layerwise`` on part d of every global batch (D replicas); after its backward each stage rank
+pushes its stage's gradient to that stage's servers and pulls the stage's parameters — it never
+talks to the other stages' servers, so a model partition only exchanges its own parameters.
+``consistency``: ``async`` (Downpour, default: every push applied at once, no waiting), ``ssp``
+(bounded staleness) or ``bsp`` (the servers wait for all replicas: equals single-process training).
+At the end the servers send their shards to rank 0, which evaluates the whole model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from polytrain.comm import new_groups
+from polytrain.config import JobConfig
+from polytrain.errors import ConfigError
+from polytrain.plan.partition import cut
+from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.strategies.base import Strategy
+from polytrain.strategies.data.allreduce import check_divisible
+from polytrain.strategies.model.layerwise import build_stage, check_partition_text, plan
+from polytrain.strategies.pipeline.schedule import stage_orders
+from polytrain.strategies.ps.consistency import histogram, make_consistency
+from polytrain.strategies.ps.server import ParameterServer, PSClient, gather_shards
+from polytrain.strategies.ps.sharding import (
+    ShardPlan,
+    flat_grads,
+    flat_params,
+    load_flat,
+    make_plan,
+    param_infos,
+)
+
+
+class DistBeliefOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    stages: int = Field(2, ge=1, description="model-parallel ranks per replica")
+    servers: int = Field(1, ge=1, description="parameter servers per stage")
+    consistency: Literal["async", "ssp", "bsp"] = "async"
+    staleness: int = Field(2, ge=0, description="ssp: clocks a replica may run ahead")
+    partition: str = "uniform"
+
+    @field_validator("partition", mode="before")
+    @classmethod
+    def _partition(cls, v: Any) -> str:
+        return check_partition_text(str(v))
+
+
+class Layout:
+    """Who is who: servers of each stage, ranks of each replica."""
+
+    def __init__(self, o: DistBeliefOptions, world: int) -> None:
+        self.stages, self.per_stage = o.stages, o.servers
+        self.servers = o.stages * o.servers
+        self.replicas = (world - self.servers) // o.stages
+
+    def stage_servers(self, p: int) -> list[int]:
+        return list(range(p * self.per_stage, (p + 1) * self.per_stage))
+
+    def replica_ranks(self, d: int) -> list[int]:
+        first = self.servers + d * self.stages
+        return list(range(first, first + self.stages))
+
+    def stage_clients(self, p: int) -> list[int]:
+        return [self.replica_ranks(d)[p] for d in range(self.replicas)]
+
+
+class DistBelief(Strategy):
+    name = "distbelief"
+    family = "hybrid"
+    summary = "DistBelief/Downpour: model-parallel replicas sharing asynchronous parameter servers"
+    Options = DistBeliefOptions
+
+    @property
+    def opts(self) -> DistBeliefOptions:
+        return self.options  # type: ignore[return-value]
+
+    def roles(self, world: int) -> list[str]:
+        lay = Layout(self.opts, world)
+        roles = [f"server/stage{r // lay.per_stage}" for r in range(min(world, lay.servers))]
+        return roles + [f"replica{i // lay.stages}/stage{i % lay.stages}" for i in range(world - len(roles))]
+
+    def check(self, cfg: JobConfig, world: int) -> None:
+        o, lay = self.opts, Layout(self.opts, world)
+        left = world - lay.servers
+        if left < o.stages or left % o.stages:
+            fit = lay.servers + o.stages * max(1, left // o.stages)
+            raise ConfigError(
+                f"Strategy 'distbelief' with stages={o.stages} and servers={o.servers} per stage uses "
+                f"{lay.servers} server ranks; the other {left} of --procs {world} must form whole "
+                f"replicas of {o.stages} ranks. Fix: --procs {fit} (or {fit + o.stages})."
+            )
+        check_divisible(cfg, lay.replicas, self.name)
+        if cfg.checkpoint_every:
+            raise ConfigError("Strategy 'distbelief' keeps its state on the servers and does not "
+                              "checkpoint (got --checkpoint-every). Drop the flag.")
+
+    def run(self, job: Job, ctx: RankContext) -> RankResult:
+        o, lay = self.opts, Layout(self.opts, ctx.world)
+        groups = [[s] for s in range(lay.servers)] + [lay.replica_ranks(d) for d in range(lay.replicas)]
+        replica_comm = new_groups(ctx.comm, groups)
+        policy = make_consistency(o.consistency, lay.replicas, staleness=o.staleness)
+        plans = _stage_plans(job, o, lay)
+        if ctx.rank < lay.servers:
+            return _serve(job, ctx, o, lay, plans, policy)
+        d, p = divmod(ctx.rank - lay.servers, lay.stages)
+        sp = build_stage(job, ctx, replica_comm, o.partition)
+        client = PSClient(ctx.comm, plans[p], lay.stage_servers(p), sparse=False)
+        _start(job, ctx)
+        loss, wait = _train(job, ctx, sp.stage, client, policy, d, lay.replicas)
+        ctx.comm.gather_json({"role": "worker", "rank": ctx.rank, "wait_s": wait})
+        return RankResult(steps=job.steps, samples=job.steps * job.batch_size, wall_s=ctx.recorder.now(),
+                          final_loss=loss)
+
+
+def _stage_plans(job: Job, o: DistBeliefOptions, lay: Layout) -> list[ShardPlan]:
+    full = job.build_model()
+    stages = cut(full, plan(o.partition, full, o.stages))
+    return [make_plan("size", param_infos(s), o.servers) for s in stages]
+
+
+def _start(job: Job, ctx: RankContext) -> None:
+    ctx.comm.barrier()
+    ctx.recorder.start_clock()
+    ctx.recorder.emit("start", first_step=1, steps=job.steps)
+
+
+def _train(job: Job, ctx: RankContext, stage: Any, client: PSClient, policy: Any, d: int,
+           replicas: int) -> tuple[float, float]:
+    """A replica's stage: layerwise step, push the stage gradient, pull the stage parameters."""
+    batches = job.batches()
+    actions = stage_orders("gpipe", stage.count, 1)[stage.index]
+    loss = float("nan")
+    for step in range(1, job.steps + 1):
+        x, y = batches.shard(step, d, replicas)
+        stage.layers.zero_grad(set_to_none=True)
+        value = stage.run(actions, [x], [y], [x.shape[0]], step)
+        fetch = step < job.steps
+        client.push(flat_grads(stage.layers), step, policy.need(step) if fetch else None)
+        if fetch:
+            with ctx.recorder.span("pull_wait", cat="comm"):
+                flat, _, _ = client.wait()
+            load_flat(stage.layers, flat)
+        t = torch.tensor([value])
+        stage.comm.broadcast(t, stage.count - 1, op="loss")
+        loss = float(t)
+        ctx.recorder.step(step, loss, samples=step * job.batch_size)
+        if ctx.progress is not None:
+            ctx.progress.update(step, loss)
+    client.done()
+    return loss, client.wait_s
+
+
+def _serve(job: Job, ctx: RankContext, o: DistBeliefOptions, lay: Layout, plans: list[ShardPlan],
+           policy: Any) -> RankResult:
+    p, i = divmod(ctx.rank, lay.per_stage)
+    full = job.build_model()
+    stage = cut(full, plan(o.partition, full, o.stages))[p]
+    cfg = job.config
+    server = ParameterServer(ctx.comm, lay.stage_clients(p), plans[p].gather(flat_params(stage), i),
+                             cfg.optimizer, policy, lr=cfg.lr, momentum=cfg.momentum,
+                             weight_decay=cfg.weight_decay, recorder=ctx.recorder, straggle=ctx.straggle)
+    _start(job, ctx)
+    server.serve()
+    stats = {"role": "server", "rank": ctx.rank, **server.stats()}
+    flats = [gather_shards(ctx.comm, plans[q], lay.stage_servers(q),
+                           server.shard if q == p else None, dst=0)
+             for q in range(o.stages) if q == p or ctx.rank == 0]
+    everyone = ctx.comm.gather_json(stats)
+    result = RankResult(role="server", steps=0, wall_s=server.wall_s)
+    if ctx.rank != 0 or everyone is None:
+        return result
+    stages = cut(full, plan(o.partition, full, o.stages))
+    for s, flat in zip(stages, flats, strict=True):
+        assert flat is not None
+        load_flat(s, flat)
+    result.eval = job.evaluate(full)
+    ctx.recorder.emit("eval", step=job.steps, **result.eval)
+    result.model_state = {k: v.detach().clone() for k, v in full.state_dict().items()}
+    result.strategy_metrics = _metrics(o, lay, everyone)
+    return result
+
+
+def _metrics(o: DistBeliefOptions, lay: Layout, everyone: list[dict[str, Any]]) -> dict[str, Any]:
+    servers = [r for r in everyone if r["role"] == "server"]
+    stale = [int(k) for r in servers for k, n in r["staleness"].items() for _ in range(n)]
+    return {
+        "consistency": o.consistency, "replicas": lay.replicas, "stages": lay.stages,
+        "servers_per_stage": lay.per_stage,
+        "server_params": [r["params"] for r in servers],
+        "server_bytes": [r["bytes"] for r in servers],
+        "staleness_hist": histogram(stale), "staleness_max": max(stale, default=0),
+        "worker_wait_s": [round(r["wait_s"], 6) for r in everyone if r["role"] == "worker"],
+    }

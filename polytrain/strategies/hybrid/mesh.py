@@ -1,0 +1,161 @@
+"""``mesh``: 2-D hybrid parallelism on a process mesh (000 §V): ``dp × pp`` (replicated
+pipelines) or ``dp × tp`` (replicated tensor-parallel groups).
+
+    polytrain train --strategy mesh --procs 4 --set dp=2 --set pp=2   # 2 pipelines of 2 stages
+    polytrain train --strategy mesh --procs 4 --set dp=2 --set tp=2 --model gpt-mini --dataset chars
+
+Replica d trains on part d of D of every global batch. Inside a replica the model is cut into
+consecutive stages run with a flush schedule (``schedule``, ``microbatches``; the machinery of
+``layerwise``) or split Megatron-style over a tensor group (that of ``tensor``). After backward
+the ranks holding the same piece in every replica all-reduce its gradients (mean over D) —
+``dp_allreduce`` bytes — so every replica applies the update single-process training applies to
+the whole batch. The rank layout is :class:`~polytrain.strategies.hybrid.layout.Layout`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from torch import nn
+
+from polytrain.comm import GroupComm, new_groups
+from polytrain.config import JobConfig
+from polytrain.errors import ConfigError
+from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.loop import LoopSpec, run_loop
+from polytrain.strategies.base import Strategy
+from polytrain.strategies.data.allreduce import check_divisible
+from polytrain.strategies.hybrid.layout import Layout
+from polytrain.strategies.model.layerwise import build_stage, check_partition_text, stage_step, utilisation
+from polytrain.strategies.model.megatron import shard_transformer
+from polytrain.strategies.model.stages import Pipelined
+from polytrain.strategies.model.tensor import check_transformer, plain_step
+from polytrain.strategies.model.wire import (
+    Evaluating,
+    Wire,
+    all_reduce_grads,
+    gather_state,
+)
+
+
+class MeshOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dp: int = -1
+    pp: int = 1
+    tp: int = 1
+    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    microbatches: int = Field(0, ge=0, description="per replica and step; 0: pp")
+    partition: str = "uniform"
+
+    @field_validator("partition", mode="before")
+    @classmethod
+    def _partition(cls, v: Any) -> str:
+        return check_partition_text(str(v))
+
+    @model_validator(mode="after")
+    def _layout(self) -> MeshOptions:
+        layout = self.layout
+        if layout.pp != 1 and layout.tp != 1:
+            raise ConfigError(
+                f"Strategy 'mesh' runs 2-D layouts (dp × pp or dp × tp), not {layout}. "
+                "Fix: set pp=1 or tp=1."
+            )
+        return self
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.dp, self.pp, self.tp)
+
+
+def _mesh_groups(ctx: RankContext, layout: Layout) -> dict[str, GroupComm]:
+    """Every rank creates every group, in the same order: dp, then pp, then tp."""
+    return {
+        "dp": new_groups(ctx.comm, layout.dp_groups()),
+        "pp": new_groups(ctx.comm, layout.pp_groups()),
+        "tp": new_groups(ctx.comm, layout.tp_groups()),
+    }
+
+
+class Mesh(Strategy):
+    name = "mesh"
+    family = "hybrid"
+    summary = "2-D hybrid: dp × pp (replicated pipelines) or dp × tp (replicated tensor groups)"
+    Options = MeshOptions
+
+    @property
+    def opts(self) -> MeshOptions:
+        return self.options  # type: ignore[return-value]
+
+    def check(self, cfg: JobConfig, world: int) -> None:
+        layout = self.opts.layout.resolve(world)
+        check_divisible(cfg, layout.dp, self.name)
+        if layout.tp > 1:
+            check_transformer(cfg, layout.tp, self.name)
+        per_replica = cfg.batch_size // layout.dp
+        mb = self.opts.microbatches or layout.pp
+        if layout.pp > 1 and mb > per_replica:
+            raise ConfigError(
+                f"Strategy 'mesh' splits each replica's {per_replica} samples into {mb} "
+                f"micro-batches. Rule: microbatches <= batch_size / dp. Fix: --set "
+                f"microbatches={per_replica} or a larger --batch-size."
+            )
+
+    def run(self, job: Job, ctx: RankContext) -> RankResult:
+        layout = self.opts.layout.resolve(ctx.world)
+        groups = _mesh_groups(ctx, layout)
+        d, _, _ = layout.coords(ctx.rank)
+        dp = Wire(groups["dp"], ctx.recorder)
+        if layout.tp > 1:
+            result = self._tensor(job, ctx, groups["tp"], dp, d)
+        else:
+            result = self._pipeline(job, ctx, groups["pp"], dp, d, layout)
+        result.strategy_metrics.update({"layout": layout.to_json(),
+                                        "replica": d if ctx.is_leader else None})
+        return result
+
+    def _tensor(self, job: Job, ctx: RankContext, tp_comm: GroupComm, dp: Wire, d: int) -> RankResult:
+        model = job.build_model().to(ctx.device)
+        shapes = {k: v.shape for k, v in model.state_dict().items()}
+        tp = Wire(tp_comm, ctx.recorder)
+        dims = shard_transformer(model, tp)
+        optimizer = job.make_optimizer(model.parameters())
+        inner = plain_step(job, ctx, model, optimizer, before_update=_sync(model, dp))
+        spec = LoopSpec(model=model, optimizer=optimizer, step_fn=inner, part=d, parts=dp.size,
+                        replicated=False, eval_model=Evaluating(model, tp))
+        result = run_loop(job, ctx, spec)
+        if d == 0:  # replica 0's tensor group rebuilds the full model (rank 0 keeps it)
+            full = gather_state(tp, model.state_dict(), dims, shapes)
+            result.model_state = full if ctx.is_leader else None
+        else:
+            result.model_state = None
+        return result
+
+    def _pipeline(self, job: Job, ctx: RankContext, pp_comm: GroupComm, dp: Wire, d: int,
+                  layout: Layout) -> RankResult:
+        sp = build_stage(job, ctx, pp_comm, self.opts.partition)
+        params = list(sp.stage.layers.parameters())
+        optimizer = job.make_optimizer(params)
+        mb = self.opts.microbatches or layout.pp
+        step = stage_step(sp, optimizer, self.opts.schedule, mb,
+                          after_backward=_sync(sp.stage.layers, dp))
+        spec = LoopSpec(model=sp.stage.layers, optimizer=optimizer, step_fn=step, part=d,
+                        parts=dp.size, replicated=False, eval_model=Pipelined(sp.stage))
+        result = run_loop(job, ctx, spec)
+        result.model_state = sp.gather() if d == 0 else None
+        util = utilisation(ctx, result.wall_s)
+        result.strategy_metrics.update({"partition": sp.partition.to_json(), "microbatches": mb,
+                                        "schedule": self.opts.schedule})
+        if util is not None:
+            result.strategy_metrics["utilisation_per_rank"] = util
+        return result
+
+
+def _sync(model: nn.Module, dp: Wire) -> Any:
+    params = list(model.parameters())
+
+    def sync() -> None:
+        all_reduce_grads(params, dp, "dp_allreduce", mean=True)
+
+    return sync
+

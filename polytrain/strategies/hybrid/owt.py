@@ -1,0 +1,149 @@
+"""``owt``: Krizhevsky's "one weird trick" (2014; 000 §V, 004 §2.3) — convolutional layers
+data-parallel, fully connected layers model-parallel.
+
+The convolutions hold ~5% of the parameters and ~95% of the compute, the FC layers the reverse
+(004 §2.3). So each of the W ranks keeps a replica of the conv layers and runs them on its B/W
+samples, and holds 1/W of every FC layer's output neurons, which it computes for all B samples:
+
+    x[rank's B/W] ─ conv (replica) ─ all-gather over the batch ─ (B, C, h, w) on every rank
+      ─ fc1 rows/W ─ all-gather features ─ fc2 rows/W ─ … ─ fcN rows/W ─ all-gather ─ (B, k) logits
+
+Backward mirrors it: each gather's gradient is reduce-scattered (every rank's FC slice
+contributed to every sample's gradient), so each rank receives the conv-output gradient of its own
+samples; the conv replicas then all-reduce (sum) their gradients, as in data parallelism — but
+only the small conv part of the model travels, not the FC weights.
+
+Every rank computes the same loss on the gathered (B, k) logits; it reads the whole global batch
+and runs its conv replica on its rows [r·B/W, (r+1)·B/W) of it (uneven splits are allowed).
+Equals single-process training of the same network.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from polytrain.errors import ConfigError
+from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.loop import LoopSpec, StepFn, run_loop
+from polytrain.strategies.base import Strategy
+from polytrain.strategies.model.shard import first_weight_layer, keep_out_rows, out_size
+from polytrain.strategies.model.wire import (
+    Evaluating,
+    Wire,
+    all_reduce_grads,
+    gather,
+    gather_state,
+    shard_bounds,
+)
+
+
+def fc_start(model: nn.Sequential) -> int:
+    """Index of the first child of the trailing run of fully connected children."""
+    children = list(model.children())
+    start = len(children)
+    while start > 0:
+        found = first_weight_layer(children[start - 1])
+        if found is None or not isinstance(found[1], nn.Linear):
+            break
+        start -= 1
+    if start == len(children):
+        raise ConfigError(
+            "Strategy 'owt' makes the fully connected layers at the end of the model "
+            "model-parallel, but the model's last child has no nn.Linear. Fix: use a model "
+            "ending in Linear layers (vgg16, alexnet, cnn, mlp)."
+        )
+    return start
+
+
+class OwtNet(nn.Module):
+    """Conv children (replicated) then FC children cut to this rank's rows; names kept.
+
+    forward: (B, ...) the whole batch -> (B, classes) on every rank.
+    """
+
+    def __init__(self, model: nn.Sequential, wire: Wire) -> None:
+        super().__init__()
+        self.wire = wire
+        self.first_fc = fc_start(model)
+        self.fc_sizes: list[list[int]] = []
+        self.shard_dims: dict[str, int] = {}
+        for i, (name, child) in enumerate(model.named_children()):
+            if i >= self.first_fc:
+                found = first_weight_layer(child)
+                assert found is not None  # fc_start checked it
+                path, linear = found
+                bounds = shard_bounds(out_size(linear), wire.size)
+                self.fc_sizes.append([b - a for a, b in bounds])
+                keep_out_rows(linear, bounds[wire.rank])
+                prefix = f"{name}.{path}" if path else name
+                self.shard_dims[f"{prefix}.weight"] = 0
+                if linear.bias is not None:
+                    self.shard_dims[f"{prefix}.bias"] = 0
+            self.add_module(name, child)
+
+    def conv_parameters(self) -> list[nn.Parameter]:
+        return [p for c in list(self.children())[: self.first_fc] for p in c.parameters()]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        children = list(self.children())
+        rows = [b - a for a, b in shard_bounds(x.shape[0], self.wire.size)]
+        start = sum(rows[: self.wire.rank])
+        h = x[start : start + rows[self.wire.rank]]
+        for child in children[: self.first_fc]:
+            h = child(h)  # (B/W, C, h, w): data-parallel part
+        h = gather(h, self.wire, 0, rows, split_consumer=True, op="owt_gather")  # (B, C, h, w)
+        prev: list[int] = []
+        for child, sizes in zip(children[self.first_fc :], self.fc_sizes, strict=True):
+            if prev:
+                h = gather(h, self.wire, 1, prev, split_consumer=True, op="owt_gather")
+            h = child(h)  # (B, out/W)
+            prev = sizes
+        return gather(h, self.wire, 1, prev, split_consumer=False, op="owt_gather")
+
+
+def owt_step(job: Job, ctx: RankContext, net: OwtNet, wire: Wire,
+             optimizer: torch.optim.Optimizer) -> StepFn:
+    rec = ctx.recorder
+    conv = net.conv_parameters()
+
+    def step(i: int, x: torch.Tensor, y: torch.Tensor) -> float:
+        x, y = x.to(ctx.device), y.to(ctx.device)
+        optimizer.zero_grad(set_to_none=True)
+        with rec.span("forward", step=i):
+            loss = job.loss(net(x), y)
+        with rec.span("backward", step=i):
+            loss.backward()
+        all_reduce_grads(conv, wire, "allreduce", mean=False)
+        with rec.span("optimizer", step=i):
+            optimizer.step()
+        return float(loss.detach())
+
+    return step
+
+
+class Owt(Strategy):
+    name = "owt"
+    family = "hybrid"
+    summary = "one weird trick: conv layers data-parallel, FC layers model-parallel"
+
+    def run(self, job: Job, ctx: RankContext) -> RankResult:
+        full = job.build_model().to(ctx.device)
+        shapes = {k: v.shape for k, v in full.state_dict().items()}
+        total = sum(p.numel() for p in full.parameters())
+        wire = Wire(ctx.comm, ctx.recorder)
+        net = OwtNet(full, wire)
+        optimizer = job.make_optimizer(net.parameters())
+        spec = LoopSpec(model=net, optimizer=optimizer, step_fn=owt_step(job, ctx, net, wire, optimizer),
+                        replicated=False, eval_model=Evaluating(net, wire))
+        result = run_loop(job, ctx, spec)
+        state = gather_state(wire, net.state_dict(), net.shard_dims, shapes)
+        result.model_state = state if ctx.is_leader else None
+        conv = sum(p.numel() for p in net.conv_parameters())
+        result.strategy_metrics.update({
+            "data_parallel_children": [n for n, _ in list(full.named_children())[: net.first_fc]],
+            "model_parallel_children": [n for n, _ in list(full.named_children())[net.first_fc :]],
+            "conv_parameters": conv,
+            "fc_parameters": total - conv,
+        })
+        return result

@@ -1,0 +1,81 @@
+"""Hybrid parallelism, tier 3 (real processes): `owt` and `mesh` equal single-process training of
+the same network — per-step losses and parameters — and `owt` moves only the conv gradients and
+the activations, not the FC weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import polytrain
+from polytrain.config import load_config
+from polytrain.errors import ConfigError
+from polytrain.strategies import make_strategy
+from tests.test_model_parallel import assert_same_run
+from tests.test_model_parallel_refs import ALEXNET, GPT, MLP, job, single_reference
+
+
+@pytest.mark.slow
+def test_owt_equals_single_with_uneven_splits(tmp_path_factory: pytest.TempPathFactory,
+                                             tmp_path: Path) -> None:
+    # the batch of 15 splits 8/7 over the conv replicas
+    ref = single_reference(tmp_path_factory, ALEXNET)
+    out = tmp_path / "owt"
+    summary = polytrain.train(strategy="owt", procs=2, out=str(out), **ALEXNET)
+    assert_same_run(out, ref)
+    m = summary["strategy_metrics"]
+    assert m["model_parallel_children"] == ["fc1", "fc2", "fc3"]
+    conv, fc = m["conv_parameters"], m["fc_parameters"]
+    for rec in summary["per_rank"]:
+        ops = rec["bytes_by_op"]
+        # only the conv replicas' gradients are all-reduced: ring 2(W-1)/W of them per step
+        assert ops["allreduce"] == 3 * conv * 4
+        # activations + conv gradients < what allreduce would send for the whole model
+        assert ops["allreduce"] + ops["owt_gather"] < 3 * (conv + fc) * 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["pp", "tp"])
+def test_mesh_equals_single(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
+                            layout: str) -> None:
+    base = MLP if layout == "pp" else GPT
+    ref = single_reference(tmp_path_factory, base)
+    out = tmp_path / f"mesh-{layout}"
+    summary = polytrain.train(strategy="mesh", procs=4, out=str(out),
+                              **job(base, "dp=2", f"{layout}=2"))
+    assert_same_run(out, ref)
+    assert summary["strategy_metrics"]["layout"] == {"dp": 2, "pp": 2 if layout == "pp" else 1,
+                                                     "tp": 2 if layout == "tp" else 1,
+                                                     "text": f"dp=2 × pp={2 if layout == 'pp' else 1}"
+                                                             f" × tp={2 if layout == 'tp' else 1}"}
+    inner = "activation" if layout == "pp" else "tp_allreduce"
+    for rec in summary["per_rank"]:
+        assert rec["bytes_by_op"]["dp_allreduce"] > 0
+    assert summary["per_rank"][0]["bytes_by_op"][inner] > 0
+
+
+@pytest.mark.slow
+def test_distbelief_with_bsp_servers_equals_single(tmp_path_factory: pytest.TempPathFactory,
+                                                   tmp_path: Path) -> None:
+    # 2 servers (one per stage), then 2 replicas of 2 model-parallel stages
+    ref = single_reference(tmp_path_factory, MLP)
+    out = tmp_path / "distbelief"
+    summary = polytrain.train(strategy="distbelief", procs=6, out=str(out),
+                              **job(MLP, "stages=2", "consistency=bsp"))
+    assert_same_run(out, ref)
+    m = summary["strategy_metrics"]
+    assert (m["replicas"], m["stages"], m["staleness_max"]) == (2, 2, 0)
+    roles = [r["role"] for r in summary["per_rank"]]
+    assert roles == ["server/stage0", "server/stage1", "replica0/stage0", "replica0/stage1",
+                     "replica1/stage0", "replica1/stage1"]
+    # a stage rank talks to its own stage's server only: it pushes exactly its stage's gradient
+    ops = [r["bytes_by_op"] for r in summary["per_rank"]]
+    assert ops[2]["ps_push"] == 3 * 4 * m["server_params"][0]
+    assert ops[3]["ps_push"] == 3 * 4 * m["server_params"][1]
+
+
+def test_distbelief_refuses_ranks_that_do_not_form_replicas() -> None:
+    cfg = load_config(overrides={"strategy": "distbelief", "model": "mlp", "dataset": "digits"})
+    with pytest.raises(ConfigError, match=r"the other 3 of --procs 5 .* --procs 4 \(or 6\)"):
+        make_strategy("distbelief", {"stages": 2}).check(cfg, 5)
