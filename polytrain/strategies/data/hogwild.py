@@ -12,13 +12,16 @@ whatever the other ranks have written so far, and each update is written in plac
 On sparse data (``sparse-bow``: ~10 features per sample) a gradient touches few coordinates, so
 only those are written (an ``index_add_`` of the non-zero entries); updates rarely collide,
 which is why dropping the lock costs no accuracy. ``lock=true`` is the baseline: the write takes
-an exclusive ``flock`` on a lock file next to the mapping, so writes never run concurrently.
+an exclusive ``flock`` on a lock file next to the mapping, so writes never run concurrently (the
+update is prepared from the private gradient before the lock is taken; only the write holds it).
 
 Measured, not assumed (strategy_metrics): ``updates_per_s`` (all ranks' writes / wall time),
 ``overlapping_updates`` (writes whose [start, end] interval overlaps another rank's write —
 the clock is CLOCK_MONOTONIC, shared by the processes of one host), and ``interleaved_updates``
 (writes made on parameters another rank changed between this update's read and its write).
 With ``lock=true`` overlapping_updates must be 0; without it, it shows the concurrency is real.
+``write_share`` (time inside writes / (wall · ranks)) and ``lock_wait_s`` (all ranks' time spent
+acquiring the lock) say how much a lock can cost: little when writes are a small share.
 
 Plain SGD only (``--optimizer sgd``): per-rank optimizer state would not be shared.
 """
@@ -119,18 +122,39 @@ class FileLock(AbstractContextManager["FileLock"]):
         os.close(self.fd)
 
 
+Update = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]  # (flat w, indices or None, -lr·g)
+
+
 @torch.no_grad()
-def sgd_write(params: Sequence[torch.Tensor], lr: float) -> None:
-    """w -= lr·g in place; sparse gradients write only their non-zero coordinates."""
+def sgd_updates(params: Sequence[torch.Tensor], lr: float) -> list[Update]:
+    """What w -= lr·g writes, prepared from this rank's private gradients (no shared access):
+    a sparse gradient becomes its non-zero coordinates and their -lr·g values."""
+    out: list[Update] = []
     for p in params:
         if p.grad is None:
             continue
         g, w = p.grad.reshape(-1), p.data.view(-1)
         idx = g.nonzero().squeeze(1)
         if idx.numel() < SPARSE_BELOW * g.numel():
-            w.index_add_(0, idx, g[idx], alpha=-lr)
+            out.append((w, idx, g[idx].mul_(-lr)))
         else:
-            w.add_(g, alpha=-lr)
+            out.append((w, None, g.mul(-lr)))
+    return out
+
+
+@torch.no_grad()
+def apply_updates(updates: list[Update]) -> None:
+    """The shared write itself (the only part ``lock=true`` serialises)."""
+    for w, idx, vals in updates:
+        if idx is None:
+            w.add_(vals)
+        else:
+            w.index_add_(0, idx, vals)
+
+
+def sgd_write(params: Sequence[torch.Tensor], lr: float) -> None:
+    """w -= lr·g in place; sparse gradients write only their non-zero coordinates."""
+    apply_updates(sgd_updates(params, lr))
 
 
 def overlapping(writes: list[list[tuple[float, float, float]]]) -> int:
@@ -183,19 +207,24 @@ class Hogwild(Strategy):
         lock = FileLock(shm_path(ctx).with_suffix(".lock")) if opts.lock else None
         optimizer = torch.optim.SGD(params, lr=job.config.lr)  # for checkpoints; never stepped
         writes: list[tuple[float, float, float]] = []
+        waited = 0.0  # seconds spent acquiring the lock
         rec = ctx.recorder
 
         def step(i: int, x: torch.Tensor, y: torch.Tensor) -> float:
+            nonlocal waited
             read = time.monotonic()
             model.zero_grad(set_to_none=True)
             with rec.span("forward", step=i):
                 loss = job.loss(model(x), y)
             with rec.span("backward", step=i):
                 loss.backward()
+            updates = sgd_updates(params, job.config.lr)
             guard: AbstractContextManager[Any] = lock if lock is not None else nullcontext()
+            ask = time.monotonic()
             with guard:
                 start = time.monotonic()
-                sgd_write(params, job.config.lr)
+                waited += start - ask
+                apply_updates(updates)
                 writes.append((read, start, time.monotonic()))
             if i == job.steps:
                 ctx.comm.barrier()  # rank 0 evaluates the final shared copy, after every write
@@ -204,8 +233,10 @@ class Hogwild(Strategy):
         result = run_loop(job, ctx, LoopSpec(model=model, optimizer=optimizer, step_fn=step))
         if lock is not None:
             lock.close()
-        everyone = ctx.comm.gather_json(writes)  # a collective: every rank is done with the lock
-        if everyone is not None:
+        gathered = ctx.comm.gather_json({"writes": writes, "waited": waited})  # every rank is done
+        if gathered is not None:  # with the lock (a collective)
+            everyone = [g["writes"] for g in gathered]
+            write_s = sum(e - s for w in everyone for _, s, e in w)
             shm_path(ctx).with_suffix(".lock").unlink(missing_ok=True)
             wall = max(w[-1][2] for w in everyone if w) - min(w[0][0] for w in everyone if w)
             total = sum(len(w) for w in everyone)
@@ -214,5 +245,7 @@ class Hogwild(Strategy):
                 "updates_per_s": round(total / wall, 3) if wall > 0 else 0.0,
                 "overlapping_updates": overlapping(everyone),
                 "interleaved_updates": interleaved(everyone),
+                "write_share": round(write_s / (wall * len(everyone)), 4) if wall > 0 else 0.0,
+                "lock_wait_s": round(sum(g["waited"] for g in gathered), 4),
             }
         return result
