@@ -12,7 +12,7 @@ the sender and 16 bytes per message; the receiver views the buffer without a cop
 Shapes are never exchanged: every rank derives them from one dry forward on a sample
 (`polytrain.plan.profile.boundary_metas`), so both ends of a channel agree by construction.
 
-Overlap. An `Inbox` keeps one ``irecv`` posted ahead on its channel, so the next message lands
+Overlap. An `Inbox` keeps several ``irecv`` posted ahead on its channel, so the next message lands
 while the stage computes; an `Outbox` sends with ``isend`` and only waits at the end of a segment.
 gloo gives no completion callback for point-to-point work, so a ``send`` span ends when the
 outbox first sees the work completed (polled between actions): an upper bound.
@@ -20,6 +20,7 @@ outbox first sees the work completed (polled between actions): an upper bound.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,7 +48,11 @@ def unpack(buf: torch.Tensor, meta: TensorMeta) -> tuple[torch.Tensor, float, in
 
 
 class Inbox:
-    """The FIFO channel of one kind of message from one peer, with one receive posted ahead."""
+    """The FIFO channel of one kind of message from one peer, with receives posted ahead.
+
+    Up to ``ahead`` receives stay posted, so a burst of sends (GPipe's M forwards) lands while the
+    stage computes instead of one message per ``take``.
+    """
 
     def __init__(
         self,
@@ -58,30 +63,31 @@ class Inbox:
         op: str,
         stage: int,
         device: torch.device,
+        ahead: int = 4,
     ) -> None:
         self.comm, self.rec, self.peer, self.meta, self.op, self.stage = comm, rec, peer, meta, op, stage
-        self.device = device
-        self.left = 0  # messages still expected on this channel, posted one included
-        self._posted: tuple[Any, torch.Tensor] | None = None
+        self.device, self.ahead = device, max(1, ahead)
+        self.left = 0  # messages expected on this channel and not yet posted
+        self._posted: deque[tuple[Any, torch.Tensor]] = deque()
 
     def expect(self, count: int) -> None:
-        """Announce ``count`` more messages (a segment's worth) and post the first receive."""
+        """Announce ``count`` more messages (a segment's worth) and post the first receives."""
         self.left += count
         self._post()
 
     def _post(self) -> None:
-        if self._posted is None and self.left > 0:
+        while self.left > 0 and len(self._posted) < self.ahead:
             buf = torch.empty(HEADER + self.meta.nbytes, dtype=torch.uint8, device=self.device)
-            self._posted = (self.comm.irecv(buf, self.peer, op=self.op), buf)
+            self._posted.append((self.comm.irecv(buf, self.peer, op=self.op), buf))
+            self.left -= 1
 
     def take(self, mb: int, step: int) -> tuple[torch.Tensor, float]:
         """Wait for the next message (a ``recv`` comm span), check it is ``mb``'s, post the next."""
-        if self._posted is None:
+        if not self._posted:
             raise RuntimeError(f"stage {self.stage}: no {self.op} expected from rank {self.peer}")
-        work, buf = self._posted
+        work, buf = self._posted.popleft()
         with self.rec.span("recv", "comm", stage=self.stage, mb=mb, step=step, peer=self.peer, kind=self.op):
             work.wait()
-        self._posted, self.left = None, self.left - 1
         self._post()
         tensor, tag, got = unpack(buf, self.meta)
         if got != mb:
