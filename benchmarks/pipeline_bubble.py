@@ -68,6 +68,7 @@ def measure(model: str, strategy: str, microbatches: int, args: argparse.Namespa
     m = best["strategy_metrics"]
     theory = m["bubble_fraction_theory"]
     waiting = m["bubble_fraction"] - m["overhead_fraction"]
+    per_step = statistics.median(r["strategy_metrics"]["bubble_fraction_median"] for r in runs)
     return {
         "model": model,
         "cut carries": MODELS[model][2],
@@ -78,6 +79,8 @@ def measure(model: str, strategy: str, microbatches: int, args: argparse.Namespa
         "bubble_median": statistics.median(bubbles),
         "bubble_theory": theory,
         "relative_gap_best": (min(bubbles) - theory) / theory if theory else float("nan"),
+        "per_step_median": per_step,
+        "per_step_median_gap": (per_step - theory) / theory if theory else float("nan"),
         "overhead_best": m["overhead_fraction"],
         "dependency_bubble_best": waiting,
         "dependency_gap_best": (waiting - theory) / theory if theory else float("nan"),
@@ -110,7 +113,8 @@ def main() -> None:
         "transfers and waits for them, Python overhead per action, residual imbalance, a shared host. "
         "overhead: the part of the bubble that is the runtime's own time between actions (neither "
         "compute nor waiting for a message); dependency_bubble = bubble - overhead: the idle time the "
-        "schedule's dependencies cause, which is what the formula models."
+        "schedule's dependencies cause, which is what the formula models. per_step_median: the median "
+        "over mini-batches of each mini-batch's own bubble (robust to a step the host stalled)."
     )
     cols = [
         "model",
@@ -122,6 +126,8 @@ def main() -> None:
         "bubble_median",
         "bubble_theory",
         "relative_gap_best",
+        "per_step_median",
+        "per_step_median_gap",
         "overhead_best",
         "dependency_bubble_best",
         "dependency_gap_best",

@@ -24,7 +24,12 @@ from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.recorder import Recorder
 from polytrain.strategies import make_strategy
-from polytrain.strategies.pipeline.metrics import bubble_fraction, overhead_fraction, theoretical_bubble
+from polytrain.strategies.pipeline.metrics import (
+    bubble_fraction,
+    overhead_fraction,
+    segment_bubbles,
+    theoretical_bubble,
+)
 from polytrain.strategies.pipeline.schedule import Action, stage_orders
 from polytrain.strategies.pipeline.weights import (
     PredictedWeights,
@@ -155,6 +160,11 @@ def test_overhead_fraction_is_the_time_neither_computing_nor_waiting() -> None:
     windows = [[[0.0, 8.0, 6.0, 1.0]], [[2.0, 10.0, 6.0, 2.0]]]
     assert overhead_fraction(windows) == pytest.approx(1 / 20)
     assert bubble_fraction(windows) == pytest.approx(8 / 20)
+
+
+def test_segment_bubbles_are_per_mini_batch() -> None:
+    windows = [[[0.0, 8.0, 8.0], [10.0, 14.0, 4.0]], [[2.0, 10.0, 6.0], [10.0, 14.0, 2.0]]]
+    assert segment_bubbles(windows) == pytest.approx([0.3, 0.25])
 
 
 # --- options and refusals before any process -------------------------------------------------------

@@ -16,6 +16,7 @@ the textbook formula leaves out: transfers, imbalance between stages, and the lo
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 
@@ -33,6 +34,11 @@ def bubble_fraction(windows: list[list[list[float]]]) -> float:
         idle += sum(max(0.0, wall - (w[2] if w else 0.0)) for w in seg)
         total += stages * wall
     return idle / total if total else 0.0
+
+
+def segment_bubbles(windows: list[list[list[float]]]) -> list[float]:
+    """The bubble of each segment on its own (one mini-batch for gpipe/1f1b)."""
+    return [bubble_fraction([[w] for w in seg]) for seg in zip(*windows, strict=True) if any(seg)]
 
 
 def overhead_fraction(windows: list[list[list[float]]]) -> float:
@@ -64,6 +70,9 @@ def summarise(records: list[dict[str, Any]], head: dict[str, Any]) -> dict[str, 
     out = dict(head)
     out["bubble_fraction"] = bubble_fraction([r["windows"] for r in lanes])  # over every rank
     out["overhead_fraction"] = overhead_fraction([r["windows"] for r in lanes])
+    per_segment = segment_bubbles([r["windows"] for r in lanes])
+    if per_segment:  # robust to a mini-batch that a busy host stalled
+        out["bubble_fraction_median"] = statistics.median(per_segment)
     if head.get("flush"):
         out["bubble_fraction_theory"] = theoretical_bubble(len(records), head["microbatches"])
     if len(lanes) > len(records):
