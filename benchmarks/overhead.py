@@ -3,7 +3,7 @@ plain DDP script under torchrun — same model, data, global batch and processes
 polytrain's throughput to the plain one >= 0.95. Throughput is measured over the training steps
 (process start-up excluded on both sides).
 
-    python benchmarks/overhead.py [--steps 300] [--repeats 3]
+    python benchmarks/overhead.py [--steps 300] [--repeats 5] [--model cnn|vgg16] [--procs 1|2]
 """
 
 from __future__ import annotations
@@ -60,10 +60,16 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--model", help="only this case's model (cnn or vgg16); results go to overhead_<model>")
+    p.add_argument("--procs", type=int, choices=[1, 2], help="only single (1) or allreduce (2)")
     a = p.parse_args()
     rows = []
     for label, model, dataset, sets in CASES:
+        if a.model and model != a.model:
+            continue
         for procs, what in ((1, "single vs plain loop"), (2, "allreduce vs plain DDP")):
+            if a.procs and procs != a.procs:
+                continue
             # Interleaved (plain, polytrain, plain, ...) so that drift in the machine's speed
             # falls on both sides alike.
             plain, ours = [], []
@@ -75,7 +81,8 @@ def main() -> None:
                          "plain samples/s": mp, "plain range": f"{min(plain):,.0f}-{max(plain):,.0f}",
                          "polytrain samples/s": mo, "polytrain range": f"{min(ours):,.0f}-{max(ours):,.0f}",
                          "ratio": mo / mp, "target": ">= 0.95"})
-    write_results("overhead", rows, ["case", "comparison", "procs", "plain samples/s", "plain range",
+    name = "overhead" if not (a.model or a.procs) else f"overhead_{a.model or 'all'}_{a.procs or 'all'}"
+    write_results(name, rows, ["case", "comparison", "procs", "plain samples/s", "plain range",
                                      "polytrain samples/s", "polytrain range", "ratio", "target"],
                   notes=f"Median of {a.repeats} interleaved runs of {a.steps} steps each, global batch 64, "
                         "Adam; throughput over the training steps (process start-up excluded on both sides).")
