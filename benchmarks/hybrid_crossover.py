@@ -61,6 +61,8 @@ def main() -> None:
         rows.append({"workers": w, "link": a.nic if a.testbed else "loopback",
                      "allreduce samples/s": dp, f"mesh dp={w // 2}×pp=2 samples/s": hy,
                      "hybrid / DP": hy / dp})
+    ahead = ", ".join(str(r["workers"]) for r in rows if r["hybrid / DP"] > 1)  # type: ignore[operator]
+    behind = ", ".join(str(r["workers"]) for r in rows if r["hybrid / DP"] <= 1)  # type: ignore[operator]
     cols = ["workers", "link", "allreduce samples/s", "hybrid / DP"]
     for r in rows:  # the mesh column's name carries dp; give every row the same key for the table
         key = next(k for k in r if k.startswith("mesh"))
@@ -70,8 +72,9 @@ def main() -> None:
     write_results(name + ("" if a.model == "mlp" else f"_{a.model}"), rows, cols,
                   notes=f"{MODELS[a.model][1]}, batch {a.batch}, {a.steps} steps, mesh with the "
                         f"default 1f1b schedule and 2 micro-batches per replica; every emulated host "
-                        f"shares this machine's 2 cores. Crossover (first W where the hybrid is "
-                        f"faster): {crossover if crossover else 'not reached'}.")
+                        f"shares this machine's 2 cores. Hybrid faster at W = {ahead or 'none'}; "
+                        f"data parallelism faster at W = {behind or 'none'}; first W where the hybrid "
+                        f"is faster: {crossover if crossover else 'not reached'}.")
 
 
 if __name__ == "__main__":
