@@ -160,3 +160,21 @@ def test_unwritable_run_directory_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match=r"--out /proc/polytrain-rl: cannot create the run directory"):
         new_run_dir(make_rl_config({"out": "/proc/polytrain-rl"}))
+
+
+def test_wire_message_packs_ints_and_floats_into_one_padded_payload() -> None:
+    from polytrain.rl.wire import HEADER, Kind, Msg, _tensors, _unpack
+
+    ids = torch.tensor([0, 7, 2**31 - 1])
+    floats = torch.tensor([1.5, -2.0, float("inf")])
+    header, payload = _tensors(Msg(Kind.OK, [3.0, 4.5], ids, floats), pad=10)
+    assert header.numel() == HEADER and payload.numel() == 10 and payload[6:].eq(0).all()
+    msg = _unpack(header, payload)
+    assert msg.kind == Kind.OK and msg.fields[:2] == [3.0, 4.5]
+    assert msg.ints is not None and msg.ints.tolist() == ids.tolist()
+    assert msg.floats is not None and msg.floats.tolist() == floats.tolist()
+    assert len(_tensors(Msg(Kind.HALT))) == 1  # no payload at all...
+    halt, pad = _tensors(Msg(Kind.HALT), pad=4)  # ...unless the receiver posted one
+    assert _unpack(halt, pad).kind == Kind.HALT and pad.numel() == 4
+    with pytest.raises(ValueError, match="exceeds the 2 its receiver posted"):
+        _tensors(Msg(Kind.OK, [], ids), pad=2)

@@ -35,15 +35,16 @@ def _events(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")]
 
 
-def _wait_for_episodes(path: Path, n: int, timeout: float = 120) -> int:
-    """The pid of the rank writing ``path`` once it has finished ``n`` episodes."""
+def _wait_for_steps(path: Path, steps: int = 120, timeout: float = 120) -> int:
+    """The pid of the actor writing ``path`` once it has finished an episode at or after
+    ``steps`` env steps (so it has sent experience: an actor sends every 50 transitions)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         events = _events(path)
-        if sum(e["event"] == "episode" for e in events) >= n:
+        if any(e["event"] == "episode" and e["actor_steps"] >= steps for e in events):
             return int(next(e["pid"] for e in events if e["event"] == "process"))
         time.sleep(0.2)
-    raise AssertionError(f"{path} never reached {n} episodes")
+    raise AssertionError(f"{path} never finished an episode after {steps} env steps")
 
 
 def test_apex_flow_and_a_killed_actor(tmp_path: Path) -> None:
@@ -52,7 +53,7 @@ def test_apex_flow_and_a_killed_actor(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = _rl("apex", "--actors", "3", "--out", str(run), "--actor-timeout", "2", *SHORT)
     try:
-        pid = _wait_for_episodes(run / "ranks" / "rank3.jsonl", 3)  # actor 1
+        pid = _wait_for_steps(run / "ranks" / "rank3.jsonl")  # actor 1
         os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=120)
     finally:
@@ -96,7 +97,7 @@ def test_gorila_learners_push_to_sharded_servers(tmp_path: Path) -> None:
     proc = _rl("gorila", "--actors", "2", "--learners", "2", "--servers", "2", "--out", str(run),
                "--actor-timeout", "2", *SHORT)
     try:
-        os.kill(_wait_for_episodes(run / "ranks" / "rank5.jsonl", 3), signal.SIGKILL)  # actor 0
+        os.kill(_wait_for_steps(run / "ranks" / "rank5.jsonl"), signal.SIGKILL)  # actor 0
         _, err = proc.communicate(timeout=180)
     finally:
         proc.kill()

@@ -1,14 +1,16 @@
 """The learner's side of replay (shared by `apex` and `gorila`), with batches in flight.
 
-Each SAMPLE request carries the new priorities of the batch before, and ``prefetch`` (D)
-requests are kept in flight, so the replay samples while the learner learns (as in Ape-X)::
+Each SAMPLE request asks for K = ``sample_batches`` batches and carries the new priorities of
+the K before; ``prefetch`` (D) requests are kept in flight, so the replay samples while the
+learner learns (as in Ape-X)::
 
-    learner:  recv b_t | send req(t+D, prio t−1) | update on b_t ......... | recv b_t+1 | ...
-    replay:            |  apply prio t−1, sample b_t+D, reply ----------> (queued)
+    learner:  recv b_t..t+K-1 | send req(prio of those) | K updates ....... | recv ... |
+    replay:                   |  apply prio, sample K batches, reply ----> (queued)
 
-The learner only waits when the replay is D batches behind — on a busy machine a process
-round trip costs milliseconds of scheduling latency, more than the update itself. A priority
-lands D batches late; ids guard against slots overwritten meanwhile.
+The learner only waits when the replay is D requests behind — on a busy machine a process
+round trip costs milliseconds of scheduling latency, more than the update itself, and every
+gloo message costs its I/O threads kernel time, hence K batches a message. A priority lands up
+to (D + 1)·K updates late; ids guard against slots overwritten meanwhile.
 """
 
 from __future__ import annotations
@@ -26,11 +28,16 @@ from polytrain.rl.core import flat_params
 from polytrain.rl.monitor import Counters, Monitor
 from polytrain.rl.replay import Batch, beta_at
 from polytrain.rl.roles import RoleContext
-from polytrain.rl.wire import OPS, Kind, Msg, isend_msg, nan_to_none, recv_msg
+from polytrain.rl.wire import OPS, Kind, Msg, Posted, isend_msg, nan_to_none, post_recv
 
 
 class ReplayClient:
-    """SAMPLE requests with up to ``depth`` in flight (replies come back in order)."""
+    """SAMPLE requests with up to ``depth`` in flight (replies come back in order).
+
+    The receives of each reply are posted with its request (:func:`~polytrain.rl.wire.post_recv`;
+    the replay pads every reply to the learner to one batch), so gloo moves batch t+D while the
+    learner is still updating on batch t, and taking it later costs no round trip.
+    """
 
     def __init__(self, ctx: RoleContext) -> None:
         assert ctx.ranks.replay is not None
@@ -38,40 +45,53 @@ class ReplayClient:
         self.replay = ctx.ranks.replay
         self.width = ctx.layout.width
         self.batch_size = ctx.cfg.batch_size
+        self.batches = ctx.cfg.sample_batches
         self.depth = ctx.cfg.prefetch
-        self.pending: tuple[np.ndarray, np.ndarray] | None = None
-        self.in_flight: deque[list[tuple[Any, torch.Tensor]]] = deque()  # sends of each request
+        self.pending: list[tuple[np.ndarray, np.ndarray]] = []  # (ids, |TD|) learnt since the last request
+        # per request: its sends, and the receives posted for its reply
+        self.in_flight: deque[tuple[list[tuple[Any, torch.Tensor]], Posted]] = deque()
         self.wait_s = 0.0
+
+    @staticmethod
+    def reply_size(batch_size: int, batches: int, width: int) -> int:
+        """Float32s of a SAMPLE reply's payload: ids (K·B) | rows (K·B·width) | IS weights (K·B)."""
+        return batches * batch_size * (width + 2)
 
     @property
     def outstanding(self) -> int:
         return len(self.in_flight)
 
     def request(self, beta: float, before: Msg | None = None) -> None:
-        """Ask for a batch (non-blocking), after the one-way message ``before`` if given."""
+        """Ask for K batches (non-blocking), after the one-way message ``before`` if given."""
         ids = td = None
-        if self.pending is not None:
-            ids = torch.from_numpy(self.pending[0])
-            td = torch.from_numpy(self.pending[1].astype(np.float32))
-            self.pending = None
+        if self.pending:
+            ids = torch.from_numpy(np.concatenate([i for i, _ in self.pending]))
+            td = torch.from_numpy(np.concatenate([t for _, t in self.pending]).astype(np.float32))
+            self.pending = []
+        posted = post_recv(self.comm, self.replay,
+                           self.reply_size(self.batch_size, self.batches, self.width), OPS[Kind.SAMPLE])
         sends = [] if before is None else isend_msg(self.comm, self.replay, before, OPS[before.kind])
-        msg = Msg(Kind.SAMPLE, [self.batch_size, beta], ids, td)
-        self.in_flight.append(sends + isend_msg(self.comm, self.replay, msg, OPS[Kind.SAMPLE]))
+        msg = Msg(Kind.SAMPLE, [self.batch_size, beta, self.batches], ids, td)
+        self.in_flight.append((sends + isend_msg(self.comm, self.replay, msg, OPS[Kind.SAMPLE]), posted))
 
-    def receive(self) -> tuple[Sequence[float], Batch | None]:
-        """(replay figures, the batch or None while the replay is still filling); raises Halted."""
+    def receive(self) -> tuple[Sequence[float], list[Batch]]:
+        """(replay figures, K batches or none while the replay is still filling); raises Halted."""
         start = time.perf_counter()
-        _, reply = recv_msg(self.comm, self.replay)
+        sends, posted = self.in_flight.popleft()
+        reply = posted.wait()
         self.wait_s += time.perf_counter() - start
-        for work, _ in self.in_flight.popleft():  # the replay read them before it replied
+        for work, _ in sends:  # the replay read them before it replied
             work.wait()
         if reply.kind == Kind.HALT:
             raise Halted(self.replay)
         if reply.ints is None or reply.floats is None:
-            return reply.fields, None
-        b = reply.ints.numel()
-        rows = reply.floats[: b * self.width].view(b, self.width).numpy()
-        return reply.fields, Batch(reply.ints.numpy(), rows, reply.floats[b * self.width :].numpy())
+            return reply.fields, []
+        n, b, w = reply.ints.numel(), self.batch_size, self.width
+        ids = reply.ints.numpy()
+        rows = reply.floats[: n * w].view(n, w).numpy()
+        weights = reply.floats[n * w :].numpy()
+        return reply.fields, [Batch(ids[i : i + b], rows[i : i + b], weights[i : i + b])
+                              for i in range(0, n, b)]
 
     def drain(self) -> bool:
         """Take every reply still in flight; True if the replay halted us meanwhile."""
@@ -84,7 +104,7 @@ class ReplayClient:
         return halted
 
     def give_back(self, ids: np.ndarray, td_abs: np.ndarray) -> None:
-        self.pending = (ids, td_abs)
+        self.pending.append((ids, td_abs))
 
 
 def read_counters(c: Counters, fields: Sequence[float]) -> None:
@@ -112,18 +132,25 @@ def learn_loop(ctx: RoleContext, client: ReplayClient, learn: Learn, c: Counters
         client.request(beta_at(c.updates, cfg.beta0, cfg.beta_steps))
     try:
         while True:
-            fields, batch = client.receive()
+            fields, batches = client.receive()
             read_counters(c, fields)
             client.request(beta_at(c.updates, cfg.beta0, cfg.beta_steps), between())
-            if batch is None:
+            if not batches:
                 # the replay is still filling up to learning_starts: poll gently, or the polling
                 # itself takes the CPU the actors need to fill it
                 time.sleep(0.05)
-            else:
+                if monitor is not None and monitor.tick(net, c):
+                    break
+                continue
+            stop = False
+            for batch in batches:
                 t = time.perf_counter()
                 client.give_back(batch.ids, learn(batch))
                 learn_s += time.perf_counter() - t
-            if monitor is not None and monitor.tick(net, c):
+                if monitor is not None and monitor.tick(net, c):
+                    stop = True
+                    break
+            if stop:
                 break
     except Halted as h:
         halted_by.append(h.server)

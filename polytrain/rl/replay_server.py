@@ -47,7 +47,11 @@ class ReplayServer:
         self.busy_s = 0.0
         clients = {r: "learner" for r in ctx.ranks.learners} | {r: "actor" for r in ctx.ranks.actors}
         depth = dict.fromkeys(ctx.ranks.learners, cfg.prefetch)  # SAMPLE requests in flight
-        self.hub = Hub(ctx.net_comm, ctx.recorder, clients, ctx.ranks.lead, cfg.actor_timeout_s, depth)
+        from polytrain.rl.learner import ReplayClient  # learners post their receives ahead
+
+        pad = dict.fromkeys(ctx.ranks.learners, ReplayClient.reply_size(cfg.batch_size, cfg.sample_batches,
+                                                                           self.width))
+        self.hub = Hub(ctx.net_comm, ctx.recorder, clients, ctx.ranks.lead, cfg.actor_timeout_s, depth, pad)
 
     # ---- handlers ---------------------------------------------------------------------------
     def add(self, peer: int, msg: Msg) -> Msg | None:
@@ -96,7 +100,8 @@ class ReplayServer:
             self.hub.release(peer, self._ack(peer))
 
     def sample(self, peer: int, msg: Msg) -> Msg:
-        """fields = (batch, β); ints/floats = ids and |TD| of the previous batch."""
+        """fields = (batch size B, β, batches K); ints/floats = ids and |TD| of the batches
+        before. The reply holds K independently drawn batches, one after the other."""
         if msg.ints is not None and msg.floats is not None:
             live = self.replay.update(msg.ints.numpy(), msg.floats.numpy())
             self.priority_updates += live
@@ -106,11 +111,13 @@ class ReplayServer:
                   len(self.replay), self.hub.alive_actors()]
         if len(self.replay) < self.learning_starts:
             return Msg(Kind.OK, fields)
-        batch = self.replay.sample(int(msg.field(0)), msg.field(1))
-        self.samples += len(batch.ids)
-        self.batches += 1
-        floats = np.concatenate([batch.rows.reshape(-1), batch.weights])
-        return Msg(Kind.OK, fields, torch.from_numpy(batch.ids), torch.from_numpy(floats))
+        size, beta, k = int(msg.field(0)), msg.field(1), max(1, int(msg.field(2)))
+        batches = [self.replay.sample(size, beta) for _ in range(k)]
+        self.samples += size * k
+        self.batches += k
+        ids = np.concatenate([b.ids for b in batches])
+        floats = np.concatenate([b.rows.reshape(-1) for b in batches] + [b.weights for b in batches])
+        return Msg(Kind.OK, fields, torch.from_numpy(ids), torch.from_numpy(floats))
 
     def publish(self, peer: int, msg: Msg) -> Msg | None:
         self.params = msg.floats

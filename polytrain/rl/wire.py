@@ -1,11 +1,17 @@
 """Messages between RL processes, and the request loop every server (replay, parameter shard) runs.
 
-A message is a header plus up to two payloads, each sent with :class:`polytrain.comm.Comm` so its
-bytes are counted under the message's operation::
+A message is a header plus at most one payload, each sent with :class:`polytrain.comm.Comm` so
+its bytes are counted under the message's operation::
 
-    header  float64[8] = [kind, n_ints, n_floats, f0, f1, f2, f3, f4]
-    ints    int64[n_ints]      (ids)            — only when n_ints > 0
-    floats  float32[n_floats]  (rows, params)   — only when n_floats > 0
+    header   float64[9] = [kind, n_ints, n_floats, n_total, f0, f1, f2, f3, f4]
+    payload  float32[n_total] = ints (int32 bits) | floats (rows, params) | zero padding
+                                — only when n_total > 0
+
+One payload, not one per part: every gloo receive is a rendezvous with the sender's I/O thread,
+and on two busy cores each costs a scheduling round trip. A client that knows the size of its
+replies (the learner: a SAMPLE reply is one batch) *posts* their receives when it sends the
+request (:func:`post_recv`), so a batch lands while the learner is still busy with the one
+before; the server pads every reply to such a client to that size (``Hub(pad=...)``).
 
 Every exchange is a client's request and the server's reply (PUBLISH, STOP and BYE are
 one-way), so each (client, server) stream holds whole messages in order; a server takes the
@@ -52,7 +58,8 @@ class Kind(IntEnum):
 
 ONE_WAY = {Kind.PUBLISH, Kind.STOP, Kind.BYE}
 OPS = {Kind.ADD: "experience", Kind.SAMPLE: "sample", Kind.PUBLISH: "params_publish"}
-HEADER = 8
+HEADER = 9
+MAX_INT = 2**31 - 1  # ints travel as int32 (replay ids: transitions added in one run)
 
 
 @dataclass
@@ -67,16 +74,37 @@ class Msg:
         return self.fields[i] if i < len(self.fields) else 0.0
 
 
-def _tensors(msg: Msg) -> list[torch.Tensor]:
+def _tensors(msg: Msg, pad: int = 0) -> list[torch.Tensor]:
+    """[header] or [header, payload]; ``pad``: the payload's exact size (float32s), zero-filled."""
     n_int = 0 if msg.ints is None else msg.ints.numel()
     n_float = 0 if msg.floats is None else msg.floats.numel()
+    total = max(n_int + n_float, pad)
+    if pad and n_int + n_float > pad:
+        raise ValueError(f"a {msg.kind.name} message of {n_int + n_float} values exceeds the {pad} its "
+                         "receiver posted")
     fields = [float(x) for x in msg.fields] + [0.0] * (5 - len(msg.fields))
-    out = [torch.tensor([float(msg.kind), n_int, n_float, *fields], dtype=torch.float64)]
-    if msg.ints is not None and n_int:
-        out.append(msg.ints.to(torch.int64).contiguous())
-    if msg.floats is not None and n_float:
-        out.append(msg.floats.to(torch.float32).contiguous())
+    out = [torch.tensor([float(msg.kind), n_int, n_float, total, *fields], dtype=torch.float64)]
+    if total:
+        payload = torch.zeros(total, dtype=torch.float32)
+        if msg.ints is not None and n_int:
+            if int(msg.ints.max()) > MAX_INT or int(msg.ints.min()) < 0:
+                raise ValueError("message ints must lie in [0, 2^31)")
+            payload[:n_int] = msg.ints.to(torch.int32).view(torch.float32)  # the bits, not values
+        if msg.floats is not None and n_float:
+            payload[n_int : n_int + n_float] = msg.floats
+        out.append(payload)
     return out
+
+
+def _unpack(header: torch.Tensor, payload: torch.Tensor | None) -> Msg:
+    kind = Kind(int(header[0]))
+    n_int, n_float = int(header[1]), int(header[2])
+    ints = floats = None
+    if payload is not None and n_int:
+        ints = payload[:n_int].view(torch.int32).long()
+    if payload is not None and n_float:
+        floats = payload[n_int : n_int + n_float]
+    return Msg(kind, header[4:].tolist(), ints, floats)
 
 
 def send_msg(comm: Comm, dst: int, msg: Msg, op: str) -> None:
@@ -85,13 +113,13 @@ def send_msg(comm: Comm, dst: int, msg: Msg, op: str) -> None:
         comm.send(t, dst, op=op)
 
 
-def isend_msg(comm: Comm, dst: int, msg: Msg, op: str) -> list[tuple[Any, torch.Tensor]]:
+def isend_msg(comm: Comm, dst: int, msg: Msg, op: str, pad: int = 0) -> list[tuple[Any, torch.Tensor]]:
     """Non-blocking send: (work, tensor) pairs; keep them, and wait once the peer has read them.
 
     A client with requests in flight must not block in a send: the server may itself be
     blocked sending it a reply, and each would wait for the other's receive.
     """
-    return [(comm.isend(t, dst, op=op), t) for t in _tensors(msg)]
+    return [(comm.isend(t, dst, op=op), t) for t in _tensors(msg, pad)]
 
 
 class PeerGone(RuntimeError):
@@ -106,20 +134,37 @@ def recv_msg(comm: Comm, src: int | None) -> tuple[int, Msg]:
     """The next message from ``src`` (None: from whichever client sends first)."""
     header = torch.empty(HEADER, dtype=torch.float64)
     peer = comm.recv(header, src, op="header")
-    kind = Kind(int(header[0]))
-    op = OPS.get(kind, "control")
-    n_int, n_float = int(header[1]), int(header[2])
-    ints = floats = None
-    try:
-        if n_int:
-            ints = torch.empty(n_int, dtype=torch.int64)
-            comm.recv(ints, peer, op=op)
-        if n_float:
-            floats = torch.empty(n_float, dtype=torch.float32)
-            comm.recv(floats, peer, op=op)
-    except RuntimeError as exc:  # died between its header and its payload
-        raise PeerGone(peer, exc) from exc
-    return peer, Msg(kind, header[3:].tolist(), ints, floats)
+    total = int(header[3])
+    payload = None
+    if total:
+        payload = torch.empty(total, dtype=torch.float32)
+        try:
+            comm.recv(payload, peer, op=OPS.get(Kind(int(header[0])), "control"))
+        except RuntimeError as exc:  # died between its header and its payload
+            raise PeerGone(peer, exc) from exc
+    return peer, _unpack(header, payload)
+
+
+class Posted:
+    """Receives posted ahead for one reply of known payload size (see :func:`post_recv`)."""
+
+    def __init__(self, comm: Comm, src: int, total: int, op: str) -> None:
+        self.header = torch.empty(HEADER, dtype=torch.float64)
+        self.payload = torch.empty(total, dtype=torch.float32)
+        self.works = [comm.irecv(self.header, src, op="header"), comm.irecv(self.payload, src, op=op)]
+
+    def wait(self) -> Msg:
+        for work in self.works:
+            work.wait()
+        if int(self.header[3]) != self.payload.numel():
+            raise RuntimeError(f"reply of {int(self.header[3])} values, {self.payload.numel()} posted")
+        return _unpack(self.header, self.payload)
+
+
+def post_recv(comm: Comm, src: int, total: int, op: str) -> Posted:
+    """Post the receives of a reply whose payload is exactly ``total`` float32s (its sender
+    pads to it): gloo then moves it as soon as it is sent, while this process does other work."""
+    return Posted(comm, src, total, op)
 
 
 def request(comm: Comm, server: int, msg: Msg) -> Msg:
@@ -148,16 +193,20 @@ class Hub:
     A client waiting for a deferred reply is never declared lost.
 
     Replies leave with non-blocking sends: a gloo send completes only when the client posts its
-    receive, and a learner with D requests in flight posts it only after its next update — a
-    blocking reply would stall the server (and every actor) meanwhile. ``depth[client]`` (D,
-    default 1) bounds what may be outstanding: a client sends request n only after taking reply
-    n − D, so that send is complete when the server answers request n.
+    receive, which an actor does only when it next needs the reply — a blocking reply would
+    stall the server (and every other client) meanwhile. ``depth[client]`` (D, default 1)
+    bounds what may be outstanding: a client sends request n only after taking reply n − D, so
+    that send is complete when the server answers request n. ``pad[client]``: that client posts
+    its receives ahead (:func:`post_recv`), so every reply to it, HALT included, is padded to
+    that payload size.
     """
 
     def __init__(self, comm: Comm, recorder: Recorder, clients: dict[int, str], lead: int,
-                 actor_timeout_s: float, depth: dict[int, int] | None = None) -> None:
+                 actor_timeout_s: float, depth: dict[int, int] | None = None,
+                 pad: dict[int, int] | None = None) -> None:
         self.comm = comm
         self.depth = depth or {}
+        self.pad = pad or {}  # client -> payload size of every reply (it posts its receives ahead)
         self.sending: dict[int, deque[list[tuple[Any, torch.Tensor]]]] = {}
         self.recorder = recorder
         self.clients = clients
@@ -188,7 +237,7 @@ class Hub:
             while len(pending) >= self.depth.get(peer, 1):
                 for work, _ in pending.popleft():
                     work.wait()
-            pending.append(isend_msg(self.comm, peer, reply, op))
+            pending.append(isend_msg(self.comm, peer, reply, op, self.pad.get(peer, 0)))
         except RuntimeError as exc:
             self._gone(PeerGone(peer, exc))
 
