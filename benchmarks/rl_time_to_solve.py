@@ -1,0 +1,90 @@
+"""Time to solve CartPole-v1 (mean greedy return ≥ 475 over 100 episodes): dqn vs apex vs gorila.
+
+Same network, update rule and hyperparameters (polytrain/rl/config.py defaults); each run stops at
+the first full evaluation that reaches the target or at ``--max-seconds``. Time is the run's own
+clock, from the moment every process is up (start-up is reported apart), evaluation included.
+Multi-process runs are not deterministic (timing decides which data a learner sees), so each
+algorithm runs on several seeds and the table gives every run and the median.
+
+    python benchmarks/rl_time_to_solve.py [--seeds 0,1,2] [--max-seconds 600] [--algos dqn,apex2,...]
+                                          [--append]
+
+A full comparison takes longer than one quiet window, so ``--append`` adds this call's runs to
+the rows already in results/rl_time_to_solve.json (each row keeps the command that measured it)
+and recomputes the medians over all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from harness import RESULTS, write_results  # noqa: E402
+
+ALGOS: dict[str, dict[str, Any]] = {
+    "dqn": {"algo": "dqn"},
+    "apex2": {"algo": "apex", "actors": 2},
+    "apex3": {"algo": "apex", "actors": 3},
+    "gorila": {"algo": "gorila", "actors": 2, "learners": 2, "servers": 2},
+}
+
+
+def one(name: str, seed: int, budget: float) -> dict[str, Any]:
+    from polytrain.rl.api import run
+
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        s = run(seed=seed, max_seconds=budget, out=f"{tmp}/run", progress=False, plots=False, **ALGOS[name])
+    row = {"algo": name, "processes": s["world_size"], "seed": seed, "solved": s["solved"],
+           "time_to_target_s": s["time_to_target_s"], "env_steps_to_target": s["env_steps_to_target"],
+           "learner_updates": s["learner_updates"], "updates_per_s": s["learner_updates_per_s"],
+           "env_steps_per_s": s["actor_steps_per_s"], "final_mean_return": s["final_mean_return"],
+           "startup_s": s["startup_s"], "budget_s": budget, "load_before": load}
+    row["command"] = "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    print(row, flush=True)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--max-seconds", type=float, default=600.0)
+    p.add_argument("--algos", default=",".join(ALGOS))
+    p.add_argument("--append", action="store_true", help="keep the runs already in the results")
+    args = p.parse_args()
+    seeds = [int(x) for x in args.seeds.split(",")]
+    old: list[dict[str, Any]] = []
+    if args.append and (RESULTS / "rl_time_to_solve.json").exists():
+        old = [r for r in json.loads((RESULTS / "rl_time_to_solve.json").read_text())["rows"]
+               if r["seed"] != "all"]
+    runs = old + [one(name, seed, args.max_seconds) for seed in seeds for name in args.algos.split(",")]
+    rows = sorted(runs, key=lambda r: (list(ALGOS).index(r["algo"]), r["seed"]))
+    for name in [a for a in ALGOS if any(r["algo"] == a for r in runs)]:
+        mine = [r for r in runs if r["algo"] == name]
+        times = [r["time_to_target_s"] if r["solved"] else r["budget_s"] for r in mine]
+        rows.append({"algo": f"{name} (median)", "processes": mine[0]["processes"], "seed": "all",
+                     "solved": f"{sum(r['solved'] for r in mine)}/{len(mine)}",
+                     "time_to_target_s": statistics.median(times),
+                     "learner_updates": statistics.median(r["learner_updates"] for r in mine),
+                     "updates_per_s": statistics.median(r["updates_per_s"] for r in mine)})
+    notes = ("`budget_s`: the run's wall-clock limit (an unsolved run counts as its budget in the median). "
+             "Every call ran under tools/quiet (no other heavy job on the 2-core machine); `load_before`: "
+             "the 1-minute load average when the run started (it decays slowly from earlier work).")
+    write_results("rl_time_to_solve", rows,
+                  ["algo", "processes", "seed", "solved", "time_to_target_s", "env_steps_to_target",
+                   "learner_updates", "updates_per_s", "env_steps_per_s", "startup_s", "budget_s",
+                   "load_before"], notes)
+
+
+if __name__ == "__main__":
+    main()
