@@ -41,10 +41,13 @@ class LoopSpec:
 
 
 def plain_step(job: Job, ctx: RankContext, forward: Callable[[torch.Tensor], torch.Tensor],
-               optimizer: torch.optim.Optimizer) -> StepFn:
+               optimizer: torch.optim.Optimizer,
+               before_update: Callable[[], None] | None = None) -> StepFn:
     """The ordinary step (zero grads, forward, backward, update) with timeline spans.
 
-    ``forward`` is the model, or a wrapper around it (e.g. DDP) whose backward communicates.
+    ``forward`` is the model, or a wrapper around it (e.g. DDP, a tensor-parallel model) whose
+    forward/backward communicates; ``before_update`` runs between backward and the update (e.g.
+    a data-parallel gradient all-reduce).
     """
     rec = ctx.recorder
 
@@ -55,6 +58,8 @@ def plain_step(job: Job, ctx: RankContext, forward: Callable[[torch.Tensor], tor
             loss = job.loss(forward(x), y)
         with rec.span("backward", step=i):
             loss.backward()
+        if before_update is not None:
+            before_update()
         with rec.span("optimizer", step=i):
             optimizer.step()
         return float(loss.detach())

@@ -23,14 +23,14 @@ from polytrain.comm import GroupComm, new_groups
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.runtime.loop import LoopSpec, run_loop
+from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.hybrid.layout import Layout
 from polytrain.strategies.model.layerwise import build_stage, check_partition_text, stage_step, utilisation
 from polytrain.strategies.model.megatron import shard_transformer
 from polytrain.strategies.model.stages import Pipelined
-from polytrain.strategies.model.tensor import check_transformer, plain_step
+from polytrain.strategies.model.tensor import check_transformer
 from polytrain.strategies.model.wire import (
     Evaluating,
     Wire,

@@ -25,10 +25,9 @@ from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.models.alexnet import ColumnLayer, alexnet_columns
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.runtime.loop import LoopSpec, run_loop
+from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.model.shard import first_weight_layer, keep_out_rows, out_size, own_group_only
-from polytrain.strategies.model.tensor import plain_step
 from polytrain.strategies.model.wire import Evaluating, Wire, gather, gather_state, shard_bounds
 
 

@@ -12,15 +12,11 @@ from the shards at the end (booked as ``gather_model`` bytes).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import torch
-
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.models.registry import is_user_model
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.runtime.loop import LoopSpec, StepFn, run_loop
+from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.model.megatron import check_heads, shard_transformer
 from polytrain.strategies.model.wire import Evaluating, Wire, gather_state
@@ -37,28 +33,6 @@ def check_transformer(cfg: JobConfig, degree: int, strategy: str) -> None:
         )
     if cfg.model == "gpt-mini":
         check_heads(cfg.model_options, degree, strategy)
-
-
-def plain_step(job: Job, ctx: RankContext, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               before_update: Callable[[], None] | None = None) -> StepFn:
-    """A step function: the usual forward/backward/update; the collectives live in the model
-    (and in ``before_update``, e.g. a data-parallel gradient all-reduce)."""
-    rec = ctx.recorder
-
-    def step(i: int, x: torch.Tensor, y: torch.Tensor) -> float:
-        x, y = x.to(ctx.device), y.to(ctx.device)
-        optimizer.zero_grad(set_to_none=True)
-        with rec.span("forward", step=i):
-            loss = job.loss(model(x), y)
-        with rec.span("backward", step=i):
-            loss.backward()
-        if before_update is not None:
-            before_update()
-        with rec.span("optimizer", step=i):
-            optimizer.step()
-        return float(loss.detach())
-
-    return step
 
 
 class Tensor(Strategy):
