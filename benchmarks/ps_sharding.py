@@ -87,8 +87,8 @@ def main() -> None:
                   ["workers", "servers", "sharding", "nic", "step s", "samples/s", "size / layer",
                    "server params", "server MB", "server busy s"],
                   notes="002 (VGG-16, 10 GbE): size/layer = 1.0 at 2 workers, 1.20 at 4, 1.66 at 8. "
-                        "server MB: sent + received per server; server busy s: wall time not "
-                        "spent waiting for a message.")
+                        "server MB: sent + received per server; server busy s: wall time spent "
+                        "receiving a push or handling a message (pushes are received concurrently).")
 
 
 if __name__ == "__main__":

@@ -206,6 +206,12 @@ def test_server_pull_and_done() -> None:
         server._handle(7, PULL, 0, 0, 1)
 
 
+def test_server_busy_time_is_the_union_of_its_intervals() -> None:
+    server, _ = _server(Async(2))
+    server.intervals += [(1.0, 2.0), (0.5, 1.5), (1.2, 1.4), (3.0, 3.5)]  # overlapping receives
+    assert server.busy_s() == pytest.approx(2.0)
+
+
 def test_sparse_pushes_are_lossless() -> None:
     server, comm = _server(Async(2))
     comm.queue += [torch.tensor([1], dtype=torch.int32), torch.tensor([4.0])]

@@ -97,7 +97,8 @@ class ParameterServer:
         self.done: set[int] = set()
         self.staleness: list[int] = []
         self.update_lag: list[int] = []
-        self.idle_s = self.wall_s = 0.0
+        self.wall_s = 0.0
+        self.intervals: list[tuple[float, float]] = []  # (start, end): receiving a push or handling
         self.messages = 0
 
     @property
@@ -113,14 +114,14 @@ class ParameterServer:
         for t in readers:
             t.start()
         while len(self.done) < len(self.index):
-            t0 = time.perf_counter()
             msg = inbox.get()
-            self.idle_s += time.perf_counter() - t0
             if isinstance(msg, BaseException):
                 raise msg
+            t0 = time.perf_counter()
             src, (kind, clock, need, reply, nnz), grad = msg
             self._handle(src, kind, clock, need, reply, nnz, grad=grad)
             self.sends = [(w, t) for w, t in self.sends if not w.is_completed()]
+            self.intervals.append((t0, time.perf_counter()))
         for t in readers:
             t.join()
         for w, _ in self.sends:
@@ -139,10 +140,11 @@ class ParameterServer:
                 fields = header.tolist()
                 grad = None
                 if fields[0] == PUSH:
-                    t0 = self.recorder.now() if self.recorder is not None else 0.0
+                    t0, start = time.perf_counter(), self.recorder.now() if self.recorder else 0.0
                     grad = self._receive_grad(src, fields[4])
+                    self.intervals.append((t0, time.perf_counter()))  # list.append: thread-safe
                     if self.recorder is not None:
-                        self.recorder.add_span("push_recv", "comm", t0, self.recorder.now(),
+                        self.recorder.add_span("push_recv", "comm", start, self.recorder.now(),
                                                src=src, clock=fields[1])
                 inbox.put((src, fields, grad))
                 if fields[0] == DONE:
@@ -216,10 +218,20 @@ class ParameterServer:
             self.sends.append((self.comm.isend(head, rank, op="ps_header"), head))
             self.sends.append((self.comm.isend(snapshot, rank, op="ps_pull"), snapshot))
 
+    def busy_s(self) -> float:
+        """Wall time during which this server was receiving at least one push or handling a
+        message (the union of those intervals): its load, as opposed to waiting for work."""
+        total, end = 0.0, float("-inf")
+        for a, b in sorted(self.intervals):
+            if b > end:
+                total += b - max(a, end)
+                end = b
+        return total
+
     def stats(self) -> dict[str, Any]:
         return {
             "bytes": self.comm.bytes_sent + self.comm.bytes_received,
-            "busy_s": max(0.0, self.wall_s - self.idle_s),
+            "busy_s": self.busy_s(),
             "params": self.param.numel(),
             "version": self.version,
             "step": self.policy.step,

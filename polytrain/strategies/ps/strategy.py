@@ -10,7 +10,7 @@ in :mod:`.sharding`. When the workers are done, the servers send their shards to
 evaluates the trained model and writes it to the run directory.
 
 strategy_metrics: ``server_bytes`` (sent + received per server, before the final collection),
-``server_busy_s`` (per server: wall time not spent waiting for a message), ``server_params``,
+``server_busy_s`` (per server: wall time spent receiving a push or handling a message), ``server_params``,
 ``staleness_hist``/``staleness_max`` (in steps; one entry per shard update, i.e. per accepted
 push and server), ``update_lag_hist``/``update_lag_max`` (optimizer applications between a
 worker's pull and its push), ``dropped_gradients`` (k-of-n: pushes dropped, the most any server
