@@ -39,6 +39,22 @@ ALGOS: dict[str, dict[str, Any]] = {
 }
 
 
+CPU_KEYS = ("learner_cpu_ms_per_update", "learn_ms_per_update", "learner_busy", "helpers_cores", "cores_used")
+
+
+def where_the_cpu_goes(s: dict[str, Any]) -> dict[str, Any]:
+    """CPU seconds per role (process time, gloo's threads included) and the lead learner's split
+    of its wall clock: learning (its updates; dqn's also sample and act), evaluation, the rest."""
+    ranks = s["per_rank"]
+    lead = next(r for r in ranks if r["rank"] == 0)
+    res, wall, updates = lead["result"], s["wall_s"], max(1, s["learner_updates"])
+    helpers = sum(r["cpu_s"] for r in ranks if r["rank"] != 0)
+    return {"learner_cpu_ms_per_update": 1e3 * lead["cpu_s"] / updates,
+            "learn_ms_per_update": 1e3 * res.get("learn_s", 0.0) / updates,
+            "eval_s": res.get("eval_s"), "learner_busy": lead["cpu_s"] / wall,
+            "helpers_cores": helpers / wall, "cores_used": (lead["cpu_s"] + helpers) / wall}
+
+
 def one(name: str, seed: int, budget: float) -> dict[str, Any]:
     from polytrain.rl.api import run
 
@@ -50,6 +66,8 @@ def one(name: str, seed: int, budget: float) -> dict[str, Any]:
            "learner_updates": s["learner_updates"], "updates_per_s": s["learner_updates_per_s"],
            "env_steps_per_s": s["actor_steps_per_s"], "final_mean_return": s["final_mean_return"],
            "startup_s": s["startup_s"], "budget_s": budget, "load_before": load}
+    row.update(where_the_cpu_goes(s))
+    row["load_after"] = os.getloadavg()[0]
     row["command"] = "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
     print(row, flush=True)
     return row
@@ -76,14 +94,23 @@ def main() -> None:
                      "solved": f"{sum(r['solved'] for r in mine)}/{len(mine)}",
                      "time_to_target_s": statistics.median(times),
                      "learner_updates": statistics.median(r["learner_updates"] for r in mine),
-                     "updates_per_s": statistics.median(r["updates_per_s"] for r in mine)})
+                     "updates_per_s": statistics.median(r["updates_per_s"] for r in mine),
+                     **{k: statistics.median(r[k] for r in mine) for k in CPU_KEYS
+                        if all(k in r for r in mine)}})
     notes = ("`budget_s`: the run's wall-clock limit (an unsolved run counts as its budget in the median). "
-             "Every call ran under tools/quiet (no other heavy job on the 2-core machine); `load_before`: "
-             "the 1-minute load average when the run started (it decays slowly from earlier work).")
+             "Every call ran under tools/quiet (no other job that takes the lock); `load_before`: "
+             "the 1-minute load average when the run started (it decays slowly from earlier work), "
+             "`load_after` when it ended (other sessions' jobs that do not take the lock show here). "
+             "Where the CPU goes: `learner_cpu_ms_per_update` is the lead learner's process CPU per "
+             "update (dqn: acting, replay and evaluation included), `learn_ms_per_update` the wall "
+             "time of its update step alone (dqn: with sampling), `learner_busy` its CPU seconds "
+             "per wall second, `helpers_cores` the CPU of every other process (actors, replay) per "
+             "wall second, `cores_used` both (2 = the whole machine).")
     write_results("rl_time_to_solve", rows,
                   ["algo", "processes", "seed", "solved", "time_to_target_s", "env_steps_to_target",
                    "learner_updates", "updates_per_s", "env_steps_per_s", "startup_s", "budget_s",
-                   "load_before"], notes)
+                   "learner_cpu_ms_per_update", "learn_ms_per_update", "eval_s", "learner_busy",
+                   "helpers_cores", "cores_used", "load_before", "load_after"], notes)
 
 
 if __name__ == "__main__":
