@@ -71,6 +71,12 @@ class RLConfig(BaseModel):
     # replay rate limit: env steps per learner update (0: off). 8 let the replay turn over so fast
     # that CartPole runs peaked and then forgot (measured); 2 is near dqn's 1 (train_every)
     steps_per_update: float = Field(2.0, ge=0)
+    # Tried to cut apex's updates to target on CartPole (4 seeds each, median learner updates to
+    # target; 2026-11-23, under tools/quiet): defaults 10.1k (9 runs), steps_per_update=1 with
+    # fetch_every=50 14.9k, sample_batches=2 prefetch=1 (fresher priorities) 12.5k, 3 actors
+    # 14.3k, eps_base=0.9 20.6k; dqn 6.6k. None helped, so the defaults stay. Pinning actors and
+    # replay to one CPU or nice 10 left the learner's updates/s unchanged (460-500 either way):
+    # on a quiet 2-core box the learner already has a core of its own.
     actor_timeout_s: float = Field(10.0, gt=0)  # silence after which an actor is declared lost
     timeout_s: float = Field(120.0, gt=0)  # process-group timeout (a hung server fails the run)
     out: str | None = None
