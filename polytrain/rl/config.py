@@ -72,7 +72,7 @@ class RLConfig(BaseModel):
     # that CartPole runs peaked and then forgot (measured); 2 is near dqn's 1 (train_every)
     steps_per_update: float = Field(2.0, ge=0)
     # Tried to cut apex's updates to target on CartPole (4 seeds each, median learner updates to
-    # target; 2026-11-23, under tools/quiet): defaults 10.1k (9 runs), steps_per_update=1 with
+    # target; 2026-11-22/23, under tools/quiet): defaults 10.6k (9 runs), steps_per_update=1 with
     # fetch_every=50 14.9k, sample_batches=2 prefetch=1 (fresher priorities) 12.5k, 3 actors
     # 14.3k, eps_base=0.9 20.6k; dqn 6.6k. None helped, so the defaults stay. Pinning actors and
     # replay to one CPU or nice 10 left the learner's updates/s unchanged (460-500 either way):
