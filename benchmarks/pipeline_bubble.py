@@ -8,8 +8,13 @@ cut after the second: 1.06 M vs 1.01 M multiply-adds, 1024 floats per sample cro
 One rank per core: P=2 on the 2-core dev box (P=4 would time-share
 cores and measure the scheduler, not the pipeline).
 
+Runtime vs schedule. ``bubble_schedule`` replays the same schedule with the compute seconds each
+action actually took in that run, free messages and no runtime (metrics.schedule_bubble): the
+bubble the schedule itself implies for the compute this machine delivered (stage imbalance and
+compute jitter included). measured - schedule = what the runtime and the transfers added.
+
     python benchmarks/pipeline_bubble.py [--steps 12] [--batch-size 1024] [--microbatches 1,2,4,8]
-                                          [--repeats 3]
+                                          [--repeats 3] [--models narrow,wide] [--name NAME]
 """
 
 from __future__ import annotations
@@ -68,6 +73,8 @@ def measure(model: str, strategy: str, microbatches: int, args: argparse.Namespa
     m = best["strategy_metrics"]
     theory = m["bubble_fraction_theory"]
     waiting = m["bubble_fraction"] - m["overhead_fraction"]
+    replayed = [r["strategy_metrics"]["bubble_fraction_schedule"] for r in runs]
+    ops = m["op_s_per_stage"]
     per_step = statistics.median(r["strategy_metrics"]["bubble_fraction_median"] for r in runs)
     return {
         "model": model,
@@ -84,6 +91,11 @@ def measure(model: str, strategy: str, microbatches: int, args: argparse.Namespa
         "overhead_best": m["overhead_fraction"],
         "dependency_bubble_best": waiting,
         "dependency_gap_best": (waiting - theory) / theory if theory else float("nan"),
+        "bubble_schedule_best": m["bubble_fraction_schedule"],
+        "bubble_schedule_median": statistics.median(replayed),
+        "runtime_share_best": min(bubbles) - m["bubble_fraction_schedule"],
+        "F_ms_per_stage": "/".join(f"{1000 * o['F']:.1f}" for o in ops),
+        "B_ms_per_stage": "/".join(f"{1000 * o['B']:.1f}" for o in ops),
         "busy_s_per_stage": m["busy_s_per_stage"],
         "samples_per_s_best": best["throughput_samples_per_s"],
         "bubbles": bubbles,
@@ -99,6 +111,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--models", default="narrow,wide")
     ap.add_argument("--strategies", default="gpipe,1f1b")
+    ap.add_argument("--name", default="pipeline_bubble", help="results file name")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,7 +127,12 @@ def main() -> None:
         "overhead: the part of the bubble that is the runtime's own time between actions (neither "
         "compute nor waiting for a message); dependency_bubble = bubble - overhead: the idle time the "
         "schedule's dependencies cause, which is what the formula models. per_step_median: the median "
-        "over mini-batches of each mini-batch's own bubble (robust to a step the host stalled)."
+        "over mini-batches of each mini-batch's own bubble (robust to a step the host stalled). "
+        "bubble_schedule: the same schedule replayed with the compute seconds every action took in "
+        "that run, free messages, no runtime (best run and median of runs): what the schedule "
+        "implies for this machine's compute, stage imbalance and jitter included; runtime_share = "
+        "bubble_best - bubble_schedule_best, the runtime's and the transfers' part. F_ms/B_ms: "
+        "median compute ms of a forward/backward per stage (stage 0/stage 1) in the best run."
     )
     cols = [
         "model",
@@ -126,14 +144,19 @@ def main() -> None:
         "bubble_median",
         "bubble_theory",
         "relative_gap_best",
+        "bubble_schedule_best",
+        "bubble_schedule_median",
+        "runtime_share_best",
         "per_step_median",
         "per_step_median_gap",
         "overhead_best",
         "dependency_bubble_best",
         "dependency_gap_best",
+        "F_ms_per_stage",
+        "B_ms_per_stage",
         "samples_per_s_best",
     ]
-    write_results("pipeline_bubble", rows, cols, notes)
+    write_results(args.name, rows, cols, notes)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Target: polytrain's throughput / PyTorch's >= 1.0. Throughput counts the trainin
 (process start-up excluded on both sides); each side's clock starts after a barrier.
 
     python benchmarks/pipeline_torch.py [--steps 30] [--microbatches 4] [--repeats 3]
+                                         [--schedules gpipe,1f1b] [--launcher 0|1] [--name NAME]
 
 Both runtimes run this file under the same plain torchrun (``--worker gpipe`` for PyTorch's,
 ``--worker polytrain-gpipe`` for polytrain's executor without its launcher); the same job through
@@ -161,13 +162,20 @@ def launcher_side(schedule: str, steps: int, microbatches: int, root: Path) -> f
 
 
 def compare(schedule: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    """Interleaved repeats, so every side sees the same host load on average."""
+    """Interleaved repeats, so every side sees the same host load on average; the order inside a
+    pair alternates (a side that always runs first or second would meet a drifting host load
+    alone). Each pair gives one ratio: its two runs are seconds apart, so the pair's ratio is less
+    exposed to the host's drift than the ratio of the two medians."""
     ours, theirs, launched = [], [], []
-    for _ in range(args.repeats):
-        ours.append(torchrun_side(f"polytrain-{schedule}", args.steps, args.microbatches))
-        theirs.append(torchrun_side(schedule, args.steps, args.microbatches))
-        launched.append(launcher_side(schedule, args.steps, args.microbatches, root))
+    for i in range(args.repeats):
+        pair = [("ours", f"polytrain-{schedule}"), ("theirs", schedule)]
+        for side, worker_name in pair if i % 2 == 0 else pair[::-1]:
+            (ours if side == "ours" else theirs).append(
+                torchrun_side(worker_name, args.steps, args.microbatches))
+        if args.launcher:
+            launched.append(launcher_side(schedule, args.steps, args.microbatches, root))
     med = statistics.median
+    paired = sorted(a / b for a, b in zip(ours, theirs, strict=True))
     return {
         "schedule": schedule,
         "P": 2,
@@ -176,7 +184,10 @@ def compare(schedule: str, args: argparse.Namespace, root: Path) -> dict[str, An
         "torch_pipelining_samples_per_s": med(theirs),
         "ratio": med(ours) / med(theirs),
         "ratio_best": max(ours) / max(theirs),
-        "polytrain_train_samples_per_s": med(launched),
+        "paired_ratio_median": med(paired),
+        "paired_ratio_range": f"{paired[0]:.3f}-{paired[-1]:.3f}",
+        "pairs_at_or_above_1": f"{sum(r >= 1.0 for r in paired)}/{len(paired)}",
+        "polytrain_train_samples_per_s": med(launched) if launched else float("nan"),
         "polytrain_runs": ours,
         "torch_runs": theirs,
         "polytrain_train_runs": launched,
@@ -190,6 +201,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--microbatches", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--schedules", default="gpipe,1f1b")
+    ap.add_argument("--launcher", type=int, default=1, help="also time polytrain.train (0: skip)")
+    ap.add_argument("--name", default="pipeline_torch", help="results file name")
     args = ap.parse_args()
     if args.worker:
         name = args.worker.removeprefix("polytrain-")
@@ -197,16 +211,19 @@ def main() -> None:
         run(name, args.steps, args.microbatches)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [compare(schedule, args, Path(tmp)) for schedule in ("gpipe", "1f1b")]
+        rows = [compare(schedule, args, Path(tmp)) for schedule in args.schedules.split(",")]
     notes = (
         "mlp depth 3 width 1024 cut 2,2, global batch 256, SGD momentum, 2 ranks on gloo; medians of "
-        f"{args.repeats} interleaved runs of {args.steps} steps. polytrain and torch.distributed.pipelining "
+        f"{args.repeats} interleaved runs of {args.steps} steps (order alternating). polytrain and "
+        "torch.distributed.pipelining "
         "run under the same plain torchrun (the runtimes alone); ratio = polytrain / torch (medians), "
-        "ratio_best: of each side's best run. polytrain_train: the same job through polytrain.train "
+        "ratio_best: of each side's best run; paired_ratio: polytrain / torch within each interleaved "
+        "pair (median, range, and how many pairs reached 1.0). polytrain_train: the same job through "
+        "polytrain.train "
         "(its own launcher), for reference. Throughput counts the training loop only."
     )
     write_results(
-        "pipeline_torch",
+        args.name,
         rows,
         [
             "schedule",
@@ -216,6 +233,9 @@ def main() -> None:
             "torch_pipelining_samples_per_s",
             "ratio",
             "ratio_best",
+            "paired_ratio_median",
+            "paired_ratio_range",
+            "pairs_at_or_above_1",
             "polytrain_train_samples_per_s",
             "load_avg",
         ],

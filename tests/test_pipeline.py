@@ -354,3 +354,26 @@ def test_partition_modes_resolve_to_a_valid_partition(mode: str) -> None:
     if mode in ("time", "auto"):
         assert len(info["profile_ms"]) == 3
         assert ("predicted_period_ms" in info) == (mode == "auto")
+
+
+def test_timed_replay_equal_costs_gives_the_textbook_bubble() -> None:
+    from polytrain.strategies.pipeline.checks import simulate_times, timed_bubble
+    from polytrain.strategies.pipeline.metrics import schedule_bubble, theoretical_bubble
+    from polytrain.strategies.pipeline.schedule import gpipe_orders, one_f_one_b_orders
+
+    for build in (gpipe_orders, one_f_one_b_orders):
+        for p, m in ((2, 1), (2, 8), (4, 4)):
+            orders = build(p, m)
+            costs = {a: (0.01 if a.op == "F" else 0.02) for row in orders.values() for a in row}
+            assert abs(timed_bubble(simulate_times(orders, costs)) - theoretical_bubble(p, m)) < 1e-9
+            # per-message latency only adds idle time
+            assert timed_bubble(simulate_times(orders, costs, latency=0.001)) > theoretical_bubble(p, m)
+            # the metric replays recorded [op, mb, seconds] lists, two identical segments
+            ops = [[[[a.op, a.microbatch, costs[a]] for a in orders[s]]] * 2 for s in range(p)]
+            replayed, per_segment = schedule_bubble(ops)
+            assert abs(replayed - theoretical_bubble(p, m)) < 1e-9 and len(per_segment) == 2
+    # a slower second stage in the forward phase alone adds bubble under GPipe
+    orders = gpipe_orders(2, 8)
+    costs = {a: (0.018 if a.op == "F" and a.stage == 1 else 0.01 if a.op == "F" else 0.02)
+             for row in orders.values() for a in row}
+    assert timed_bubble(simulate_times(orders, costs)) > theoretical_bubble(2, 8) + 0.05

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -80,13 +80,16 @@ class Feed(Protocol):
 
 @dataclass
 class Window:
-    """The compute of one segment on one stage: first start, last end, busy seconds, and the
-    seconds spent waiting for messages after the first compute began."""
+    """The compute of one segment on one stage: first start, last end, busy seconds, the seconds
+    spent waiting for messages after the first compute began, and each action's compute seconds
+    in the order run (``[op, mb, seconds]``; an optimizer step after a backward counts in that
+    backward), from which `metrics` replays the schedule without the runtime."""
 
     start: float = float("inf")
     end: float = float("-inf")
     busy: float = 0.0
     wait: float = 0.0
+    ops: list[list[Any]] = field(default_factory=list)
 
     def to_json(self) -> list[float]:
         return [self.start, self.end, self.busy, self.wait] if self.end >= self.start else []
@@ -185,6 +188,10 @@ class StageExecutor:
         end = rec.now()
         window.start, window.end = min(window.start, start), max(window.end, end)
         window.busy += end - start
+        if name == "optimizer" and window.ops:
+            window.ops[-1][2] += end - start
+        else:
+            window.ops.append([name[0].upper(), mb, end - start])
 
     def _run_module(self, inp: torch.Tensor, params: Params | None, mb: int) -> torch.Tensor:
         module = self.spec.module

@@ -12,12 +12,22 @@ barrier), and
 
 — idle stage-time over stage-time, the measured counterpart of (P−1)/(M+P−1). It includes what
 the textbook formula leaves out: transfers, imbalance between stages, and the load of the host.
+
+Bubble fraction, replayed (`schedule_bubble`). Each stage also records the compute seconds of
+every action it ran. Replaying the same schedule with exactly those durations, free messages and
+no runtime (`checks.simulate_times`) gives the bubble the schedule itself implies for the compute
+this machine delivered — stage imbalance, micro-batch sizes and compute jitter included. The
+textbook (P−1)/(M+P−1) is its special case for equal costs; the measured bubble minus the replayed
+one is what the runtime and the transfers added (late messages, time between actions).
 """
 
 from __future__ import annotations
 
 import statistics
 from typing import Any
+
+from polytrain.strategies.pipeline.actions import Action
+from polytrain.strategies.pipeline.checks import simulate_times
 
 
 def bubble_fraction(windows: list[list[list[float]]]) -> float:
@@ -58,6 +68,40 @@ def overhead_fraction(windows: list[list[list[float]]]) -> float:
     return gaps / total if total else 0.0
 
 
+def schedule_bubble(ops: list[list[list[list[Any]]]], latency: float = 0.0) -> tuple[float, list[float]]:
+    """``ops[stage][segment] = [[op, mb, seconds], ...]`` (the order each stage ran) -> the bubble of
+    the schedule replayed with those durations and ``latency`` seconds per message, over all
+    segments as `bubble_fraction` aggregates them, and per segment."""
+    stages = len(ops)
+    idle = total = 0.0
+    per_segment = []
+    for seg in zip(*ops, strict=True):
+        orders = {s: [Action(s, op, int(mb)) for op, mb, _ in seg[s]] for s in range(stages)}
+        durations = {Action(s, op, int(mb)): float(sec) for s in range(stages) for op, mb, sec in seg[s]}
+        timeline = simulate_times(orders, durations, latency)
+        rows = [r for r in timeline.values() if r]
+        if not rows:
+            continue
+        wall = max(r[-1][2] for r in rows) - min(r[0][1] for r in rows)
+        if wall <= 0:
+            continue
+        gap = stages * wall - sum(end - start for r in rows for _, start, end in r)
+        idle += gap
+        total += stages * wall
+        per_segment.append(gap / (stages * wall))
+    return (idle / total if total else 0.0), per_segment
+
+
+def op_seconds(ops: list[list[list[Any]]]) -> dict[str, float]:
+    """One stage's median compute seconds per forward (``F``) and backward (``B``) action."""
+    out = {}
+    for op in ("F", "B"):
+        secs = [float(sec) for seg in ops for o, _, sec in seg if o == op]
+        if secs:
+            out[op] = statistics.median(secs)
+    return out
+
+
 def theoretical_bubble(stages: int, microbatches: int) -> float:
     """GPipe's (P−1)/(M+P−1) for balanced stages and free transfers."""
     return (stages - 1) / (microbatches + stages - 1)
@@ -75,6 +119,11 @@ def summarise(records: list[dict[str, Any]], head: dict[str, Any]) -> dict[str, 
         out["bubble_fraction_median"] = statistics.median(per_segment)
     if head.get("flush"):
         out["bubble_fraction_theory"] = theoretical_bubble(len(records), head["microbatches"])
+        if len(lanes) == len(records) and all(r.get("ops") for r in lanes):  # one rank per stage
+            replayed, per_seg = schedule_bubble([r["ops"] for r in lanes])
+            out["bubble_fraction_schedule"] = replayed
+            out["bubble_fraction_schedule_median"] = statistics.median(per_seg) if per_seg else 0.0
+            out["op_s_per_stage"] = [op_seconds(r["ops"]) for r in lanes]
     if len(lanes) > len(records):
         out["busy_s_per_rank"] = [r["busy_s"] for r in lanes]
     per_stage = ("busy_s", "peak_memory_bytes", "peak_activation_bytes", "peak_in_flight")

@@ -279,6 +279,7 @@ class PipelineRun:
             "replica": self.stage.replica,
             "layers": [name for name, _ in module.named_children()],
             "windows": [w.to_json() for w in self.windows],
+            "ops": [w.ops for w in self.windows] if not self.plan.stream else [],
             "busy_s": sum(w.busy for w in self.windows),
             **self.executor.metrics(),
             **self.weights.metrics(),
