@@ -47,10 +47,6 @@ def _wait_for_steps(path: Path, steps: int = 120, timeout: float = 120) -> int:
     raise AssertionError(f"{path} never finished an episode after {steps} env steps")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known bug (issue 7, open): when an actor is SIGKILLed, gloo sometimes fails a pending receive "
-    "of the replay or the learner from another peer ('Connection closed by peer'), which ends the "
-    "run; failed in 2 of ~6 runs on 2026-11-23. Fix: per-peer receiver threads as in the ps server"))
 def test_apex_flow_and_a_killed_actor(tmp_path: Path) -> None:
     """Experience flows, priorities update, parameters are published and fetched, bytes are
     counted — and an actor SIGKILLed mid-run is reported while the learner keeps learning."""

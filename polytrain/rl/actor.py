@@ -49,6 +49,7 @@ class Actor:
         self.runner = EpisodeRunner(ctx, cfg.seed + 1000 * (self.index + 1))
         assert ctx.ranks.replay is not None
         self.replay = ctx.ranks.replay
+        self.link = ctx.link(self.replay)
         self.fetch_due = True
         self.version = 0
         self.fetches = 0
@@ -66,7 +67,7 @@ class Actor:
         self._collect()
         fields = [steps, len(rows), len(episodes), self.version, self.fetch_due]
         msg = Msg(Kind.ADD, fields, floats=floats)
-        self.in_flight = isend_msg(self.ctx.net_comm, self.replay, msg, OPS[Kind.ADD])
+        self.in_flight = isend_msg(self.link, self.replay, msg, OPS[Kind.ADD])
         self.sent_steps = self.runner.steps
         self.fetch_due = False
 
@@ -77,7 +78,7 @@ class Actor:
         if self.in_flight is None:
             return
         start = time.perf_counter()
-        _, reply = recv_msg(self.ctx.net_comm, self.replay)
+        reply = recv_msg(self.link, self.replay)
         for work, _ in self.in_flight:
             work.wait()
         self.in_flight = None
@@ -121,7 +122,7 @@ class Actor:
         with contextlib.suppress(RuntimeError):
             self._collect()
         with contextlib.suppress(RuntimeError):
-            send_msg(self.ctx.net_comm, self.replay, Msg(Kind.BYE), "control")
+            send_msg(self.link, self.replay, Msg(Kind.BYE), "control")
 
 
 def run_actor(ctx: RoleContext) -> dict[str, Any]:

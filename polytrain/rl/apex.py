@@ -38,7 +38,7 @@ def run_apex_learner(ctx: RoleContext) -> dict[str, Any]:
         return td_abs
 
     timing = learn_loop(ctx, client, learn, c, monitor, learner.net, lambda: publisher.due(c.updates))
-    wind_down(ctx.net_comm, (client.replay,))
+    wind_down(ctx.links, (client.replay,))
     result = monitor.final(learner.net, c)
     result.update(timing)
     result.update(env_steps=c.env_steps, episodes=c.episodes, replay_size=c.replay_size,

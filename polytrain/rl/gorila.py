@@ -107,9 +107,9 @@ def run_gorila_learner(ctx: RoleContext, index: int) -> dict[str, Any]:
 
     timing = learn_loop(ctx, client, learn, c, monitor, learner.net, between)
     if lead:
-        wind_down(ctx.net_comm, (client.replay,))
+        wind_down(ctx.links, (client.replay,))
     else:  # every reply in flight was taken (learn_loop drained them): now say goodbye
-        send_msg(ctx.net_comm, client.replay, Msg(Kind.BYE), "control")
+        send_msg(ctx.link(client.replay), client.replay, Msg(Kind.BYE), "control")
     ps.done()
     result: dict[str, Any] = {"learner": index, "ps_wait_s": ps.wait_s, **timing}
     if monitor is not None and publisher is not None:

@@ -41,7 +41,7 @@ class ReplayClient:
 
     def __init__(self, ctx: RoleContext) -> None:
         assert ctx.ranks.replay is not None
-        self.comm = ctx.net_comm
+        self.comm = ctx.link(ctx.ranks.replay)
         self.replay = ctx.ranks.replay
         self.width = ctx.layout.width
         self.batch_size = ctx.cfg.batch_size

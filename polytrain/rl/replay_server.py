@@ -51,7 +51,7 @@ class ReplayServer:
 
         pad = dict.fromkeys(ctx.ranks.learners, ReplayClient.reply_size(cfg.batch_size, cfg.sample_batches,
                                                                            self.width))
-        self.hub = Hub(ctx.net_comm, ctx.recorder, clients, ctx.ranks.lead, cfg.actor_timeout_s, depth, pad)
+        self.hub = Hub(ctx.links, ctx.recorder, clients, ctx.ranks.lead, cfg.actor_timeout_s, depth, pad)
 
     # ---- handlers ---------------------------------------------------------------------------
     def add(self, peer: int, msg: Msg) -> Msg | None:

@@ -21,6 +21,7 @@ from torch import nn
 from polytrain.comm import Comm
 from polytrain.rl.config import RLConfig
 from polytrain.rl.core import Layout
+from polytrain.rl.links import Link
 from polytrain.runtime.recorder import Recorder
 
 
@@ -73,6 +74,7 @@ class RoleContext:
     recorder: Recorder
     run_dir: Path
     comm: Comm | None = None
+    links: dict[int, Link] = field(default_factory=dict)  # peer -> its link (see rl/links.py)
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
@@ -84,6 +86,12 @@ class RoleContext:
         if self.comm is None:
             raise RuntimeError("this role runs without a process group")
         return self.comm
+
+    def link(self, peer: int) -> Link:
+        """The link to ``peer`` (the replay, for a client; any client, for the replay)."""
+        if peer not in self.links:
+            raise RuntimeError(f"rank {self.rank} has no link to rank {peer}")
+        return self.links[peer]
 
     def save_model(self, net: nn.Module) -> None:
         torch.save(net.state_dict(), self.run_dir / "model.pt")

@@ -10,6 +10,7 @@ from typing import Any
 
 from polytrain.comm import Comm
 from polytrain.rl.config import make_rl_config
+from polytrain.rl.links import Link, make_links
 from polytrain.rl.roles import RoleContext, layout_ranks
 from polytrain.runtime.recorder import Recorder
 
@@ -75,17 +76,20 @@ def run_role(payload: dict[str, Any], rank: int, recorder: Recorder) -> dict[str
     world = int(payload["world"])
     ranks = layout_ranks(cfg)
     comm = None
+    links: dict[int, Link] = {}
     _warm_up(ranks.role(rank)[0])
     if world > 1:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(payload["port"])
         init_distributed("gloo", rank, world, cfg.timeout_s)
         comm = Comm(rank, world)
+        if ranks.replay is not None:  # one group per (replay, client) pair
+            links = make_links(comm, ranks.replay, [*ranks.learners, *ranks.actors], cfg.timeout_s)
         dist.barrier()  # everyone is up: start the shared clock together
     recorder.start_clock()
     cpu0 = time.process_time()  # CPU this process used from here on (its threads included)
     recorder.emit("start", role=ranks.describe(rank), epoch=time.time())
-    ctx = RoleContext(cfg, rank, ranks, recorder, Path(payload["run_dir"]), comm)
+    ctx = RoleContext(cfg, rank, ranks, recorder, Path(payload["run_dir"]), comm, links)
     result = _dispatch(ctx)
     record: dict[str, Any] = {"rank": rank, "role": ranks.describe(rank), "result": result,
                               "cpu_s": time.process_time() - cpu0,

@@ -1,7 +1,7 @@
 """Messages between RL processes, and the request loop every server (replay, parameter shard) runs.
 
-A message is a header plus at most one payload, each sent with :class:`polytrain.comm.Comm` so
-its bytes are counted under the message's operation::
+A message is a header plus at most one payload, each sent over the (client, server) pair's
+:class:`~polytrain.rl.links.Link`, which counts its bytes under the message's operation::
 
     header   float64[9] = [kind, n_ints, n_floats, n_total, f0, f1, f2, f3, f4]
     payload  float32[n_total] = ints (int32 bits) | floats (rows, params) | zero padding
@@ -14,22 +14,27 @@ request (:func:`post_recv`), so a batch lands while the learner is still busy wi
 before; the server pads every reply to such a client to that size (``Hub(pad=...)``).
 
 Every exchange is a client's request and the server's reply (PUBLISH, STOP and BYE are
-one-way), so each (client, server) stream holds whole messages in order; a server takes the
-next header from *any* client (gloo's receive-from-any-source), then that client's payloads.
+one-way), so each (client, server) stream holds whole messages in order. Each stream is its own
+two-rank gloo group (:mod:`polytrain.rl.links`), and a server reads each client's stream in a
+receiver thread of its own (as polytrain's `ps` server reads its workers), handing finished
+messages to the serving thread, which handles them one at a time in the order they complete.
 
-Why a dead actor cannot stall the run: a server never waits on one particular client. gloo's
-any-source receive simply stops hearing from a process whose sockets closed (a SIGKILLed actor),
-so the server keeps serving the others; it declares an actor *lost* once it has been silent for
-``actor_timeout_s``. A receive with a timeout would have been the obvious detector, but a timed-out
-gloo receive tears down the connections it waited on — so instead the lead learner, which talks
-to every server constantly and is alive by construction (the launcher ends the run if it dies),
-keeps every server awake; while shutting down it pings them until they have heard from or given
-up on every client.
+Why a dead actor cannot stall or end the run: a server never waits on one particular client,
+and a connection error is always *one* client's: its receiver thread reports that client gone
+and the server declares it lost. (The earlier design took the next header from any source; when
+an actor died between announcing a message and sending it, that any-source receive failed
+without naming a source, and the replay died with it — issue 7.) A silent actor is declared
+lost after ``actor_timeout_s`` (and counted again if it speaks); its receive stays posted —
+gloo would tear down the link of a receive that times out, so none is given a deadline shorter
+than the run's. The lead learner ends the run: STOP, then PING until every server has heard
+from or given up on every client (:func:`wind_down`).
 """
 
 from __future__ import annotations
 
 import math
+import queue
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -39,7 +44,7 @@ from typing import Any
 
 import torch
 
-from polytrain.comm import Comm
+from polytrain.rl.links import Link
 from polytrain.runtime.recorder import Recorder
 
 
@@ -107,13 +112,13 @@ def _unpack(header: torch.Tensor, payload: torch.Tensor | None) -> Msg:
     return Msg(kind, header[4:].tolist(), ints, floats)
 
 
-def send_msg(comm: Comm, dst: int, msg: Msg, op: str) -> None:
+def send_msg(comm: Link, dst: int, msg: Msg, op: str) -> None:
     """Blocking send: gloo completes a send only once the receiver has posted its receive."""
     for t in _tensors(msg):
         comm.send(t, dst, op=op)
 
 
-def isend_msg(comm: Comm, dst: int, msg: Msg, op: str, pad: int = 0) -> list[tuple[Any, torch.Tensor]]:
+def isend_msg(comm: Link, dst: int, msg: Msg, op: str, pad: int = 0) -> list[tuple[Any, torch.Tensor]]:
     """Non-blocking send: (work, tensor) pairs; keep them, and wait once the peer has read them.
 
     A client with requests in flight must not block in a send: the server may itself be
@@ -130,25 +135,25 @@ class PeerGone(RuntimeError):
         self.peer = peer
 
 
-def recv_msg(comm: Comm, src: int | None) -> tuple[int, Msg]:
-    """The next message from ``src`` (None: from whichever client sends first)."""
+def recv_msg(comm: Link, src: int) -> Msg:
+    """The next message from ``src``; raises PeerGone if its connection fails meanwhile."""
     header = torch.empty(HEADER, dtype=torch.float64)
-    peer = comm.recv(header, src, op="header")
-    total = int(header[3])
-    payload = None
-    if total:
-        payload = torch.empty(total, dtype=torch.float32)
-        try:
-            comm.recv(payload, peer, op=OPS.get(Kind(int(header[0])), "control"))
-        except RuntimeError as exc:  # died between its header and its payload
-            raise PeerGone(peer, exc) from exc
-    return peer, _unpack(header, payload)
+    try:
+        comm.recv(header, src, op="header")
+        total = int(header[3])
+        payload = None
+        if total:
+            payload = torch.empty(total, dtype=torch.float32)
+            comm.recv(payload, src, op=OPS.get(Kind(int(header[0])), "control"))
+    except RuntimeError as exc:
+        raise PeerGone(src, exc) from exc
+    return _unpack(header, payload)
 
 
 class Posted:
     """Receives posted ahead for one reply of known payload size (see :func:`post_recv`)."""
 
-    def __init__(self, comm: Comm, src: int, total: int, op: str) -> None:
+    def __init__(self, comm: Link, src: int, total: int, op: str) -> None:
         self.header = torch.empty(HEADER, dtype=torch.float64)
         self.payload = torch.empty(total, dtype=torch.float32)
         self.works = [comm.irecv(self.header, src, op="header"), comm.irecv(self.payload, src, op=op)]
@@ -161,17 +166,16 @@ class Posted:
         return _unpack(self.header, self.payload)
 
 
-def post_recv(comm: Comm, src: int, total: int, op: str) -> Posted:
+def post_recv(comm: Link, src: int, total: int, op: str) -> Posted:
     """Post the receives of a reply whose payload is exactly ``total`` float32s (its sender
     pads to it): gloo then moves it as soon as it is sent, while this process does other work."""
     return Posted(comm, src, total, op)
 
 
-def request(comm: Comm, server: int, msg: Msg) -> Msg:
+def request(comm: Link, server: int, msg: Msg) -> Msg:
     """Send a request and wait for the server's reply."""
     send_msg(comm, server, msg, OPS.get(msg.kind, "control"))
-    _, reply = recv_msg(comm, server)
-    return reply
+    return recv_msg(comm, server)
 
 
 def nan_to_none(x: float) -> float | None:
@@ -201,10 +205,10 @@ class Hub:
     that payload size.
     """
 
-    def __init__(self, comm: Comm, recorder: Recorder, clients: dict[int, str], lead: int,
+    def __init__(self, links: dict[int, Link], recorder: Recorder, clients: dict[int, str], lead: int,
                  actor_timeout_s: float, depth: dict[int, int] | None = None,
                  pad: dict[int, int] | None = None) -> None:
-        self.comm = comm
+        self.links = links  # client -> its link
         self.depth = depth or {}
         self.pad = pad or {}  # client -> payload size of every reply (it posts its receives ahead)
         self.sending: dict[int, deque[list[tuple[Any, torch.Tensor]]]] = {}
@@ -215,6 +219,7 @@ class Hub:
         self.last_seen = dict.fromkeys(clients, recorder.now())
         self.done: set[int] = set()
         self.lost: dict[int, float] = {}
+        self.gone: set[int] = set()  # lost for good: its connection failed
         self.deferred: dict[int, Kind] = {}  # client -> the request kind it waits on
         self.stopping = False
         self.after: Callable[[], None] = lambda: None  # runs after every request
@@ -232,19 +237,21 @@ class Hub:
 
     def _reply(self, peer: int, reply: Msg, op: str) -> None:
         """Send to a client; an actor whose connection closed is lost, anyone else is fatal."""
+        if peer in self.gone:
+            return
         pending = self.sending.setdefault(peer, deque())
         try:
             while len(pending) >= self.depth.get(peer, 1):
                 for work, _ in pending.popleft():
                     work.wait()
-            pending.append(isend_msg(self.comm, peer, reply, op, self.pad.get(peer, 0)))
+            pending.append(isend_msg(self.links[peer], peer, reply, op, self.pad.get(peer, 0)))
         except RuntimeError as exc:
             self._gone(PeerGone(peer, exc))
 
     def _flush(self) -> None:
         """Before leaving: every reply still in the pipe has been (or is being) taken."""
         for peer, pending in self.sending.items():
-            if peer not in self.lost:
+            if peer not in self.gone:
                 for sends in pending:
                     for work, _ in sends:
                         work.wait()
@@ -252,11 +259,14 @@ class Hub:
     def _gone(self, err: PeerGone) -> None:
         if self.clients.get(err.peer) != "actor":
             raise err
+        self.gone.add(err.peer)
         self.deferred.pop(err.peer, None)
         self.sending.pop(err.peer, None)
         self._lose(err.peer, "connection closed")
 
     def _lose(self, rank: int, why: str) -> None:
+        if rank in self.lost:  # silent first, and now its connection failed too
+            return
         now = self.recorder.now()
         self.lost[rank] = now
         self.recorder.emit("actor_lost", peer=rank, why=why, silent_s=round(now - self.last_seen[rank], 3))
@@ -270,7 +280,7 @@ class Hub:
 
     def _seen(self, peer: int) -> None:
         self.last_seen[peer] = self.recorder.now()
-        if peer in self.lost:  # it was only slow: count it again
+        if peer in self.lost and peer not in self.gone:  # it was only slow: count it again
             del self.lost[peer]
             self.recorder.emit("actor_back", peer=peer)
 
@@ -293,16 +303,41 @@ class Hub:
         else:
             self._reply(peer, reply, reply.op or OPS.get(msg.kind, "control"))
 
-    def serve(self, handlers: dict[Kind, Handler]) -> None:
-        """Serve until STOP was received and every client has left, halted or been lost."""
+    def _read(self, peer: int, inbox: queue.SimpleQueue[Any]) -> None:
+        """Receiver thread: ``peer``'s messages in order, until its BYE or its link fails."""
         while True:
             try:
-                peer, msg = recv_msg(self.comm, None)
+                msg = recv_msg(self.links[peer], peer)
             except PeerGone as err:
-                self._gone(err)
-                continue
-            self._seen(peer)
+                inbox.put(err)
+                return
+            inbox.put((peer, msg))
+            if msg.kind == Kind.BYE:
+                return
+
+    def _next(self, inbox: queue.SimpleQueue[Any]) -> tuple[int, Msg] | None:
+        """The next finished message (None: a client's link failed, or nothing for a while)."""
+        try:
+            item = inbox.get(timeout=min(1.0, self.timeout / 4))
+        except queue.Empty:
+            return None
+        if isinstance(item, PeerGone):
+            self._gone(item)
+            return None
+        return item  # type: ignore[no-any-return]
+
+    def serve(self, handlers: dict[Kind, Handler]) -> None:
+        """Serve until STOP was received and every client has left, halted or been lost."""
+        inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for rank in self.clients:
+            threading.Thread(target=self._read, args=(rank, inbox), daemon=True).start()
+        while True:
+            got = self._next(inbox)
             self._check_lost()
+            if got is None:
+                continue
+            peer, msg = got
+            self._seen(peer)
             if msg.kind == Kind.BYE:
                 self.done.add(peer)
             elif msg.kind == Kind.STOP:
@@ -322,18 +357,18 @@ class Hub:
                 self.after()
 
 
-def wind_down(comm: Comm, servers: tuple[int, ...], poll_s: float = 0.05) -> None:
+def wind_down(links: dict[int, Link], servers: tuple[int, ...], poll_s: float = 0.05) -> None:
     """The lead learner ends the run: STOP every server, then PING each until it has no clients.
 
-    The pings are also what keeps a server awake (and checking for silent actors) once the
-    learners have stopped talking to it; see the module docstring.
+    A receiver thread that is left waiting on the lead's link when the server returns is a
+    daemon: it ends with the process.
     """
     for server in servers:
-        send_msg(comm, server, Msg(Kind.STOP), "control")
+        send_msg(links[server], server, Msg(Kind.STOP), "control")
     pending = list(servers)
     while pending:
         for server in list(pending):
-            if request(comm, server, Msg(Kind.PING)).field(0) == 0:
+            if request(links[server], server, Msg(Kind.PING)).field(0) == 0:
                 pending.remove(server)
         if pending:
             time.sleep(poll_s)
