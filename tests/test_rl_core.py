@@ -12,7 +12,7 @@ from torch import nn
 
 from polytrain.errors import ConfigError
 from polytrain.rl.config import check_qnet, make_rl_config
-from polytrain.rl.core import Layout, NStep, double_dqn_td, epsilon_ladder, linear_epsilon
+from polytrain.rl.core import Layout, NStep, clip_grad_norm, double_dqn_td, epsilon_ladder, linear_epsilon
 from polytrain.rl.roles import layout_ranks
 
 
@@ -178,3 +178,18 @@ def test_wire_message_packs_ints_and_floats_into_one_padded_payload() -> None:
     assert _unpack(halt, pad).kind == Kind.HALT and pad.numel() == 4
     with pytest.raises(ValueError, match="exceeds the 2 its receiver posted"):
         _tensors(Msg(Kind.OK, [], ids), pad=2)
+
+
+@pytest.mark.parametrize("scale", [0.01, 100.0])
+def test_clip_grad_norm_matches_torch(scale: float) -> None:
+    """The learner's foreach clipping gives torch's clip_grad_norm_ results (below and above)."""
+    torch.manual_seed(0)
+    mine = [nn.Parameter(torch.randn(5, 3)) for _ in range(3)]
+    theirs = [nn.Parameter(p.detach().clone()) for p in mine]
+    for a, b in zip(mine, theirs, strict=True):
+        a.grad = torch.randn_like(a) * scale
+        b.grad = a.grad.clone()
+    clip_grad_norm(mine, 10.0)
+    nn.utils.clip_grad_norm_(theirs, 10.0)
+    for a, b in zip(mine, theirs, strict=True):
+        assert torch.equal(a.grad, b.grad)

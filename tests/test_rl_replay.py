@@ -25,13 +25,24 @@ def test_sampling_frequencies_match_priorities() -> None:
     tree.update(np.arange(len(priorities)), priorities)
     rng = np.random.default_rng(1234)
     draws = np.concatenate([tree.sample(1, rng) for _ in range(20_000)]  # independent draws
-                           + [tree.sample(100, rng) for _ in range(200)])  # stratified batches
+                           + [tree.sample(100, rng) for _ in range(200)]  # stratified batches
+                           + [tree.sample(50, rng, batches=8) for _ in range(50)])  # 8 per descent
     counts = np.bincount(draws, minlength=tree.size)
     assert counts[4] == 0 and counts[7:].sum() == 0  # zero priority / no such leaf
     keep = priorities > 0
     expected = priorities[keep] / priorities.sum() * len(draws)
     _, p = stats.chisquare(counts[: len(priorities)][keep], expected)
     assert p > 1e-3, f"frequencies {counts} do not match priorities (p={p:.2g})"
+
+
+def test_k_batches_in_one_descent_are_each_stratified() -> None:
+    """sample(n, batches=K): K batches one after the other, each with one draw per stratum."""
+    tree = SumTree(100)
+    tree.update(np.arange(100), np.ones(100))  # uniform: stratum j of n=10 holds leaves 10j..10j+9
+    leaves = tree.sample(10, np.random.default_rng(0), batches=4)
+    assert leaves.shape == (40,)
+    for batch in leaves.reshape(4, 10):
+        assert (batch // 10).tolist() == list(range(10))
 
 
 def test_updates_keep_sums_exact() -> None:

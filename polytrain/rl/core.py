@@ -112,12 +112,21 @@ def double_dqn_td(online: nn.Module, target: nn.Module, layout: Layout,
 
     Double DQN: the online net picks a' = argmax Q(s', ·), the target net values it, so the max
     over noisy estimates no longer inflates the target: y = R + discount · Q_target(s', a').
+
+    The online net sees s and s' in ONE forward pass over (2B, D): for a small Q-network an
+    update's cost is per operator call, not per row, so this saves a third of the forward
+    calls. Gradients are those of Q(s, a) alone (the s' half only picks a', without grad).
+    When ``target is online`` (an actor's priorities) that pass also gives Q_target(s', ·).
     """
     obs, action, ret, next_obs, discount = layout.split(rows)
-    q = online(obs).gather(1, action[:, None]).squeeze(1)
+    b = obs.shape[0]
+    both = online(torch.cat([obs, next_obs]))  # (2B, A)
+    q = both[:b].gather(1, action[:, None]).squeeze(1)
     with torch.no_grad():
-        best = online(next_obs).argmax(dim=1, keepdim=True)
-        y = ret + discount * target(next_obs).gather(1, best).squeeze(1)
+        online_next = both[b:].detach()
+        best = online_next.argmax(dim=1, keepdim=True)
+        target_next = online_next if target is online else target(next_obs)
+        y = ret + discount * target_next.gather(1, best).squeeze(1)
     return q, (y - q).detach()
 
 
@@ -125,6 +134,17 @@ def weighted_huber(q: torch.Tensor, td: torch.Tensor, weights: torch.Tensor) -> 
     """Mean of w · Huber(y − q); the gradient flows through q only."""
     y = (q + td).detach()
     return (weights * nn.functional.smooth_l1_loss(q, y, reduction="none")).mean()
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> None:
+    """``torch.nn.utils.clip_grad_norm_`` (same rule: scale by max_norm / (norm + 1e-6) when
+    below 1, bit-identical results) in five foreach calls: torch's version costs ~0.35 ms of
+    Python bookkeeping per call on this CPU, a fifth of a whole update of the default MLP."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
 
 
 class QLearner:
@@ -162,7 +182,7 @@ class QLearner:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.grad_clip > 0:
-            nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+            clip_grad_norm(self.params, self.grad_clip)
         self.opt.step()
         self.updates += 1
         return float(loss.detach()), td_abs

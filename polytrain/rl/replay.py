@@ -77,11 +77,12 @@ class PrioritizedReplay:
         self.next_id += skip + n
         return ids
 
-    def sample(self, batch: int, beta: float) -> Batch:
-        """``batch`` rows drawn by priority, with their normalised importance weights."""
+    def sample(self, batch: int, beta: float, batches: int = 1) -> Batch:
+        """``batch`` rows drawn by priority, with their normalised importance weights; with
+        ``batches`` = K, K independent such batches one after the other (K·batch rows)."""
         if len(self) == 0:
             raise ValueError("cannot sample from an empty replay")
-        slots = self.sums.sample(batch, self.rng)
+        slots = self.sums.sample(batch, self.rng, batches)
         weights = self.weights(slots, beta).astype(np.float32)
         return Batch(self.ids[slots].copy(), self.rows[slots].copy(), weights)
 

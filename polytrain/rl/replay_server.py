@@ -112,12 +112,11 @@ class ReplayServer:
         if len(self.replay) < self.learning_starts:
             return Msg(Kind.OK, fields)
         size, beta, k = int(msg.field(0)), msg.field(1), max(1, int(msg.field(2)))
-        batches = [self.replay.sample(size, beta) for _ in range(k)]
+        drawn = self.replay.sample(size, beta, k)  # k batches of `size` rows, one after the other
         self.samples += size * k
         self.batches += k
-        ids = np.concatenate([b.ids for b in batches])
-        floats = np.concatenate([b.rows.reshape(-1) for b in batches] + [b.weights for b in batches])
-        return Msg(Kind.OK, fields, torch.from_numpy(ids), torch.from_numpy(floats))
+        floats = np.concatenate([drawn.rows.reshape(-1), drawn.weights])
+        return Msg(Kind.OK, fields, torch.from_numpy(drawn.ids), torch.from_numpy(floats))
 
     def publish(self, peer: int, msg: Msg) -> Msg | None:
         self.params = msg.floats

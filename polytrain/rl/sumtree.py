@@ -76,17 +76,19 @@ class SumTree(SegmentTree):
             nodes = 2 * nodes + right
         return nodes - self.size
 
-    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        """``n`` leaves drawn in proportion to their values, one from each of ``n`` equal strata.
+    def sample(self, n: int, rng: np.random.Generator, batches: int = 1) -> np.ndarray:
+        """``n`` leaves drawn in proportion to their values, one from each of ``n`` equal strata;
+        with ``batches`` = K, K such draws (K·n leaves, batch after batch) in one descent.
 
         Stratifying (as the prioritized-replay paper does) keeps every draw's probability equal to
-        value/total while spreading a batch over the whole range.
+        value/total while spreading a batch over the whole range. K batches in one descent cost
+        the numpy calls of one (the replay server answers a request with K batches).
         """
         total = self.root
         if not total > 0:
             raise ValueError("cannot sample from an empty sum-tree (total priority is 0)")
-        edges = np.arange(n, dtype=np.float64) * (total / n)
-        mass = edges + rng.random(n) * (total / n)
+        edges = np.tile(np.arange(n, dtype=np.float64) * (total / n), batches)
+        mass = edges + rng.random(n * batches) * (total / n)
         # Rounding can push a draw onto an empty (zero) leaf at the right edge: redraw it from
         # the leaves that carry mass, which changes nothing when there is no such accident.
         leaves = self.find(np.minimum(mass, np.nextafter(total, 0.0)))
