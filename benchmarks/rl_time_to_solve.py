@@ -7,11 +7,11 @@ Multi-process runs are not deterministic (timing decides which data a learner se
 algorithm runs on several seeds and the table gives every run and the median.
 
     python benchmarks/rl_time_to_solve.py [--seeds 0,1,2] [--max-seconds 600] [--algos dqn,apex2,...]
-                                          [--append]
+                                          [--append] [--name rl_time_to_solve]
 
 A full comparison takes longer than one quiet window, so ``--append`` adds this call's runs to
-the rows already in results/rl_time_to_solve.json (each row keeps the command that measured it)
-and recomputes the medians over all of them.
+the rows already in results/<name>.json (each row keeps the command and the commit that
+measured it) and recomputes the medians over all of them.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -69,6 +70,8 @@ def one(name: str, seed: int, budget: float) -> dict[str, Any]:
     row.update(where_the_cpu_goes(s))
     row["load_after"] = os.getloadavg()[0]
     row["command"] = "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    row["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, text=True,
+                                   capture_output=True).stdout.strip()
     print(row, flush=True)
     return row
 
@@ -79,11 +82,12 @@ def main() -> None:
     p.add_argument("--max-seconds", type=float, default=600.0)
     p.add_argument("--algos", default=",".join(ALGOS))
     p.add_argument("--append", action="store_true", help="keep the runs already in the results")
+    p.add_argument("--name", default="rl_time_to_solve", help="results/<name>.json and .md")
     args = p.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     old: list[dict[str, Any]] = []
-    if args.append and (RESULTS / "rl_time_to_solve.json").exists():
-        old = [r for r in json.loads((RESULTS / "rl_time_to_solve.json").read_text())["rows"]
+    if args.append and (RESULTS / f"{args.name}.json").exists():
+        old = [r for r in json.loads((RESULTS / f"{args.name}.json").read_text())["rows"]
                if r["seed"] != "all"]
     runs = old + [one(name, seed, args.max_seconds) for seed in seeds for name in args.algos.split(",")]
     rows = sorted(runs, key=lambda r: (list(ALGOS).index(r["algo"]), r["seed"]))
@@ -106,7 +110,7 @@ def main() -> None:
              "time of its update step alone (dqn: with sampling), `learner_busy` its CPU seconds "
              "per wall second, `helpers_cores` the CPU of every other process (actors, replay) per "
              "wall second, `cores_used` both (2 = the whole machine).")
-    write_results("rl_time_to_solve", rows,
+    write_results(args.name, rows,
                   ["algo", "processes", "seed", "solved", "time_to_target_s", "env_steps_to_target",
                    "learner_updates", "updates_per_s", "env_steps_per_s", "startup_s", "budget_s",
                    "learner_cpu_ms_per_update", "learn_ms_per_update", "eval_s", "learner_busy",
