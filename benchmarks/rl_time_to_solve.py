@@ -36,6 +36,8 @@ ALGOS: dict[str, dict[str, Any]] = {
     "dqn": {"algo": "dqn"},
     "apex2": {"algo": "apex", "actors": 2},
     "apex3": {"algo": "apex", "actors": 3},
+    # new experience at the replay's max priority (the PER rule dqn uses) instead of the actors' |TD|
+    "apex2_maxprio": {"algo": "apex", "actors": 2, "initial_priority": "max"},
     "gorila": {"algo": "gorila", "actors": 2, "learners": 2, "servers": 2},
 }
 

@@ -60,7 +60,8 @@ class Actor:
     def _send(self, rows: list[np.ndarray], episodes: list[tuple[float, int]]) -> None:
         """ADD without waiting: the reply is taken before the next request (see _collect)."""
         block = np.stack(rows) if rows else np.zeros((0, self.ctx.layout.width), np.float32)
-        td = priorities(self.net, self.ctx, block) if rows else np.zeros(0, np.float32)
+        own = bool(rows) and self.ctx.cfg.initial_priority == "actor"  # else the replay uses its max
+        td = priorities(self.net, self.ctx, block) if own else np.zeros(0, np.float32)
         ep = np.asarray(episodes, dtype=np.float32).reshape(-1)
         floats = torch.from_numpy(np.concatenate([block.reshape(-1), td.astype(np.float32), ep]))
         steps = self.runner.steps - self.sent_steps

@@ -60,6 +60,9 @@ class RLConfig(BaseModel):
     servers: int = 2  # gorila parameter-server shards
     eps_base: float = Field(0.4, ge=0, le=1)
     eps_alpha: float = Field(7.0, ge=0)
+    # where new experience gets its first priority: "actor" (Ape-X: each actor's own n-step |TD|)
+    # or "max" (the PER paper's rule, as dqn: the largest priority seen so far; actors send none)
+    initial_priority: Literal["actor", "max"] = "actor"
     publish_every: int = Field(20, ge=1)  # K: (lead) learner updates between parameter publications
     fetch_every: int = Field(200, ge=1)  # actor env steps between parameter fetches
     send_every: int = Field(50, ge=1)  # transitions an actor batches into one message

@@ -56,16 +56,18 @@ class ReplayServer:
     # ---- handlers ---------------------------------------------------------------------------
     def add(self, peer: int, msg: Msg) -> Msg | None:
         """fields = (env steps, n rows, n episodes, params version held, want params);
-        floats = rows (n·width) | |TD| (n) | (return, length) per finished episode.
+        floats = rows (n·width) | |TD| (n; none with initial_priority "max") | (return, length)
+        per finished episode.
         The reply carries the newest parameters when the actor wants them (a fetch rides on
         the ADD round trip instead of costing its own)."""
         steps, n, n_ep = int(msg.field(0)), int(msg.field(1)), int(msg.field(2))
         data = msg.floats if msg.floats is not None else torch.empty(0)
+        n_td = n if self.ctx.cfg.initial_priority == "actor" else 0
         rows = data[: n * self.width].view(n, self.width).numpy()
-        td = data[n * self.width : n * self.width + n].numpy()
-        episodes = data[n * (self.width + 1) :].view(n_ep, 2).numpy()
+        td = data[n * self.width : n * self.width + n_td].numpy() if n_td else None
+        episodes = data[n * self.width + n_td :].view(n_ep, 2).numpy()
         if n:
-            self.replay.add(rows, td)
+            self.replay.add(rows, td)  # td None: at the largest priority seen so far
         for ret, _ in episodes:
             self.window.add(float(ret))
         stats = self.per_actor[peer]
