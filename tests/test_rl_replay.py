@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -106,3 +107,28 @@ def test_beta_anneals_linearly_to_one() -> None:
     assert beta_at(500, 0.4, 1000) == pytest.approx(0.7)
     assert beta_at(1000, 0.4, 1000) == 1.0
     assert beta_at(5000, 0.4, 1000) == 1.0
+
+
+@pytest.mark.parametrize("initial", ["actor", "max"])
+def test_replay_server_stores_an_add_at_the_actors_or_the_max_priority(initial: str, tmp_path: Any) -> None:
+    """ADD = rows | |TD| (actor priorities, Ape-X) or rows alone (max priority, PER) | episodes."""
+    import torch
+
+    from polytrain.rl.config import make_rl_config
+    from polytrain.rl.replay_server import ReplayServer
+    from polytrain.rl.roles import RoleContext, layout_ranks
+    from polytrain.rl.wire import Kind, Msg
+    from polytrain.runtime.recorder import Recorder
+
+    cfg = make_rl_config({"algo": "apex", "actors": 2, "initial_priority": initial, "alpha": 1.0})
+    server = ReplayServer(RoleContext(cfg, 1, layout_ranks(cfg), Recorder(1), tmp_path))
+    rows = np.arange(3 * 11, dtype=np.float32)  # 3 CartPole rows of width 11
+    td = np.array([0.5, 2.0, 4.0], dtype=np.float32)
+    episodes = np.array([21.0, 21.0], dtype=np.float32)  # one finished episode (return, length)
+    floats = np.concatenate([rows, td, episodes] if initial == "actor" else [rows, episodes])
+    server.add(2, Msg(Kind.ADD, [3, 3, 1, 0, 0], floats=torch.from_numpy(floats)))
+    stored = server.replay.sums.leaf(np.arange(3))
+    expected = td + PRIORITY_EPS if initial == "actor" else np.ones(3)  # max priority: 1 at first
+    np.testing.assert_allclose(stored, expected, rtol=1e-6)
+    assert np.array_equal(server.replay.rows[:3].reshape(-1), rows)
+    assert server.episodes == 1 and server.window.mean == 21.0
