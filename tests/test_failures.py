@@ -96,3 +96,16 @@ def test_hanging_rank_times_out_the_others(tmp_path: Path) -> None:
         proc.kill()
     assert proc.returncode == 1
     assert "rank 0 failed at step" in err
+
+
+def test_script_without_main_guard_gets_the_fix(tmp_path: Path) -> None:
+    """Ranks import the launching script's main module; an unguarded train() call is named."""
+    script = tmp_path / "unguarded.py"
+    script.write_text("import polytrain\n"
+                      f"polytrain.train(procs=2, steps=3, out={str(tmp_path / 'run')!r})\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode != 0
+    assert "while its process was starting" in r.stderr
+    assert 'if __name__ == "__main__":' in r.stderr
+    assert "polytrain.train() was called while one of its rank processes was starting" in r.stderr

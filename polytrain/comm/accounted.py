@@ -146,10 +146,21 @@ class Comm:
         self._count_ring_allreduce(tensor, op)
         return dist.all_reduce(tensor, group=self.group, async_op=async_op)
 
-    def all_reduce_future(self, tensor: torch.Tensor, op: str = "allreduce") -> torch.futures.Future:
-        """Asynchronous sum returning a Future of the reduced tensor (for DDP comm hooks)."""
+    def all_reduce_future(self, tensor: torch.Tensor, op: str = "allreduce",
+                          on_done: Callable[[], None] | None = None) -> torch.futures.Future:
+        """Asynchronous sum returning a Future of the reduced tensor (for DDP comm hooks).
+
+        ``on_done`` runs when the reduction has finished, in the same callback that unwraps the
+        result: one Python callback per call, so gloo's thread takes the GIL once.
+        """
         work = self.all_reduce(tensor, op=op, async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0])
+
+        def done(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            if on_done is not None:
+                on_done()
+            return fut.value()[0]
+
+        return work.get_future().then(done)
 
     def all_gather(self, out: list[torch.Tensor], tensor: torch.Tensor, op: str = "allgather") -> None:
         self.verify(op, tensor)

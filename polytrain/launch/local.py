@@ -21,7 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from polytrain.config import JobConfig
-from polytrain.errors import RankFailure
+from polytrain.errors import ConfigError, RankFailure
 from polytrain.launch.prepare import prepare
 from polytrain.launch.rundir import new_run_dir, read_summary, write_config
 from polytrain.launch.worker import run_rank
@@ -61,6 +61,19 @@ def rank_threads(procs: int) -> Iterator[None]:
         os.environ.pop("OMP_NUM_THREADS", None)
 
 
+def _refuse_in_starting_rank() -> None:
+    """A rank that is importing the user's script must not launch a job of its own."""
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise ConfigError(
+            "polytrain.train() was called while one of its rank processes was starting: ranks "
+            "start by importing the main module of the program that launched them, and this "
+            "script calls polytrain.train() at import time. Put the call under "
+            "`if __name__ == \"__main__\":`."
+        )
+
+
 def launch(
     cfg: JobConfig, *, resume: bool = False, run_dir: Path | None = None, console: Console | None = None
 ) -> dict[str, Any]:
@@ -68,6 +81,7 @@ def launch(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    _refuse_in_starting_rank()
     prepared = prepare(cfg)
     if run_dir is None:
         run_dir = new_run_dir(cfg)
@@ -142,10 +156,18 @@ def describe_failure(run_dir: Path, err: Any, debug: bool) -> str:
                 what += "\n" + record["traceback"]
         else:
             sig = failure.signal_name() if failure.exitcode < 0 else f"exit code {failure.exitcode}"
-            what = (
-                f"died ({sig}) after step {_last_step(run_dir, rank)} without an error "
-                "report (killed, or out of memory)"
-            )
+            if failure.exitcode > 0 and not (run_dir / "ranks" / f"rank{rank}.jsonl").exists():
+                what = (
+                    f"died ({sig}) while its process was starting, before polytrain's rank code ran. "
+                    "Each rank starts by importing the main module of the program that launched "
+                    "it: a script that calls polytrain.train() must do so under "
+                    "`if __name__ == \"__main__\":` (the rank's own error is printed above)"
+                )
+            else:
+                what = (
+                    f"died ({sig}) after step {_last_step(run_dir, rank)} without an error "
+                    "report (killed, or out of memory)"
+                )
         lines.append(f"rank {rank} {what}")
     head = "The job failed: " + lines[0] + "."
     rest = "".join(f"\n  also {line}" for line in lines[1:])

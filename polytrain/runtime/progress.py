@@ -90,6 +90,8 @@ class FollowProgress:
                 if not line.endswith("\n"):
                     break
                 offset += len(line)
+                if '"event": "step"' not in line and '"event": "start"' not in line:
+                    continue  # spans and other events: nothing to draw
                 try:
                     ev = json.loads(line)
                 except ValueError:

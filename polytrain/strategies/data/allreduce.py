@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from pydantic import BaseModel, ConfigDict, field_validator
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -54,18 +53,11 @@ def _accounted_hook(ctx: RankContext) -> Any:
     def hook(_state, bucket):  # type: ignore[no-untyped-def]
         buf = bucket.buffer()
         buf.div_(ctx.world)
-        start = rec.now()
-        fut = ctx.comm.all_reduce_future(buf)
-
-        def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-            rec.add_span("allreduce", "comm", start, rec.now(), bucket=bucket.index())
-            return f.value()
-
-        return fut.then(done)
+        start, index = rec.now(), bucket.index()
+        return ctx.comm.all_reduce_future(
+            buf, on_done=lambda: rec.add_span("allreduce", "comm", start, rec.now(), bucket=index))
 
     return hook
-
-
 
 
 class Allreduce(Strategy):
