@@ -5,6 +5,11 @@ Target: polytrain's throughput / PyTorch's >= 1.0. Throughput counts the trainin
 
     python benchmarks/pipeline_torch.py [--steps 30] [--microbatches 4] [--repeats 3]
                                          [--schedules gpipe,1f1b] [--launcher 0|1] [--name NAME]
+                                         [--torch-heap system|keep]
+
+polytrain's stages keep freed memory in the heap (`polytrain.strategies.pipeline.heap`); PyTorch's
+ranks run with glibc's defaults unless ``--torch-heap keep`` gives them the same setting — the
+like-for-like comparison of the two runtimes.
 
 Both runtimes run this file under the same plain torchrun (``--worker gpipe`` for PyTorch's,
 ``--worker polytrain-gpipe`` for polytrain's executor without its launcher); the same job through
@@ -37,7 +42,13 @@ BATCH, LR, SEED = 256, 0.01, 0
 
 
 def worker(schedule_name: str, steps: int, microbatches: int) -> None:
-    """One rank of the PyTorch pipeline (run by torchrun)."""
+    """One rank of the PyTorch pipeline (run by torchrun). ``TORCH_HEAP=keep``: with the heap
+    setting polytrain's stages use (`polytrain.strategies.pipeline.heap`), for a like-for-like
+    comparison of the runtimes alone."""
+    if os.environ.get("TORCH_HEAP") == "keep":
+        from polytrain.strategies.pipeline.heap import keep_heap
+
+        keep_heap()
     import torch
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
@@ -138,9 +149,9 @@ def polytrain_worker(schedule_name: str, steps: int, microbatches: int) -> None:
     _report(steps * BATCH / result.wall_s, time.process_time() - c0)
 
 
-def torchrun_side(worker_name: str, steps: int, microbatches: int) -> float:
+def torchrun_side(worker_name: str, steps: int, microbatches: int, torch_heap: str) -> float:
     """samples/s of ``--worker worker_name`` on 2 ranks under plain torchrun."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCH_HEAP": torch_heap}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(Path(__file__).resolve()), "--worker", worker_name, "--steps", str(steps),
            "--microbatches", str(microbatches)]  # fmt: skip
@@ -171,7 +182,7 @@ def compare(schedule: str, args: argparse.Namespace, root: Path) -> dict[str, An
         pair = [("ours", f"polytrain-{schedule}"), ("theirs", schedule)]
         for side, worker_name in pair if i % 2 == 0 else pair[::-1]:
             (ours if side == "ours" else theirs).append(
-                torchrun_side(worker_name, args.steps, args.microbatches))
+                torchrun_side(worker_name, args.steps, args.microbatches, args.torch_heap))
         if args.launcher:
             launched.append(launcher_side(schedule, args.steps, args.microbatches, root))
     med = statistics.median
@@ -180,6 +191,7 @@ def compare(schedule: str, args: argparse.Namespace, root: Path) -> dict[str, An
         "schedule": schedule,
         "P": 2,
         "M": args.microbatches,
+        "torch_heap": args.torch_heap,
         "polytrain_samples_per_s": med(ours),
         "torch_pipelining_samples_per_s": med(theirs),
         "ratio": med(ours) / med(theirs),
@@ -204,6 +216,8 @@ def main() -> None:
     ap.add_argument("--schedules", default="gpipe,1f1b")
     ap.add_argument("--launcher", type=int, default=1, help="also time polytrain.train (0: skip)")
     ap.add_argument("--name", default="pipeline_torch", help="results file name")
+    ap.add_argument("--torch-heap", choices=["system", "keep"], default="system",
+                    help="keep: PyTorch's ranks get the heap setting polytrain's stages use")
     args = ap.parse_args()
     if args.worker:
         name = args.worker.removeprefix("polytrain-")
@@ -220,7 +234,9 @@ def main() -> None:
         "ratio_best: of each side's best run; paired_ratio: polytrain / torch within each interleaved "
         "pair (median, range, and how many pairs reached 1.0). polytrain_train: the same job through "
         "polytrain.train "
-        "(its own launcher), for reference. Throughput counts the training loop only."
+        "(its own launcher), for reference. Throughput counts the training loop only. polytrain's "
+        "stages keep freed memory in the heap (--set heap=keep, the default); torch_heap: PyTorch's "
+        "ranks with glibc's defaults (system) or the same setting (keep)."
     )
     write_results(
         args.name,
@@ -229,6 +245,7 @@ def main() -> None:
             "schedule",
             "P",
             "M",
+            "torch_heap",
             "polytrain_samples_per_s",
             "torch_pipelining_samples_per_s",
             "ratio",

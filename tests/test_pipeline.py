@@ -24,6 +24,7 @@ from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.recorder import Recorder
 from polytrain.strategies import make_strategy
+from polytrain.strategies.pipeline.heap import keep_heap
 from polytrain.strategies.pipeline.metrics import (
     bubble_fraction,
     overhead_fraction,
@@ -37,7 +38,7 @@ from polytrain.strategies.pipeline.weights import (
     backward_distances,
     predict,
 )
-from polytrain.strategies.pipeline.wire import HEADER, pack, unpack
+from polytrain.strategies.pipeline.wire import HEADER, Inbox, Outbox, pack, unpack
 
 COMMON: dict[str, Any] = {
     "model": "mlp",
@@ -62,6 +63,67 @@ def test_messages_carry_any_dtype_exactly_with_their_header(dtype: torch.dtype) 
     got.requires_grad_()  # a received activation becomes a leaf the stage differentiates
     (got.float() * 2).sum().backward()
     assert got.grad is not None
+
+
+class _Done:
+    def wait(self) -> None: ...
+    def is_completed(self) -> bool:
+        return True
+
+
+class _LoopComm:
+    """irecv fills the buffer at once with the next queued message (no processes)."""
+
+    def __init__(self, messages: list[torch.Tensor]) -> None:
+        self.messages = messages
+        self.sent: list[torch.Tensor] = []
+
+    def irecv(self, buf: torch.Tensor, src: int, op: str = "send") -> _Done:
+        buf.copy_(self.messages.pop(0))
+        return _Done()
+
+    def isend(self, buf: torch.Tensor, dst: int, op: str = "send") -> _Done:
+        self.sent.append(buf.clone())
+        return _Done()
+
+
+def test_inbox_reuses_a_buffer_only_once_the_stage_dropped_it() -> None:
+    meta = TensorMeta((2, 3), torch.float32)
+    values = [torch.full((2, 3), float(i)) for i in range(4)]
+    comm = _LoopComm([pack(v, 0.0, i) for i, v in enumerate(values)])
+    inbox = Inbox(comm, Recorder(0), 0, meta, "activation", 1, torch.device("cpu"), ahead=1)  # type: ignore[arg-type]
+    inbox.expect(4)
+    a0, _ = inbox.take(0, 1)
+    a0.requires_grad_()
+    kept = (a0 * 2).sum()  # autograd keeps a0 alive: its buffer must not be refilled
+    a1, _ = inbox.take(1, 1)  # a new buffer: micro-batch 0's is still in use
+    assert a1.data_ptr() != a0.data_ptr()
+    ptr1 = a1.data_ptr()
+    del a1  # nothing references micro-batch 1's buffer any more
+    a2, _ = inbox.take(2, 1)  # posts micro-batch 3's receive into micro-batch 1's buffer
+    a3, _ = inbox.take(3, 1)
+    assert a3.data_ptr() == ptr1 and a2.data_ptr() not in (ptr1, a0.data_ptr())
+    assert torch.equal(a0.detach(), values[0]) and torch.equal(a2, values[2]) and torch.equal(a3, values[3])
+    kept.backward()
+
+
+def test_outbox_reuses_buffers_of_completed_sends() -> None:
+    comm = _LoopComm([])
+    out = Outbox(comm, Recorder(0), 0)  # type: ignore[arg-type]
+    out.send(torch.ones(4), 1, "activation", 1.0, 0, 1)
+    first = out._pending[0][1].data_ptr()
+    out.poll()
+    out.send(torch.full((4,), 2.0), 1, "activation", 1.0, 1, 1)
+    assert out._pending[0][1].data_ptr() == first  # the completed send's buffer, refilled
+    out.drain()
+    got = [unpack(b, TensorMeta((4,), torch.float32)) for b in comm.sent]
+    assert [(t.tolist(), mb) for t, _, mb in got] == [([1.0] * 4, 0), ([2.0] * 4, 1)]
+
+
+def test_keep_heap_sets_glibc_thresholds() -> None:
+    import platform
+
+    assert keep_heap() == (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
 
 
 # --- weight policies ------------------------------------------------------------------------------

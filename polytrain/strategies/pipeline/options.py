@@ -32,6 +32,10 @@ class PipelineOptions(BaseModel):
         False, description="let partition=auto replicate stages (data-parallel within a stage; gpipe/1f1b)"
     )
     link_gbps: float = Field(10.0, gt=0, description="link bandwidth (Gbit/s) assumed by partition=auto")
+    heap: Literal["keep", "system"] = Field(
+        "keep", description="keep: freed memory stays in the heap (no page faults per step; glibc); "
+        "system: the C library's defaults"
+    )
 
     @field_validator("partition", mode="before")
     @classmethod

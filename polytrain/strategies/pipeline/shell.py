@@ -18,6 +18,10 @@ Replicated stages (``--set partition=3x2,5`` with gpipe/1f1b): stage s with R re
 ranks, which take the micro-batches in turn and sum their gradients at the flush, so the run still
 equals ``single``. Ranks are numbered stage by stage (`Partition.stage_of_rank`).
 
+Heap. Each rank keeps freed memory in its heap (`heap.keep_heap`, ``--set heap=system`` to leave
+glibc's defaults): a stage frees and reallocates the same large tensors every micro-batch, and
+with the defaults they page-fault in again each time.
+
 Each stage reports the same per-step loss (it travels with the gradients, see `wire`), so the
 ``step`` events of every rank agree, as for data-parallel strategies.
 """
@@ -43,6 +47,7 @@ from polytrain.runtime.loop import LoopSpec, restore_checkpoint, save_checkpoint
 from polytrain.strategies.pipeline.actions import Action
 from polytrain.strategies.pipeline.checks import dry_run, validate
 from polytrain.strategies.pipeline.executor import StageExecutor, StageSpec, Window
+from polytrain.strategies.pipeline.heap import keep_heap
 from polytrain.strategies.pipeline.metrics import summarise
 from polytrain.strategies.pipeline.options import PipelineOptions
 from polytrain.strategies.pipeline.planning import resolve_partition
@@ -175,6 +180,7 @@ class PipelineRun:
 
     def __init__(self, job: Job, ctx: RankContext, opts: PipelineOptions, plan: RunPlan) -> None:
         self.job, self.ctx, self.opts, self.plan = job, ctx, opts, plan
+        self.heap_kept = opts.heap == "keep" and keep_heap()  # before the stage allocates anything
         self.stage = setup_stage(job, ctx, opts, plan)
         self.optimizer = job.make_optimizer(self.stage.module.parameters())
         self.weights = plan.make_weights(self.stage.module, self.optimizer, self.stage.stage)
@@ -295,6 +301,7 @@ class PipelineRun:
             "partition": self.stage.partition.to_json(),
             "partition_option": self.opts.partition,
             "checkpoint": self.plan.checkpoint,
+            "heap": "keep" if self.heap_kept else "system",
             **dict(self.plan.extra),
             **self.stage.plan_info,
         }

@@ -1,13 +1,22 @@
 """Point-to-point messages between pipeline stages, all through the accounted ``ctx.comm``.
 
 Message format. Every activation (stage s -> s+1) and gradient (s+1 -> s) travels as one uint8
-buffer: a 16-byte header of two float64 — ``tag`` and the micro-batch index — followed by the
-tensor's raw bytes. The header carries what the receiver needs besides the tensor: on
+buffer: the tensor's raw bytes followed by a 16-byte trailer of two float64 — ``tag`` and the
+micro-batch index. The trailer carries what the receiver needs besides the tensor: on
 activations the input stage's weight version (PipeDream's vertical sync), on gradients the
 micro-batch's loss (so every stage learns each loss without a separate message or a collective).
 The micro-batch index lets the receiver check the FIFO order (a mismatch is a bug, reported
 loudly, never trained on). Raw bytes keep any dtype exact. The cost is one copy of the tensor at
-the sender and 16 bytes per message; the receiver views the buffer without a copy.
+the sender and 16 bytes per message; the receiver views the buffer without a copy, and since the
+tensor starts the buffer it is as aligned as any fresh tensor (64 bytes).
+
+Buffers are reused. A fresh 256 KiB buffer per message costs more than its copy: the allocator
+hands large blocks back to the OS and the next one page-faults in again, on the same cores the
+stages compute on (measured with `benchmarks/pipeline_profile.py`: about a thousand extra minor
+faults per step on the mlp of `benchmarks/pipeline_torch.py`). An `Outbox` keeps the buffers of
+completed sends; an `Inbox` reuses a receive buffer once nothing but the inbox references its
+storage any more (the stage dropped the activation after its backward, or the gradient after use),
+so the stage's own lifetimes decide and nothing is overwritten while in use.
 
 Shapes are never exchanged: every rank derives them from one dry forward on a sample
 (`polytrain.plan.profile.boundary_metas`), so both ends of a channel agree by construction.
@@ -30,21 +39,31 @@ from polytrain.comm import Comm
 from polytrain.plan.profile import TensorMeta
 from polytrain.runtime.recorder import Recorder
 
-HEADER = 16  # bytes: float64 tag, float64 micro-batch index
+HEADER = 16  # bytes of the trailer: float64 tag, float64 micro-batch index
+POOL = 16  # buffers an outbox keeps per size, and an inbox tracks for reuse
 
 
-def pack(t: torch.Tensor, tag: float, mb: int) -> torch.Tensor:
-    """``t`` as (HEADER + t.nbytes,) uint8: [tag, mb] as float64, then the tensor's bytes."""
-    head = torch.tensor([tag, float(mb)], dtype=torch.float64, device=t.device).view(torch.uint8)
-    return torch.cat([head, t.detach().contiguous().reshape(-1).view(torch.uint8)])
+def pack(t: torch.Tensor, tag: float, mb: int, into: torch.Tensor | None = None) -> torch.Tensor:
+    """``t`` as (t.nbytes + HEADER,) uint8: the tensor's bytes, then [tag, mb] as float64.
+    ``into``: a buffer of that size to fill (reuse) instead of a new one."""
+    n = t.numel() * t.element_size()
+    buf = torch.empty(n + HEADER, dtype=torch.uint8, device=t.device) if into is None else into
+    buf[:n].view(t.dtype).view(t.shape).copy_(t.detach())
+    buf[n:].copy_(torch.tensor([tag, float(mb)], dtype=torch.float64).view(torch.uint8))
+    return buf
 
 
 def unpack(buf: torch.Tensor, meta: TensorMeta) -> tuple[torch.Tensor, float, int]:
     """(tensor of ``meta``'s shape viewing ``buf``, tag, micro-batch index)."""
-    tag, mb = buf[:HEADER].view(torch.float64).tolist()
+    tag, mb = buf[-HEADER:].clone().view(torch.float64).tolist()  # clone: 8-byte aligned
     # detach: a leaf of its own (the stage may set requires_grad on it), same storage, no copy
-    tensor = buf[HEADER:].view(meta.dtype).view(meta.shape).detach()
+    tensor = buf[:-HEADER].view(meta.dtype).view(meta.shape).detach()
     return tensor, tag, int(mb)
+
+
+def _users(buf: torch.Tensor) -> int:
+    """How many tensors reference ``buf``'s storage (views, autograd's saved tensors, ...)."""
+    return int(torch._C._storage_Use_Count(buf.untyped_storage()._cdata))
 
 
 class Inbox:
@@ -69,15 +88,26 @@ class Inbox:
         self.device, self.ahead = device, max(1, ahead)
         self.left = 0  # messages expected on this channel and not yet posted
         self._posted: deque[tuple[Any, torch.Tensor]] = deque()
+        self._lent: deque[tuple[torch.Tensor, int]] = deque()  # taken buffers, users when posted
 
     def expect(self, count: int) -> None:
         """Announce ``count`` more messages (a segment's worth) and post the first receives."""
         self.left += count
         self._post()
 
+    def _buffer(self) -> torch.Tensor:
+        """A receive buffer: a taken one the stage no longer uses, else a new one."""
+        for i, (buf, users) in enumerate(self._lent):
+            if _users(buf) <= users:  # only the inbox holds it again
+                del self._lent[i]
+                return buf
+        while len(self._lent) > POOL:  # never reused (the stage keeps them): stop tracking
+            self._lent.popleft()
+        return torch.empty(self.meta.nbytes + HEADER, dtype=torch.uint8, device=self.device)
+
     def _post(self) -> None:
         while self.left > 0 and len(self._posted) < self.ahead:
-            buf = torch.empty(HEADER + self.meta.nbytes, dtype=torch.uint8, device=self.device)
+            buf = self._buffer()
             self._posted.append((self.comm.irecv(buf, self.peer, op=self.op), buf))
             self.left -= 1
 
@@ -88,8 +118,9 @@ class Inbox:
         work, buf = self._posted.popleft()
         with self.rec.span("recv", "comm", stage=self.stage, mb=mb, step=step, peer=self.peer, kind=self.op):
             work.wait()
-        self._post()
+        self._lent.append((buf, _users(buf)))
         tensor, tag, got = unpack(buf, self.meta)
+        self._post()
         if got != mb:
             raise RuntimeError(
                 f"stage {self.stage} expected the {self.op} of micro-batch {mb} from rank "
@@ -104,9 +135,11 @@ class Outbox:
     def __init__(self, comm: Comm, rec: Recorder, stage: int) -> None:
         self.comm, self.rec, self.stage = comm, rec, stage
         self._pending: list[tuple[Any, torch.Tensor, float, dict[str, Any]]] = []
+        self._free: dict[int, list[torch.Tensor]] = {}  # buffers of completed sends, by size
 
     def send(self, t: torch.Tensor, peer: int, op: str, tag: float, mb: int, step: int) -> None:
-        buf = pack(t, tag, mb)
+        spare = self._free.get(t.numel() * t.element_size() + HEADER)
+        buf = pack(t, tag, mb, spare.pop() if spare and t.device == spare[-1].device else None)
         start = self.rec.now()
         fields = {"stage": self.stage, "mb": mb, "step": step, "peer": peer, "kind": op}
         self._pending.append((self.comm.isend(buf, peer, op=op), buf, start, fields))
@@ -117,15 +150,22 @@ class Outbox:
         for work, buf, start, fields in self._pending:
             if work.is_completed():
                 self.rec.add_span("send", "comm", start, self.rec.now(), **fields)
+                self._recycle(buf)
             else:
                 still.append((work, buf, start, fields))
         self._pending = still
 
     def drain(self) -> None:
-        for work, _, start, fields in self._pending:
+        for work, buf, start, fields in self._pending:
             work.wait()
             self.rec.add_span("send", "comm", start, self.rec.now(), **fields)
+            self._recycle(buf)
         self._pending = []
+
+    def _recycle(self, buf: torch.Tensor) -> None:
+        free = self._free.setdefault(buf.numel(), [])
+        if len(free) < POOL:
+            free.append(buf)
 
 
 # --- the final model: every stage's slice gathered at rank 0 ---------------------------------------
