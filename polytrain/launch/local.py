@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +22,9 @@ from typing import Any
 from rich.console import Console
 
 from polytrain.config import JobConfig
-from polytrain.errors import ConfigError, RankFailure
+from polytrain.errors import RankFailure
 from polytrain.launch.prepare import prepare
 from polytrain.launch.rundir import new_run_dir, read_summary, write_config
-from polytrain.launch.worker import run_rank
 from polytrain.runtime.progress import FollowProgress
 
 SHUTDOWN_TIMEOUT_S = 10
@@ -42,36 +42,42 @@ def _quiet_elastic(debug: bool) -> None:
         logging.getLogger(name).setLevel(level)
 
 
-@contextlib.contextmanager
-def rank_threads(procs: int) -> Iterator[None]:
-    """The ranks' OpenMP pool sized in their environment, as torchrun does: cores / local ranks.
+def _user_paths() -> list[str]:
+    """This program's import paths that a fresh interpreter would not have (its script's folder,
+    the working directory, paths it added), so a rank imports the user's model factory as the
+    launching program does."""
+    system = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    out = []
+    for entry in sys.path:
+        path = os.path.realpath(entry or os.getcwd())
+        if not any(path == s or path.startswith(s + os.sep) for s in system) and path not in out:
+            out.append(path)
+    return out
 
+
+@contextlib.contextmanager
+def rank_environment(procs: int) -> Iterator[None]:
+    """The ranks' environment, set while they start; the caller's is restored afterwards.
+
+    ``OMP_NUM_THREADS``: the ranks' OpenMP pool sized as torchrun does, cores / local ranks.
     Calling ``torch.set_num_threads`` in a rank is not enough: by then the OpenMP runtime has
     started with one thread per core, and oneDNN convolutions then ran 27% slower with 2 ranks
-    on 2 cores (vgg16 allreduce, 654 vs 902 samples/s, measured). A user's own
-    OMP_NUM_THREADS wins; the caller's environment is restored afterwards.
+    on 2 cores (vgg16 allreduce, 654 vs 902 samples/s, measured). A user's own value wins.
+    ``PYTHONPATH``: this program's own import paths first (see :func:`_user_paths`).
     """
-    if "OMP_NUM_THREADS" in os.environ:
-        yield
-        return
-    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // procs))
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "PYTHONPATH")}
+    if saved["OMP_NUM_THREADS"] is None:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // procs))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        _user_paths() + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
     try:
         yield
     finally:
-        os.environ.pop("OMP_NUM_THREADS", None)
-
-
-def _refuse_in_starting_rank() -> None:
-    """A rank that is importing the user's script must not launch a job of its own."""
-    import multiprocessing
-
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
-        raise ConfigError(
-            "polytrain.train() was called while one of its rank processes was starting: ranks "
-            "start by importing the main module of the program that launched them, and this "
-            "script calls polytrain.train() at import time. Put the call under "
-            "`if __name__ == \"__main__\":`."
-        )
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def launch(
@@ -81,7 +87,6 @@ def launch(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    _refuse_in_starting_rank()
     prepared = prepare(cfg)
     if run_dir is None:
         run_dir = new_run_dir(cfg)
@@ -91,12 +96,15 @@ def launch(
     console = console or Console(stderr=True)
     _quiet_elastic(cfg.debug)
     payload = {
-        "config": cfg.model_dump(),
+        "config": cfg.model_dump(mode="json"),
         "run_dir": str(run_dir),
         "resume": resume,
         "rank_logs": True,
         "progress": False,
     }
+    payload_path = run_dir / "ranks" / "launch.json"
+    payload_path.parent.mkdir(parents=True, exist_ok=True)
+    payload_path.write_text(json.dumps(payload, indent=1))
     if cfg.debug:
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "INFO"  # DETAIL crashes DDP on torch 2.13/CPU
     lc = LaunchConfig(
@@ -108,15 +116,14 @@ def launch(
         rdzv_endpoint=f"127.0.0.1:{_free_port()}",
         max_restarts=0,
         monitor_interval=0.1,
-        start_method="spawn",
         local_addr="127.0.0.1",
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
     )
     rank0 = run_dir / "ranks" / "rank0.jsonl"
     label = f"{cfg.strategy} ×{cfg.procs}"
     try:
-        with FollowProgress(rank0, prepared.steps, label, console), rank_threads(cfg.procs):
-            elastic_launch(lc, run_rank)(payload)
+        with FollowProgress(rank0, prepared.steps, label, console), rank_environment(cfg.procs):
+            elastic_launch(lc, sys.executable)("-m", "polytrain.launch.rank_main", str(payload_path))
     except ChildFailedError as err:
         raise RankFailure(describe_failure(run_dir, err, cfg.debug)) from None
     return read_summary(run_dir)
@@ -158,10 +165,8 @@ def describe_failure(run_dir: Path, err: Any, debug: bool) -> str:
             sig = failure.signal_name() if failure.exitcode < 0 else f"exit code {failure.exitcode}"
             if failure.exitcode > 0 and not (run_dir / "ranks" / f"rank{rank}.jsonl").exists():
                 what = (
-                    f"died ({sig}) while its process was starting, before polytrain's rank code ran. "
-                    "Each rank starts by importing the main module of the program that launched "
-                    "it: a script that calls polytrain.train() must do so under "
-                    "`if __name__ == \"__main__\":` (the rank's own error is printed above)"
+                    f"died ({sig}) while its process was starting, before polytrain's rank code "
+                    "ran (its Python error, if any, is printed above)"
                 )
             else:
                 what = (

@@ -1,0 +1,25 @@
+"""A rank started by the local launcher: ``python -m polytrain.launch.rank_main PAYLOAD.json``.
+
+The local launcher starts its ranks as fresh interpreters, the way ``torchrun`` starts a script,
+rather than as ``multiprocessing`` children: a rank then never imports the launching program's
+main module (a script calling ``polytrain.train()`` needs no ``__main__`` guard), and the ranks
+run exactly as they do under torchrun.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from polytrain.launch.worker import run_rank
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 1:
+        raise SystemExit("usage: python -m polytrain.launch.rank_main PAYLOAD.json")
+    run_rank(json.loads(Path(argv[0]).read_text()))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
