@@ -80,6 +80,10 @@ class RLConfig(BaseModel):
     # 14.3k, eps_base=0.9 20.6k; dqn 6.6k. None helped, so the defaults stay. Pinning actors and
     # replay to one CPU or nice 10 left the learner's updates/s unchanged (460-500 either way):
     # on a quiet 2-core box the learner already has a core of its own.
+    # 2026-11-23, after the per-link groups, cheaper updates and one-descent sampling (8 seeds each,
+    # benchmarks/results/rl_time_to_solve.md): median time to solve dqn 28.9 s, apex2 34.1 s
+    # (14.2k updates at 433/s), apex2 with initial_priority="max" 28.7 s (13.5k updates at 464/s)
+    # - a tie with dqn, not a win; "actor" (Ape-X's rule) stays the default.
     actor_timeout_s: float = Field(10.0, gt=0)  # silence after which an actor is declared lost
     timeout_s: float = Field(120.0, gt=0)  # process-group timeout (a hung server fails the run)
     out: str | None = None
