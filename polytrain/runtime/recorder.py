@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-FLUSH_EVERY_S = 0.25
+FLUSH_EVERY_S = 0.05
 
 # A span as recorded on the hot path: (name, cat, start, end, fields).
 _Span = tuple[str, str, float, float, dict[str, Any]]
