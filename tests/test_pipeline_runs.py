@@ -2,7 +2,8 @@
 
 Oracles: gpipe and 1f1b equal single-process training (parameters and per-step losses) on 2 and
 4 stages; pipedream's backward always differentiates the weight version its forward used, and
-with vertical sync every stage runs a mini-batch on the input stage's version. Each launch costs
+with vertical sync every stage runs a mini-batch on the input stage's version, and the run equals
+single-process SGD with gradients P-1 updates stale. Each launch costs
 ~15-50 s of process start-up on the 2-core dev box, so the cases are few and each checks a lot.
 """
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import polytrain
 from tests.conftest import assert_same_params, load_model, step_losses
@@ -122,6 +124,40 @@ def test_pipedream_stashes_weights_and_syncs_versions(tmp_path: Path) -> None:
         f"{n}.{p}" for n in ("fc1.1", "fc2.0", "fc3.0", "head") for p in ("weight", "bias")
     }
     assert summary["eval"] is not None
+    # the whole run: with vertical sync mini-batch m meets one model, version max(m-(P-1), 0), on
+    # every stage, and its gradient updates the live weights — SGD with gradients P-1 updates stale
+    state, losses = delayed_sgd(steps, delay=2)
+    assert_same_params(load_model(out), state)
+    assert list(step_losses(out).values()) == pytest.approx(losses, rel=1e-4, abs=1e-6)
+
+
+def delayed_sgd(steps: int, delay: int) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """One process: step k's gradient is taken at the weights after max(k-1-delay, 0) updates and
+    applied to the current ones (the oracle of pipedream with vertical sync, delay = P-1)."""
+    from torch.func import functional_call
+
+    from polytrain.config import make_config
+    from polytrain.runtime.job import Job
+
+    cfg = make_config({**COMMON, "strategy": "single", "procs": 1, "steps": steps,
+                       "model_options": {"depth": 3}})  # fmt: skip
+    job = Job.from_config(cfg)
+    model = job.build_model()
+    optimizer = job.make_optimizer(model.parameters())
+    batches = job.batches()
+    versions = [{n: p.detach().clone() for n, p in model.named_parameters()}]
+    losses = []
+    for step in range(1, steps + 1):
+        params = {n: t.clone().requires_grad_() for n, t in versions[max(step - 1 - delay, 0)].items()}
+        x, y = batches.shard(step)
+        loss = job.loss(functional_call(model, params, (x,)), y)
+        for p, g in zip(model.parameters(), torch.autograd.grad(loss, list(params.values())), strict=True):
+            p.grad = g
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        versions.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        losses.append(float(loss))
+    return model.state_dict(), losses
 
 
 @pytest.mark.parametrize(
