@@ -38,6 +38,17 @@ ALGOS: dict[str, dict[str, Any]] = {
     "apex3": {"algo": "apex", "actors": 3},
     # new experience at the replay's max priority (the PER rule dqn uses) instead of the actors' |TD|
     "apex2_maxprio": {"algo": "apex", "actors": 2, "initial_priority": "max"},
+    # Ape-X's learner takes much larger batches than DQN (512 vs 32 in the paper); each runs at
+    # the same larger batch too, so apex is compared with dqn's best configuration
+    "dqn_b128": {"algo": "dqn", "batch_size": 128},
+    "dqn_b256": {"algo": "dqn", "batch_size": 256},
+    "apex2_b128": {"algo": "apex", "actors": 2, "batch_size": 128},
+    "apex2_b256": {"algo": "apex", "actors": 2, "batch_size": 256},
+    "apex2_b512": {"algo": "apex", "actors": 2, "batch_size": 512},
+    # actors fetch parameters every 50 env steps instead of 200: at ~350 steps/s per actor and
+    # ~300 learner updates/s, 200 steps is a policy ~170 updates old (Ape-X's actors lag the
+    # learner by far fewer updates: they fetch every 400 frames while it makes ~19 updates/s)
+    "apex2_b256_f50": {"algo": "apex", "actors": 2, "batch_size": 256, "fetch_every": 50},
     "gorila": {"algo": "gorila", "actors": 2, "learners": 2, "servers": 2},
 }
 
