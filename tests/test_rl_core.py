@@ -12,7 +12,15 @@ from torch import nn
 
 from polytrain.errors import ConfigError
 from polytrain.rl.config import check_qnet, make_rl_config
-from polytrain.rl.core import Layout, NStep, clip_grad_norm, double_dqn_td, epsilon_ladder, linear_epsilon
+from polytrain.rl.core import (
+    Layout,
+    NStep,
+    clip_grad_norm,
+    double_dqn_td,
+    epsilon_ladder,
+    linear_epsilon,
+    make_optimizer,
+)
 from polytrain.rl.roles import layout_ranks
 
 
@@ -193,3 +201,19 @@ def test_clip_grad_norm_matches_torch(scale: float) -> None:
     nn.utils.clip_grad_norm_(theirs, 10.0)
     for a, b in zip(mine, theirs, strict=True):
         assert torch.equal(a.grad, b.grad)
+
+
+def test_adam_is_torchs_adam() -> None:
+    """The DQN core's (fused) Adam takes the steps of torch's reference Adam."""
+    torch.manual_seed(0)
+    mine = [nn.Parameter(torch.randn(6, 4)) for _ in range(2)]
+    theirs = [nn.Parameter(p.detach().clone()) for p in mine]
+    ours, ref = make_optimizer("adam", mine, 1e-2), torch.optim.Adam(theirs, lr=1e-2, foreach=False)
+    for _ in range(20):
+        for a, b in zip(mine, theirs, strict=True):
+            a.grad = torch.randn_like(a)
+            b.grad = a.grad.clone()
+        ours.step()
+        ref.step()
+    for a, b in zip(mine, theirs, strict=True):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)

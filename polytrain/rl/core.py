@@ -103,7 +103,10 @@ def make_optimizer(name: str, params: list[nn.Parameter] | list[torch.Tensor],
     if name == "rmsprop":
         # eps as in the DQN papers' centred RMSProp is for Atari's scale; 1e-5 is steadier here
         return torch.optim.RMSprop(params, lr=lr, alpha=0.95, eps=1e-5, centered=True, foreach=True)
-    return torch.optim.Adam(params, lr=lr, foreach=True)
+    # fused: the whole Adam step in one kernel (torch has a CPU one); the foreach step still costs
+    # ~0.4 ms of the ~1.5 ms update of the default MLP in dispatch and bookkeeping (measured with
+    # torch.profiler: 1.66-1.96 -> 1.33-1.39 ms per update), the same Adam to within float rounding
+    return torch.optim.Adam(params, lr=lr, fused=True)
 
 
 def double_dqn_td(online: nn.Module, target: nn.Module, layout: Layout,
