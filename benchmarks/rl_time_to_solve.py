@@ -35,6 +35,7 @@ from harness import RESULTS, write_results  # noqa: E402
 ALGOS: dict[str, dict[str, Any]] = {
     "dqn": {"algo": "dqn"},
     "apex2": {"algo": "apex", "actors": 2},
+    "apex2_f200": {"algo": "apex", "actors": 2, "fetch_every": 200},  # the default before 2026-11-23
     "apex3": {"algo": "apex", "actors": 3},
     # new experience at the replay's max priority (the PER rule dqn uses) instead of the actors' |TD|
     "apex2_maxprio": {"algo": "apex", "actors": 2, "initial_priority": "max"},
@@ -50,6 +51,20 @@ ALGOS: dict[str, dict[str, Any]] = {
     # learner by far fewer updates: they fetch every 400 frames while it makes ~19 updates/s)
     "apex2_b256_f50": {"algo": "apex", "actors": 2, "batch_size": 256, "fetch_every": 50},
     "gorila": {"algo": "gorila", "actors": 2, "learners": 2, "servers": 2},
+    "gorila_l2s1a1": {"algo": "gorila", "actors": 1, "learners": 2, "servers": 1},
+    # Ape-X-specific settings tried on 2 cores (the DQN core stays dqn's): a less exploratory
+    # ladder (with 2 actors, eps_base e gives e and e^8), and the replay ratio
+    "apex2_e02": {"algo": "apex", "actors": 2, "eps_base": 0.2},
+    "apex2_e01": {"algo": "apex", "actors": 2, "eps_base": 0.1},
+    "apex2_r1": {"algo": "apex", "actors": 2, "steps_per_update": 1.0},
+    "apex2_f50": {"algo": "apex", "actors": 2, "fetch_every": 50},
+    # a flatter ladder: eps_alpha 1 gives 0.4 and 0.16, 3 gives 0.4 and 0.026 (7: 0.4 and 0.00066)
+    "apex2_a1": {"algo": "apex", "actors": 2, "eps_alpha": 1.0},
+    "apex2_a3": {"algo": "apex", "actors": 2, "eps_alpha": 3.0},
+    "apex2_f50a3": {"algo": "apex", "actors": 2, "fetch_every": 50, "eps_alpha": 3.0},
+    # smaller gorila: fewer processes on 2 cores
+    "gorila_l1s1a1": {"algo": "gorila", "actors": 1, "learners": 1, "servers": 1},
+    "gorila_l1s1a2": {"algo": "gorila", "actors": 2, "learners": 1, "servers": 1},
 }
 
 
@@ -127,7 +142,7 @@ def main() -> None:
                   ["algo", "processes", "seed", "solved", "time_to_target_s", "env_steps_to_target",
                    "learner_updates", "updates_per_s", "env_steps_per_s", "startup_s", "budget_s",
                    "learner_cpu_ms_per_update", "learn_ms_per_update", "eval_s", "learner_busy",
-                   "helpers_cores", "cores_used", "load_before", "load_after"], notes)
+                   "helpers_cores", "cores_used", "load_before", "load_after", "commit"], notes)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ RL_FLAGS: list[tuple[str, str, Any, str]] = [
     ("alpha", "--alpha", float, "priority exponent (0: uniform); default 0.6, gorila 0"),
     ("learning_starts", "--learning-starts", int, "transitions stored before learning; default 1000"),
     ("publish_every", "--publish-every", int, "K: lead learner updates between publications; default 20"),
-    ("fetch_every", "--fetch-every", int, "actor env steps between parameter fetches; default 200"),
+    ("fetch_every", "--fetch-every", int, "actor env steps between parameter fetches; default 50"),
     ("steps_per_update", "--steps-per-update", float,
      "replay rate limit: env steps per learner update, actors wait beyond it (0: off); default 2"),
     ("actor_timeout_s", "--actor-timeout", float, "seconds of silence before an actor is lost; default 10"),

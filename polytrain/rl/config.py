@@ -64,7 +64,13 @@ class RLConfig(BaseModel):
     # or "max" (the PER paper's rule, as dqn: the largest priority seen so far; actors send none)
     initial_priority: Literal["actor", "max"] = "actor"
     publish_every: int = Field(20, ge=1)  # K: (lead) learner updates between parameter publications
-    fetch_every: int = Field(200, ge=1)  # actor env steps between parameter fetches
+    # actor env steps between parameter fetches. A fetch rides on the next ADD (every send_every
+    # transitions), so 50 is the freshest without extra messages. 200 left the actors' policy
+    # ~150-250 learner updates behind (2 actors at ~450 steps/s each, ~450 updates/s); 50 cut
+    # apex's median time to solve CartPole on seeds 0-3 from 31.0 s (rl_time_to_solve.md) to
+    # 18.6 s; a flatter or less exploring eps ladder or replay ratio 1 did not
+    # (benchmarks/results/rl_apex_tuning.md)
+    fetch_every: int = Field(50, ge=1)
     send_every: int = Field(50, ge=1)  # transitions an actor batches into one message
     prefetch: int = Field(3, ge=1)  # SAMPLE requests a learner keeps in flight
     # batches one SAMPLE request asks for: every message costs ~0.1-0.3 ms of kernel time in gloo's
