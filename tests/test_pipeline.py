@@ -38,7 +38,7 @@ from polytrain.strategies.pipeline.weights import (
     backward_distances,
     predict,
 )
-from polytrain.strategies.pipeline.wire import HEADER, Inbox, Outbox, pack, unpack
+from polytrain.strategies.pipeline.wire import HEADER, Frame, Inbox, Outbox, pack, unpack
 
 COMMON: dict[str, Any] = {
     "model": "mlp",
@@ -63,6 +63,22 @@ def test_messages_carry_any_dtype_exactly_with_their_header(dtype: torch.dtype) 
     got.requires_grad_()  # a received activation becomes a leaf the stage differentiates
     (got.float() * 2).sum().backward()
     assert got.grad is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_a_frame_writes_and_reads_what_pack_and_unpack_do(dtype: torch.dtype) -> None:
+    t = torch.randn(3, 5).to(dtype)
+    frame = Frame((3, 5), dtype, torch.device("cpu"))
+    buf = frame.fill(t, tag=-1.5, mb=11)
+    assert torch.equal(buf, pack(t, tag=-1.5, mb=11))  # the same bytes on the wire
+    got, tag, mb = frame.read()
+    assert torch.equal(got, t) and tag == -1.5 and mb == 11 and got.data_ptr() == buf.data_ptr()
+    got.requires_grad_()  # a fresh leaf each read: the frame's own view stays untouched
+    assert not frame.payload.requires_grad and not frame.read()[0].requires_grad
+    received = Frame((3, 5), dtype, torch.device("cpu"))
+    received.buf.copy_(pack(t, tag=2.0, mb=3))  # what irecv does
+    got, tag, mb = received.read()
+    assert torch.equal(got, t) and (tag, mb) == (2.0, 3)
 
 
 class _Done:
@@ -111,10 +127,10 @@ def test_outbox_reuses_buffers_of_completed_sends() -> None:
     comm = _LoopComm([])
     out = Outbox(comm, Recorder(0), 0)  # type: ignore[arg-type]
     out.send(torch.ones(4), 1, "activation", 1.0, 0, 1)
-    first = out._pending[0][1].data_ptr()
+    first = out._pending[0][1].buf.data_ptr()
     out.poll()
     out.send(torch.full((4,), 2.0), 1, "activation", 1.0, 1, 1)
-    assert out._pending[0][1].data_ptr() == first  # the completed send's buffer, refilled
+    assert out._pending[0][1].buf.data_ptr() == first  # the completed send's buffer, refilled
     out.drain()
     got = [unpack(b, TensorMeta((4,), torch.float32)) for b in comm.sent]
     assert [(t.tolist(), mb) for t, _, mb in got] == [([1.0] * 4, 0), ([2.0] * 4, 1)]
@@ -439,3 +455,23 @@ def test_timed_replay_equal_costs_gives_the_textbook_bubble() -> None:
     costs = {a: (0.018 if a.op == "F" and a.stage == 1 else 0.01 if a.op == "F" else 0.02)
              for row in orders.values() for a in row}
     assert timed_bubble(simulate_times(orders, costs)) > theoretical_bubble(2, 8) + 0.05
+
+
+def test_collector_paused_during_a_flush_segment_only() -> None:
+    import gc
+
+    from polytrain.strategies.pipeline.shell import _collector_paused
+
+    assert gc.isenabled()
+    with _collector_paused(True):
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with _collector_paused(False):  # a pipedream stream: collection stays on
+        assert gc.isenabled()
+    gc.disable()
+    try:
+        with _collector_paused(True):
+            pass
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
