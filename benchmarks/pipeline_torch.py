@@ -156,7 +156,8 @@ def polytrain_worker(schedule_name: str, steps: int, microbatches: int) -> None:
 
 def torchrun_side(worker_name: str, steps: int, microbatches: int, torch_heap: str) -> float:
     """samples/s of ``--worker worker_name`` on 2 ranks under plain torchrun."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCH_HEAP": torch_heap}
+    # faulthandler: a rank that aborts at exit prints every thread's Python stack (kept below)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCH_HEAP": torch_heap, "PYTHONFAULTHANDLER": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(Path(__file__).resolve()), "--worker", worker_name, "--steps", str(steps),
            "--microbatches", str(microbatches)]  # fmt: skip
@@ -165,7 +166,7 @@ def torchrun_side(worker_name: str, steps: int, microbatches: int, torch_heap: s
     if not lines:
         raise RuntimeError(f"{worker_name} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     if proc.returncode != 0:  # the loop finished and reported; a rank died at interpreter exit
-        TEARDOWN_CRASHES.append(worker_name)
+        TEARDOWN_CRASHES.append(f"{worker_name} (exit {proc.returncode}): {proc.stderr[-1500:]}")
     return float(json.loads(lines[-1])["samples_per_s"])
 
 
