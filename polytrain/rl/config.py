@@ -65,11 +65,12 @@ class RLConfig(BaseModel):
     initial_priority: Literal["actor", "max"] = "actor"
     publish_every: int = Field(20, ge=1)  # K: (lead) learner updates between parameter publications
     # actor env steps between parameter fetches. A fetch rides on the next ADD (every send_every
-    # transitions), so 50 is the freshest without extra messages. 200 left the actors' policy
-    # ~150-250 learner updates behind (2 actors at ~450 steps/s each, ~450 updates/s); 50 cut
-    # apex's median time to solve CartPole on seeds 0-3 from 31.0 s (rl_time_to_solve.md) to
-    # 18.6 s; a flatter or less exploring eps ladder or replay ratio 1 did not
-    # (benchmarks/results/rl_apex_tuning.md)
+    # transitions), so 50 is the freshest without extra messages; 200 left the actors' policy
+    # ~150-250 learner updates behind the learner's (Ape-X's actors lag by far fewer). On 4
+    # seeds 50 looked faster (median 18.6 s vs 31.0 s, rl_apex_tuning.md), but that was noise
+    # of multi-process runs: on seeds 0-7 apex needs a median 18.1k updates to solve CartPole
+    # with 50 and 18.2k with 200 (rl_time_to_solve.md, rows apex2 and apex2_f200): no measured
+    # difference. 50 stays (the fresher policy, as Ape-X intends; its cost is negligible).
     fetch_every: int = Field(50, ge=1)
     send_every: int = Field(50, ge=1)  # transitions an actor batches into one message
     prefetch: int = Field(3, ge=1)  # SAMPLE requests a learner keeps in flight
@@ -87,9 +88,15 @@ class RLConfig(BaseModel):
     # replay to one CPU or nice 10 left the learner's updates/s unchanged (460-500 either way):
     # on a quiet 2-core box the learner already has a core of its own.
     # 2026-11-23, after the per-link groups, cheaper updates and one-descent sampling (8 seeds each,
-    # benchmarks/results/rl_time_to_solve.md): median time to solve dqn 28.9 s, apex2 34.1 s
+    # benchmarks/results/rl_time_to_solve_23ae6a3.md): median time to solve dqn 28.9 s, apex2 34.1 s
     # (14.2k updates at 433/s), apex2 with initial_priority="max" 28.7 s (13.5k updates at 464/s)
     # - a tie with dqn, not a win; "actor" (Ape-X's rule) stays the default.
+    # 2026-11-23 later (fetch_every 200; 4 seeds each, rl_apex_tuning.md): eps_base 0.2
+    # or 0.1 (less exploration) median 46-50 s, eps_alpha 1 (0.4, 0.16) 28.8 s, eps_alpha 3
+    # 23.8 s, steps_per_update 1 28.9 s - none clearly better than the defaults (same seeds:
+    # 31.0 s). Fused Adam and fetch_every 50, 24 seeds (rl_time_to_solve.md): dqn median 30.9 s
+    # (9.7k updates at 363/s), apex2 31.9 s (18.1k updates at 580/s), a tie; apex's spread is
+    # narrower.
     actor_timeout_s: float = Field(10.0, gt=0)  # silence after which an actor is declared lost
     timeout_s: float = Field(120.0, gt=0)  # process-group timeout (a hung server fails the run)
     out: str | None = None
