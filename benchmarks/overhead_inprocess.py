@@ -1,0 +1,133 @@
+"""polytrain's per-step overhead in the same processes: blocks of a plain loop (a plain DDP loop
+for 2 processes) alternate with blocks of polytrain's own rank code (`single` / `allreduce`
+through `Strategy.run`, with its recorder, timeline spans, accounted comm hook and data shard),
+inside the same torchrun processes. Launch, process placement and heap history are then shared
+by both sides, so what differs is polytrain's code alone — the separate-process comparison of
+`overhead.py` carries ±15% between processes of the same job on this machine.
+
+    python benchmarks/overhead_inprocess.py [--model cnn|vgg16] [--procs 1|2] [--blocks 8]
+                                            [--steps 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+MODELS = {"cnn": ("digits", {}), "vgg16": ("synthetic-images", {"width": 8})}
+BATCH = 64
+
+
+def _worker(model: str, blocks: int, steps: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from polytrain.comm import Comm
+    from polytrain.config import make_config
+    from polytrain.data import task_loss
+    from polytrain.runtime.checkpoint import CheckpointStore
+    from polytrain.runtime.job import Job, RankContext
+    from polytrain.runtime.recorder import Recorder
+    from polytrain.strategies import make_strategy
+
+    dist.init_process_group("gloo")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dataset, model_options = MODELS[model]
+    strategy = "single" if world == 1 else "allreduce"
+    job = Job.from_config(make_config({"strategy": strategy, "steps": steps, "procs": world,
+                                       "model": model, "dataset": dataset,
+                                       "model_options": model_options, "batch_size": BATCH}))
+    tmp = Path(tempfile.mkdtemp(prefix="polytrain-overhead-"))
+
+    def plain() -> float:
+        torch.manual_seed(0)
+        model_ = job.build_model()
+        net = DDP(model_) if world > 1 else model_
+        opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+        b = BATCH // world
+        g = torch.Generator().manual_seed(0)
+        x_all, y_all = job.dataset.x_train, job.dataset.y_train
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            idx = torch.randint(0, x_all.shape[0], (BATCH,), generator=g)[rank * b:(rank + 1) * b]
+            opt.zero_grad(set_to_none=True)
+            loss = task_loss(job.spec, net(x_all[idx]), y_all[idx])
+            loss.backward()
+            opt.step()
+            float(loss.detach())
+        return steps * BATCH / (time.perf_counter() - t0)
+
+    def ours(i: int) -> float:
+        ctx = RankContext(rank=rank, world=world, local_rank=rank, device=torch.device("cpu"),
+                          backend="gloo", comm=Comm(rank, world),
+                          recorder=Recorder(rank, tmp / f"rank{rank}_{i}.jsonl"), run_dir=tmp,
+                          checkpoints=CheckpointStore(tmp / "checkpoints", "overhead"))
+        res = make_strategy(strategy, {}).run(job, ctx)
+        ctx.recorder.close()
+        return res.samples / res.wall_s
+
+    pairs = []
+    for i in range(blocks):
+        if i % 2:  # alternate who goes first
+            o, p = ours(i), plain()
+        else:
+            p, o = plain(), ours(i)
+        pairs.append({"plain": p, "polytrain": o, "ratio": o / p})
+    if rank == 0:
+        print(json.dumps({"pairs": pairs}), flush=True)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", choices=sorted(MODELS), default="cnn")
+    p.add_argument("--procs", type=int, choices=[1, 2], default=2)
+    p.add_argument("--blocks", type=int, default=8, help="pairs of blocks (plain, polytrain)")
+    p.add_argument("--steps", type=int, default=100, help="steps per block")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        _worker(a.model, a.blocks, a.steps)
+        return
+    from harness import write_results
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           str(a.procs), str(Path(__file__).resolve()), "--worker", "--model", a.model,
+           "--blocks", str(a.blocks), "--steps", str(a.steps)]
+    out = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                         text=True, check=True).stdout
+    pairs: list[dict[str, Any]] = json.loads([x for x in out.splitlines() if x.startswith("{")][-1])["pairs"]
+    ratios = sorted(x["ratio"] for x in pairs)
+    q = len(ratios) // 4
+    row = {"model": a.model, "comparison": "single vs plain loop" if a.procs == 1 else
+           "allreduce vs plain DDP", "procs": a.procs, "blocks": len(pairs), "steps per block": a.steps,
+           "plain samples/s": statistics.median(x["plain"] for x in pairs),
+           "polytrain samples/s": statistics.median(x["polytrain"] for x in pairs),
+           "paired ratio": statistics.median(ratios),
+           "middle half": f"{ratios[q]:.3f}-{ratios[-1 - q]:.3f}",
+           "polytrain ahead": f"{sum(r >= 1 for r in ratios)}/{len(ratios)}", "target": ">= 0.95"}
+    write_results(f"overhead_inprocess_{a.model}_{a.procs}", [row], list(row), notes=(
+        "Blocks of plain steps and of polytrain's rank code alternate inside the same torchrun "
+        f"processes (the first of each pair alternating), {a.steps} steps of global batch {BATCH} "
+        "with Adam per block; `paired ratio`: median over pairs of polytrain/plain throughput, "
+        "with the middle half of the pairs' ratios."))
+
+
+if __name__ == "__main__":
+    main()
