@@ -31,6 +31,16 @@ def test_every_sample_once_per_epoch() -> None:
     assert b.indices(6).shape == (10,)
 
 
+def test_batches_follow_the_concatenated_epoch_permutations() -> None:
+    # batch 16 over 50 samples: some batches lie inside one epoch (a view of the permutation),
+    # others cross a boundary; all must be the stream positions [(s-1)B, sB) of the definition
+    b = GlobalBatches(torch.zeros(50, 1), torch.arange(50), batch_size=16, seed=5)
+    stream = torch.cat([torch.randperm(50, generator=torch.Generator().manual_seed(5 * 1_000_003 + e))
+                        for e in range(8)])
+    for step in range(1, 21):
+        assert torch.equal(b.indices(step), stream[(step - 1) * 16 : step * 16])
+
+
 def test_uneven_split_is_refused() -> None:
     b = GlobalBatches(torch.zeros(50, 1), torch.arange(50), batch_size=10, seed=0)
     with pytest.raises(ConfigError, match="multiple of 4"):

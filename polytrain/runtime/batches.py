@@ -32,6 +32,9 @@ class GlobalBatches:
     def indices(self, step: int) -> torch.Tensor:
         """Sample indices of global batch ``step`` (1-based), shape (B,)."""
         start = (step - 1) * self.batch_size
+        epoch, offset = divmod(start, self.n)
+        if offset + self.batch_size <= self.n:  # within one epoch: a view, no copy
+            return self._perm(epoch)[offset : offset + self.batch_size]
         out = []
         pos = start
         while pos < start + self.batch_size:
