@@ -18,7 +18,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +33,11 @@ BATCH = 64
 def _worker(model: str, blocks: int, steps: int) -> None:
     import torch
     import torch.distributed as dist
+    from plain_loop import train_steps
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from polytrain.comm import Comm
     from polytrain.config import make_config
-    from polytrain.data import task_loss
     from polytrain.runtime.checkpoint import CheckpointStore
     from polytrain.runtime.job import Job, RankContext
     from polytrain.runtime.recorder import Recorder
@@ -59,19 +58,10 @@ def _worker(model: str, blocks: int, steps: int) -> None:
         model_ = job.build_model()
         net = DDP(model_) if world > 1 else model_
         opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-        b = BATCH // world
-        g = torch.Generator().manual_seed(0)
-        x_all, y_all = job.dataset.x_train, job.dataset.y_train
         dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            idx = torch.randint(0, x_all.shape[0], (BATCH,), generator=g)[rank * b:(rank + 1) * b]
-            opt.zero_grad(set_to_none=True)
-            loss = task_loss(job.spec, net(x_all[idx]), y_all[idx])
-            loss.backward()
-            opt.step()
-            float(loss.detach())
-        return steps * BATCH / (time.perf_counter() - t0)
+        clock = train_steps(net, opt, job.spec, job.dataset.x_train, job.dataset.y_train, steps,
+                            BATCH, rank, world)
+        return steps * BATCH / (clock[-1] - clock[0])
 
     def ours(i: int) -> float:
         ctx = RankContext(rank=rank, world=world, local_rank=rank, device=torch.device("cpu"),

@@ -10,6 +10,7 @@ import json
 import os
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -17,6 +18,25 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from polytrain.data import load_dataset, task_loss
 from polytrain.models import build_model
+
+
+def train_steps(net: torch.nn.Module, opt: torch.optim.Optimizer, spec: Any, x_all: torch.Tensor,
+                y_all: torch.Tensor, steps: int, batch_size: int, rank: int = 0,
+                world: int = 1) -> list[float]:
+    """The plain loop itself: ``steps`` steps on random global batches (this rank's slice).
+    Returns the clock at the start followed by the clock at the end of every step."""
+    b = batch_size // world
+    g = torch.Generator().manual_seed(0)
+    clock = [time.perf_counter()]
+    for _ in range(steps):
+        idx = torch.randint(0, x_all.shape[0], (batch_size,), generator=g)[rank * b:(rank + 1) * b]
+        opt.zero_grad(set_to_none=True)
+        loss = task_loss(spec, net(x_all[idx]), y_all[idx])
+        loss.backward()
+        opt.step()
+        float(loss.detach())
+        clock.append(time.perf_counter())
+    return clock
 
 
 def main() -> None:
@@ -43,22 +63,11 @@ def main() -> None:
     model = build_model(args.model, data.spec, opts["model"])
     net = DDP(model) if ddp else model
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    b = args.batch_size // world
-    x_all, y_all = data.x_train, data.y_train
-    g = torch.Generator().manual_seed(0)
-    t0 = time.perf_counter()
-    ends = []
-    for _ in range(args.steps):
-        idx = torch.randint(0, x_all.shape[0], (args.batch_size,), generator=g)[rank * b:(rank + 1) * b]
-        opt.zero_grad(set_to_none=True)
-        loss = task_loss(data.spec, net(x_all[idx]), y_all[idx])
-        loss.backward()
-        opt.step()
-        float(loss)
-        ends.append(time.perf_counter())
-    wall = time.perf_counter() - t0
+    clock = train_steps(net, opt, data.spec, data.x_train, data.y_train, args.steps,
+                        args.batch_size, rank, world)
+    wall = clock[-1] - clock[0]
     if rank == 0:
-        step_s = statistics.median(b - a for a, b in itertools.pairwise([t0, *ends]))
+        step_s = statistics.median(b - a for a, b in itertools.pairwise(clock))
         print(json.dumps({"samples_per_s": args.steps * args.batch_size / wall, "wall_s": wall,
                           "median_step_s": step_s}))
     if ddp:
