@@ -62,6 +62,11 @@ ALGOS: dict[str, dict[str, Any]] = {
     "apex2_a1": {"algo": "apex", "actors": 2, "eps_alpha": 1.0},
     "apex2_a3": {"algo": "apex", "actors": 2, "eps_alpha": 3.0},
     "apex2_f50a3": {"algo": "apex", "actors": 2, "fetch_every": 50, "eps_alpha": 3.0},
+    # the least stale apex: one batch per SAMPLE request and none ahead (priorities land before
+    # the next draw), parameters published every update and fetched every 10 env steps (a fetch
+    # rides on an ADD, so ADDs every 10 transitions); slower per update, run to count updates
+    "apex2_fresh": {"algo": "apex", "actors": 2, "sample_batches": 1, "prefetch": 1, "publish_every": 1,
+                    "fetch_every": 10, "send_every": 10},
     # smaller gorila: fewer processes on 2 cores
     "gorila_l1s1a1": {"algo": "gorila", "actors": 1, "learners": 1, "servers": 1},
     "gorila_l1s1a2": {"algo": "gorila", "actors": 2, "learners": 1, "servers": 1},
