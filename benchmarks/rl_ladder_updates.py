@@ -17,12 +17,13 @@ actor-side priorities measured the same, rl_time_to_solve_23ae6a3.md). Greedy ev
 every ``--eval-every`` updates (10 screening episodes, then 100), so a seed gives the same
 figures on any machine; a run that has not solved by ``--max-updates`` counts as that many.
 
-    python benchmarks/rl_ladder_updates.py [--variants dqn,ladder2,ladder8] [--seeds 0,1,2,3]
+    python benchmarks/rl_ladder_updates.py [--variants dqn,ladder2,ladder8] [--seeds 0,1,2,3] [--append]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -37,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from harness import write_results  # noqa: E402
+from harness import RESULTS, write_results  # noqa: E402
 
 from polytrain.rl.acting import EpisodeRunner  # noqa: E402
 from polytrain.rl.config import make_rl_config  # noqa: E402
@@ -96,7 +97,8 @@ def one(variant: str, seed: int, steps_per_update: int, eval_every: int, max_upd
            "updates_to_solve": learner.updates if done else None,
            "env_steps": env_steps, "env_steps_per_update": per_update,
            "epsilons": "decay 1→0.02" if ladder is None else "/".join(f"{e:.2g}" for e in ladder),
-           "wall_s": time.perf_counter() - start}
+           "wall_s": time.perf_counter() - start,
+           "command": "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
     print(row, flush=True)
     return row
 
@@ -109,14 +111,20 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=500)
     p.add_argument("--max-updates", type=int, default=40_000)
     p.add_argument("--name", default="rl_ladder_updates")
+    p.add_argument("--append", action="store_true", help="keep the runs already in results/<name>.json")
     args = p.parse_args()
     variants = args.variants.split(",")
     for v in variants:
         if v != "dqn" and not (v.startswith("ladder") and v.removeprefix("ladder").isdigit()):
             p.error(f"--variants: {v!r} is neither 'dqn' nor 'ladderN' (N environments on the ladder)")
     seeds = [int(s) for s in args.seeds.split(",")]
-    runs = [one(v, s, args.steps_per_update, args.eval_every, args.max_updates)
-            for s in seeds for v in variants]
+    old: list[dict[str, Any]] = []
+    if args.append and (RESULTS / f"{args.name}.json").exists():
+        old = [r for r in json.loads((RESULTS / f"{args.name}.json").read_text())["rows"]
+               if r["seed"] != "all"]
+    runs = old + [one(v, s, args.steps_per_update, args.eval_every, args.max_updates)
+                  for s in seeds for v in variants]
+    variants = list(dict.fromkeys([r["variant"] for r in old] + variants))  # earlier calls' first
     rows = sorted(runs, key=lambda r: (variants.index(r["variant"]), r["seed"]))
     for v in variants:
         mine = [r for r in runs if r["variant"] == v]
@@ -129,7 +137,8 @@ def main() -> None:
     notes = ("One process, deterministic per seed: the same DQN core, replay and hyperparameters as "
              "polytrain's dqn and apex (polytrain/rl/config.py), only the exploration and the env "
              f"steps per update differ. A greedy check every {args.eval_every} updates; an unsolved "
-             f"run counts as {args.max_updates} updates in the median.")
+             f"run counts as {args.max_updates} updates in the median. With --append the rows come "
+             "from several calls; each row's command is in the JSON.")
     write_results(args.name, rows, ["variant", "seed", "solved", "updates_to_solve", "env_steps",
                                     "env_steps_per_update", "epsilons", "wall_s"], notes)
 
