@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -67,12 +68,17 @@ ALGOS: dict[str, dict[str, Any]] = {
     # rides on an ADD, so ADDs every 10 transitions); slower per update, run to count updates
     "apex2_fresh": {"algo": "apex", "actors": 2, "sample_batches": 1, "prefetch": 1, "publish_every": 1,
                     "fetch_every": 10, "send_every": 10},
+    # evaluation every 1 s instead of 2: a check is a moment a transient passing policy can be
+    # caught at, and the 2-s default quantises times to solve; each compares with its own dqn
+    "dqn_e1": {"algo": "dqn", "eval_every_s": 1.0},
+    "apex2_e1": {"algo": "apex", "actors": 2, "eval_every_s": 1.0},
     # smaller gorila: fewer processes on 2 cores
     "gorila_l1s1a1": {"algo": "gorila", "actors": 1, "learners": 1, "servers": 1},
     "gorila_l1s1a2": {"algo": "gorila", "actors": 2, "learners": 1, "servers": 1},
 }
 
 
+BASELINE = {"apex2_e1": "dqn_e1"}  # the dqn that an algorithm is compared with (default: dqn)
 CPU_KEYS = ("learner_cpu_ms_per_update", "learn_ms_per_update", "learner_busy", "helpers_cores", "cores_used")
 
 
@@ -87,6 +93,33 @@ def where_the_cpu_goes(s: dict[str, Any]) -> dict[str, Any]:
             "learn_ms_per_update": 1e3 * res.get("learn_s", 0.0) / updates,
             "eval_s": res.get("eval_s"), "learner_busy": lead["cpu_s"] / wall,
             "helpers_cores": helpers / wall, "cores_used": (lead["cpu_s"] + helpers) / wall}
+
+
+def solve_times(runs: list[dict[str, Any]], algo: str) -> dict[int, float]:
+    """seed -> time to solve (an unsolved run counts as its budget)."""
+    return {r["seed"]: r["time_to_target_s"] if r["solved"] else r["budget_s"] for r in runs
+            if r["algo"] == algo}
+
+
+def versus(runs: list[dict[str, Any]], algo: str, base: str = "dqn", draws: int = 10_000) -> str:
+    """How ``algo`` compares with ``base`` over the seeds both ran: medians, the seeds on which
+    it was faster, and a bootstrap of the median difference (each algorithm's runs resampled
+    independently: runs of one seed share nothing but the seed, so they are not paired)."""
+    a, b = solve_times(runs, algo), solve_times(runs, base)
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return ""
+    ta, tb = [a[s] for s in seeds], [b[s] for s in seeds]
+    rng = random.Random(0)
+    med, mean = statistics.median, statistics.mean
+    diffs = sorted(med(rng.choices(tb, k=len(tb))) - med(rng.choices(ta, k=len(ta))) for _ in range(draws))
+    faster = sum(x < y for x, y in zip(ta, tb, strict=True))
+    return (f"`{algo}` vs `{base}` over the {len(seeds)} seeds both ran: median {med(ta):.1f} s "
+            f"vs {med(tb):.1f} s (means {mean(ta):.1f} vs {mean(tb):.1f} s); "
+            f"`{algo}` faster on {faster} of {len(seeds)} seeds; {base} minus {algo}, bootstrap of the "
+            f"median difference ({draws} draws): 5% {diffs[draws // 20]:+.2f} s, 50% "
+            f"{diffs[draws // 2]:+.2f} s, 95% {diffs[draws - draws // 20]:+.2f} s; "
+            f"{algo} not faster in {sum(d <= 0 for d in diffs) / draws:.1%} of draws.")
 
 
 def one(name: str, seed: int, budget: float) -> dict[str, Any]:
@@ -117,7 +150,7 @@ def main() -> None:
     p.add_argument("--append", action="store_true", help="keep the runs already in the results")
     p.add_argument("--name", default="rl_time_to_solve", help="results/<name>.json and .md")
     args = p.parse_args()
-    seeds = [int(x) for x in args.seeds.split(",")]
+    seeds = [int(x) for x in args.seeds.split(",") if x]  # --append --seeds "": rewrite the tables
     old: list[dict[str, Any]] = []
     if args.append and (RESULTS / f"{args.name}.json").exists():
         old = [r for r in json.loads((RESULTS / f"{args.name}.json").read_text())["rows"]
@@ -135,14 +168,17 @@ def main() -> None:
                      **{k: statistics.median(r[k] for r in mine) for k in CPU_KEYS
                         if all(k in r for r in mine)}})
     notes = ("`budget_s`: the run's wall-clock limit (an unsolved run counts as its budget in the median). "
-             "Every call ran under tools/quiet (no other job that takes the lock); `load_before`: "
+             "Runs are measured one at a time, with no other benchmark or test running; `load_before`: "
              "the 1-minute load average when the run started (it decays slowly from earlier work), "
-             "`load_after` when it ended (other sessions' jobs that do not take the lock show here). "
+             "`load_after` when it ended. "
              "Where the CPU goes: `learner_cpu_ms_per_update` is the lead learner's process CPU per "
              "update (dqn: acting, replay and evaluation included), `learn_ms_per_update` the wall "
              "time of its update step alone (dqn: with sampling), `learner_busy` its CPU seconds "
              "per wall second, `helpers_cores` the CPU of every other process (actors, replay) per "
              "wall second, `cores_used` both (2 = the whole machine).")
+    comparisons = [versus(runs, a, BASELINE.get(a, "dqn")) for a in ALGOS
+                   if not a.startswith("dqn") and any(r["algo"] == a for r in runs)]
+    notes += "".join(f"\n\n{c}" for c in comparisons if c)
     write_results(args.name, rows,
                   ["algo", "processes", "seed", "solved", "time_to_target_s", "env_steps_to_target",
                    "learner_updates", "updates_per_s", "env_steps_per_s", "startup_s", "budget_s",
