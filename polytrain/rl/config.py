@@ -96,7 +96,9 @@ class RLConfig(BaseModel):
     # 23.8 s, steps_per_update 1 28.9 s - none clearly better than the defaults (same seeds:
     # 31.0 s). Fused Adam and fetch_every 50, 24 seeds (rl_time_to_solve.md): dqn median 30.9 s
     # (9.7k updates at 363/s), apex2 31.9 s (18.1k updates at 580/s), a tie; apex's spread is
-    # narrower.
+    # narrower. 2026-11-24, the current machine (its update 2.5x faster), 48 seeds: dqn 18.1 s
+    # (18.1k updates at 955/s), apex2 12.1 s (17.2k at 1,349/s), apex faster on 33 of 48; with
+    # evaluations every 1 s 15.6 vs 13.4 s (rl_time_to_solve.md, rl_time_to_solve_eval1s.md).
     actor_timeout_s: float = Field(10.0, gt=0)  # silence after which an actor is declared lost
     timeout_s: float = Field(120.0, gt=0)  # process-group timeout (a hung server fails the run)
     out: str | None = None
