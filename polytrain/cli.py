@@ -119,9 +119,11 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
 
     if api.under_torchrun():
         from polytrain.launch.torchrun import train_under_torchrun
+        from polytrain.launch.worker import exit_now
 
-        return train_under_torchrun(args.config, _overrides(args), args.sets, args.resume,
-                                    no_report=args.no_report)
+        # a torchrun rank of the CLI ends as the local launcher's ranks do (see exit_now)
+        exit_now(train_under_torchrun(args.config, _overrides(args), args.sets, args.resume,
+                                      no_report=args.no_report))
     from polytrain.report import format_summary
 
     summary = api.train(config=args.config, sets=args.sets, resume=args.resume,

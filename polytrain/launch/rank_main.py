@@ -12,13 +12,14 @@ import json
 import sys
 from pathlib import Path
 
-from polytrain.launch.worker import run_rank
+from polytrain.launch.worker import exit_now, run_rank
 
 
 def main(argv: list[str]) -> None:
     if len(argv) != 1:
         raise SystemExit("usage: python -m polytrain.launch.rank_main PAYLOAD.json")
     run_rank(json.loads(Path(argv[0]).read_text()))
+    exit_now(0)  # finished: skip the interpreter's shutdown (see exit_now); errors raise above
 
 
 if __name__ == "__main__":

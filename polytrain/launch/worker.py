@@ -17,7 +17,7 @@ import sys
 import traceback
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -75,6 +75,22 @@ def _redirect_output(path: Path) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+def exit_now(code: int = 0) -> NoReturn:
+    """End a finished rank's process here, without the interpreter's shutdown.
+
+    A rank that has written its results, passed the final barrier and destroyed its process
+    groups has nothing left to do, but Python's shutdown still tears down torch's C++ objects,
+    and a gloo thread or a pending work object destroyed then can abort the process ("terminate
+    called without an active exception", SIGABRT) after a successful run: seen on 3 of ~460
+    tests in one suite run, 0 in the next two. The launcher would report that run as failed.
+    ``multiprocessing`` ends its children the same way (``os._exit`` after the target returns);
+    polytrain's RL roles, which run as such children, never showed the abort.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def peak_rss_bytes() -> int:
