@@ -84,7 +84,8 @@ def exit_now(code: int = 0) -> NoReturn:
     groups has nothing left to do, but Python's shutdown still tears down torch's C++ objects,
     and a gloo thread or a pending work object destroyed then can abort the process ("terminate
     called without an active exception", SIGABRT) after a successful run: seen on 3 of ~460
-    tests in one suite run, 0 in the next two. The launcher would report that run as failed.
+    tests in one suite run, 0 in two other runs of the same code. The launcher would report that
+    run as failed.
     ``multiprocessing`` ends its children the same way (``os._exit`` after the target returns);
     polytrain's RL roles, which run as such children, never showed the abort.
     """
