@@ -34,9 +34,23 @@ def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return head + "".join("| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |\n" for r in rows)
 
 
+def command_line() -> str:
+    """How this script was called, as a results file records it."""
+    return "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+
+
+def earlier_rows(name: str) -> list[dict[str, Any]]:
+    """The per-run rows already in results/<name>.json (summary rows, seed "all", dropped):
+    what a script's ``--append`` adds its new runs to."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return []
+    return [r for r in json.loads(path.read_text())["rows"] if r.get("seed") != "all"]
+
+
 def write_results(name: str, rows: list[dict[str, Any]], columns: list[str], notes: str = "") -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    command = "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    command = command_line()
     record = {"name": name, "command": command, "when": time.strftime("%Y-%m-%d %H:%M:%S"),
               "machine": machine(), "rows": rows}
     (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=1))

@@ -23,7 +23,6 @@ figures on any machine; a run that has not solved by ``--max-updates`` counts as
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -38,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from harness import RESULTS, write_results  # noqa: E402
+from harness import command_line, earlier_rows, write_results  # noqa: E402
 
 from polytrain.rl.acting import EpisodeRunner  # noqa: E402
 from polytrain.rl.config import make_rl_config  # noqa: E402
@@ -98,7 +97,7 @@ def one(variant: str, seed: int, steps_per_update: int, eval_every: int, max_upd
            "env_steps": env_steps, "env_steps_per_update": per_update,
            "epsilons": "decay 1→0.02" if ladder is None else "/".join(f"{e:.2g}" for e in ladder),
            "wall_s": time.perf_counter() - start,
-           "command": "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
+           "command": command_line()}
     print(row, flush=True)
     return row
 
@@ -118,10 +117,7 @@ def main() -> None:
         if v != "dqn" and not (v.startswith("ladder") and v.removeprefix("ladder").isdigit()):
             p.error(f"--variants: {v!r} is neither 'dqn' nor 'ladderN' (N environments on the ladder)")
     seeds = [int(s) for s in args.seeds.split(",")]
-    old: list[dict[str, Any]] = []
-    if args.append and (RESULTS / f"{args.name}.json").exists():
-        old = [r for r in json.loads((RESULTS / f"{args.name}.json").read_text())["rows"]
-               if r["seed"] != "all"]
+    old = earlier_rows(args.name) if args.append else []
     runs = old + [one(v, s, args.steps_per_update, args.eval_every, args.max_updates)
                   for s in seeds for v in variants]
     variants = list(dict.fromkeys([r["variant"] for r in old] + variants))  # earlier calls' first

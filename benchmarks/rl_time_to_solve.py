@@ -17,7 +17,6 @@ measured it) and recomputes the medians over all of them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -31,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from harness import RESULTS, write_results  # noqa: E402
+from harness import command_line, earlier_rows, write_results  # noqa: E402
 
 ALGOS: dict[str, dict[str, Any]] = {
     "dqn": {"algo": "dqn"},
@@ -135,7 +134,7 @@ def one(name: str, seed: int, budget: float) -> dict[str, Any]:
            "startup_s": s["startup_s"], "budget_s": budget, "load_before": load}
     row.update(where_the_cpu_goes(s))
     row["load_after"] = os.getloadavg()[0]
-    row["command"] = "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    row["command"] = command_line()
     row["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, text=True,
                                    capture_output=True).stdout.strip()
     print(row, flush=True)
@@ -151,10 +150,7 @@ def main() -> None:
     p.add_argument("--name", default="rl_time_to_solve", help="results/<name>.json and .md")
     args = p.parse_args()
     seeds = [int(x) for x in args.seeds.split(",") if x]  # --append --seeds "": rewrite the tables
-    old: list[dict[str, Any]] = []
-    if args.append and (RESULTS / f"{args.name}.json").exists():
-        old = [r for r in json.loads((RESULTS / f"{args.name}.json").read_text())["rows"]
-               if r["seed"] != "all"]
+    old = earlier_rows(args.name) if args.append else []
     runs = old + [one(name, seed, args.max_seconds) for seed in seeds for name in args.algos.split(",")]
     rows = sorted(runs, key=lambda r: (list(ALGOS).index(r["algo"]), r["seed"]))
     for name in [a for a in ALGOS if any(r["algo"] == a for r in runs)]:
