@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency", help="one-way delay, e.g. 1ms (needs the kernel's sch_netem)")
     p.add_argument("--loss", help="packet loss, e.g. 0.1%% (needs sch_netem)")
     p.add_argument("--procs-per-host", type=int, help="processes per host (default --procs / hosts)")
+    _add_plan_parsers(sub)
     p = sub.add_parser("report", help="plots, timeline and report.md of a run or compare directory")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard scalars")
@@ -93,6 +94,69 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list the model zoo with parameter counts")
     sub.add_parser("datasets", help="list the built-in datasets")
     return parser
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    for field, flag, typ, help_ in JOB_FLAGS:
+        if field in ("model", "dataset", "batch_size", "optimizer"):
+            p.add_argument(flag, dest=field, type=typ, default=None, help=help_)
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="model.KEY / data.KEY: model and dataset options")
+
+
+def _add_plan_parsers(sub: Any) -> None:
+    p = sub.add_parser("profile", help="per-layer times and bytes of a model, and the local α–β")
+    _add_model_flags(p)
+    p.add_argument("--out", help="write the profile to this JSON file (the planner reads it offline)")
+    p.add_argument("--no-comm", action="store_true", help="skip the 2-process α–β measurement")
+    p = sub.add_parser("plan", help="predict and rank every strategy on a described cluster")
+    _add_model_flags(p)
+    p.add_argument("--cluster", help='e.g. "hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,'
+                                     'latency=5us[,cores=N]"; default: this machine with --procs')
+    p.add_argument("--procs", type=int, default=2, help="world size on this machine (no --cluster)")
+    p.add_argument("--memory-limit", help="bytes per rank, e.g. 16GiB")
+    p.add_argument("--profile", help="a profile from `polytrain profile --out` (default: measure now)")
+    p.add_argument("--compute-scale", type=float, default=1.0, help="multiply profiled compute times")
+    p.add_argument("--top", type=int, default=5, help="rows of the table; default 5")
+    p.add_argument("--json", action="store_true", help="the whole ranking as JSON")
+    p.add_argument("--sweep", help="hosts=LO..HI: best predicted samples/s per strategy vs hosts")
+    p.add_argument("--out", help="directory for plan.json and the pictures (default runs/plan-<time>)")
+
+
+def cmd_profile(args: argparse.Namespace, console: Console) -> int:
+    from polytrain.config import load_config
+    from polytrain.plan.commands import run_profile
+
+    cfg = load_config(None, _model_overrides(args), args.sets)
+    return run_profile(cfg, args.out, not args.no_comm, console)
+
+
+def _model_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {f: getattr(args, f) for f in ("model", "dataset", "batch_size", "optimizer")
+            if getattr(args, f, None) is not None}
+
+
+def cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    from polytrain.config import load_config
+    from polytrain.plan.commands import PlanArgs, run_plan
+
+    if any(not s.split("=", 1)[0].strip().startswith(("model.", "data.")) for s in args.sets):
+        raise ConfigError("polytrain plan takes --set model.KEY=VALUE and data.KEY=VALUE only: it "
+                          "chooses the strategy options itself. Fix: drop the strategy --set.")
+    if args.profile and not args.model:
+        from pathlib import Path as _P
+
+        from polytrain.plan.profile import Profile
+
+        prof = Profile.load(_P(args.profile))
+        over = {"model": prof.model, "dataset": prof.dataset, "optimizer": prof.optimizer,
+                "model_options": prof.model_options, "data_options": prof.data_options}
+        cfg = load_config(None, {**over, **_model_overrides(args)}, args.sets)
+    else:
+        cfg = load_config(None, _model_overrides(args), args.sets)
+    a = PlanArgs(args.cluster, args.procs, args.memory_limit, args.profile, args.compute_scale, args.top,
+                 args.json, args.sweep, args.out, args.batch_size, args.model is not None)
+    return run_plan(cfg, a, console)
 
 
 def _report(console: Console, path: Path, skip: bool, tensorboard: bool = False) -> None:
@@ -239,6 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_report(args, console)
         if args.command == "schedule":
             return cmd_schedule(args, console)
+        if args.command in ("profile", "plan"):
+            return (cmd_profile if args.command == "profile" else cmd_plan)(args, console)
         simple = {"strategies": cmd_strategies, "models": cmd_models, "datasets": cmd_datasets}
         return simple[args.command](console)
     except PolytrainError as e:

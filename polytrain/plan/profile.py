@@ -17,10 +17,15 @@ receive without exchanging shapes.
 from __future__ import annotations
 
 import copy
+import json
+import os
 import statistics
 import time
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -165,3 +170,153 @@ def format_profile(profiles: list[LayerProfile]) -> str:
             f"{p.activation_bytes / 1024:>9.1f} {p.param_bytes / 1024:>10.1f}  {list(p.output.shape)}"
         )
     return "\n".join(lines) + "\n"
+
+
+# --- the model profile the planner reads (`polytrain profile`) ---------------------------------------
+
+OPTIMIZER_STATE = {"sgd": 0, "momentum": 1, "adam": 2}  # state tensors per parameter
+
+
+@dataclass(frozen=True)
+class LayerRecord:
+    """One layer at the profile's batch size: seconds, bytes, and the fixed part of its times.
+
+    Time at batch b: ``fixed + (full − fixed)·b/B`` (two measured batch sizes fit the line), so
+    small per-rank batches keep their per-call overhead instead of shrinking to nothing.
+    """
+
+    name: str
+    kind: str  # the layer's class name (Block, Sequential, Linear, ...)
+    forward_s: float
+    backward_s: float
+    forward_fixed_s: float
+    backward_fixed_s: float
+    activation_bytes: int  # output at batch B
+    param_bytes: int
+    optimizer_bytes: int
+
+    def times(self, batch: float, full: int) -> tuple[float, float]:
+        """(forward, backward) seconds at ``batch`` samples (the profile was taken at ``full``)."""
+        f = self.forward_fixed_s + (self.forward_s - self.forward_fixed_s) * batch / full
+        b = self.backward_fixed_s + (self.backward_s - self.backward_fixed_s) * batch / full
+        return f, b
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the planner knows of one model on one device; a JSON file, reusable offline."""
+
+    model: str
+    dataset: str
+    batch_size: int
+    optimizer: str
+    layers: tuple[LayerRecord, ...]
+    params: tuple[tuple[str, tuple[int, ...]], ...]  # (name, shape): the PS shard plans' input
+    input_bytes: int  # one batch of inputs
+    optimizer_s: float  # one optimizer step over the whole model
+    base_memory_bytes: int  # resident bytes of a process before it builds the model
+    fc_start: int | None  # first of the trailing fully connected layers (owt), None: none
+    model_options: dict[str, Any] = field(default_factory=dict)
+    data_options: dict[str, Any] = field(default_factory=dict)
+    comm: dict[str, dict[str, float]] = field(default_factory=dict)  # p2p / allreduce: alpha_s, bytes_per_s
+    device: str = "cpu"
+    threads: int = 1
+    task: str = "classify"  # the dataset's task (classify | lm)
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(layer.param_bytes for layer in self.layers)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["params"] = [[n, list(s)] for n, s in self.params]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Profile:
+        data = dict(data)
+        data["layers"] = tuple(LayerRecord(**r) for r in data["layers"])
+        data["params"] = tuple((n, tuple(s)) for n, s in data["params"])
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> Profile:
+        try:
+            return cls.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"Cannot read profile '{path}' ({e}). Fix: write one with "
+                              "polytrain profile --model M --dataset D --batch-size B --out FILE.") from None
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+def _layers_or_whole(model: nn.Module) -> nn.Sequential:
+    return model if isinstance(model, nn.Sequential) else nn.Sequential(OrderedDict(model=model))
+
+
+def _fc_start(model: nn.Sequential) -> int | None:
+    from polytrain.strategies.hybrid.owt import fc_start
+
+    try:
+        start = fc_start(model)
+    except ConfigError:
+        return None
+    return start if start > 0 else None
+
+
+def _optimizer_s(model: nn.Module, make: Callable[[Any], torch.optim.Optimizer], repeats: int) -> float:
+    model = copy.deepcopy(model)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt = make(model.parameters())
+    opt.step()  # creates the state
+    return _median_s(opt.step, next(model.parameters()).device, repeats)
+
+
+def measure_profile(cfg: Any, repeats: int = 5, threads: int = 1) -> Profile:
+    """Profile ``cfg``'s model (a JobConfig) at ``cfg.batch_size`` and at 1/8 of it, in this process."""
+    from polytrain.runtime.job import Job
+
+    torch.set_num_threads(threads)
+    base = _rss_bytes()
+    job = Job.from_config(cfg)
+    model = _layers_or_whole(job.build_model())
+    x = job.dataset.x_train
+    big = x[: cfg.batch_size]
+    if big.shape[0] < cfg.batch_size:  # a batch larger than the data: repeat rows
+        big = x[torch.arange(cfg.batch_size) % x.shape[0]]
+    small = big[: max(1, cfg.batch_size // 8)]
+    full = profile_layers(model, big, repeats)
+    part = profile_layers(model, small, repeats)
+    state = OPTIMIZER_STATE.get(cfg.optimizer, 2)
+    scale = cfg.batch_size / small.shape[0]
+    records = []
+    for (name, layer), f, s in zip(layers_of(model), full, part, strict=True):
+        records.append(LayerRecord(
+            name, type(layer).__name__, f.forward_s, f.backward_s,
+            _fixed(f.forward_s, s.forward_s, scale), _fixed(f.backward_s, s.backward_s, scale),
+            f.activation_bytes, f.param_bytes, state * f.param_bytes))
+    return Profile(
+        cfg.model, cfg.dataset, cfg.batch_size, cfg.optimizer, tuple(records),
+        tuple((n, tuple(p.shape)) for n, p in model.named_parameters()),
+        int(big.numel() * big.element_size()), _optimizer_s(model, job.make_optimizer, repeats),
+        base, _fc_start(model), dict(cfg.model_options), dict(cfg.data_options),
+        device=str(big.device), threads=threads, task=job.spec.task)
+
+
+def _fixed(full_s: float, small_s: float, ratio: float) -> float:
+    """Intercept of the line through (B, full_s) and (B/ratio, small_s), kept within [0, full_s]."""
+    if ratio <= 1:
+        return 0.0
+    slope_times_b = (full_s - small_s) * ratio / (ratio - 1)  # slope · B
+    return min(full_s, max(0.0, full_s - slope_times_b))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from polytrain.errors import ConfigError
 from polytrain.strategies.pipeline.actions import Action, Grid, check_cost, check_sizes, makespan
@@ -203,18 +203,20 @@ def dry_run(orders: Mapping[int, list[Action]]) -> int:
 # --- timed replay ------------------------------------------------------------------------------
 
 Durations = Mapping[Action, float]
+Latency = float | Callable[[Action, Action], float]  # (need, action) -> seconds of its message
 
 
 def simulate_times(
     orders: Mapping[int, list[Action]],
     durations: Durations,
-    latency: float = 0.0,
+    latency: Latency = 0.0,
 ) -> dict[int, list[tuple[Action, float, float]]]:
     """Start and end time of every action when each takes ``durations[action]`` seconds.
 
     The continuous-time counterpart of `simulate`: each stage runs its list in order and starts an
     action as soon as the stage is free and its needs have finished; a need on another stage
-    arrives ``latency`` seconds after it finishes (one message). No other cost exists, so the
+    arrives ``latency`` seconds after it finishes (one message; a callable ``latency(need, action)``
+    gives each message its own time, e.g. per stage boundary). No other cost exists, so the
     result is what the schedule alone implies for these compute times — compare it with a
     measured timeline to tell the schedule's idle time from the runtime's. Deadlocks raise.
     """
@@ -223,6 +225,7 @@ def simulate_times(
     pos = dict.fromkeys(orders, 0)
     free_at = dict.fromkeys(orders, 0.0)
     out: dict[int, list[tuple[Action, float, float]]] = {s: [] for s in sorted(orders)}
+    delay = latency if callable(latency) else (lambda _need, _a: float(latency))  # type: ignore[misc]
     progress = True
     while progress:
         progress = False
@@ -232,7 +235,7 @@ def simulate_times(
                 deps = needs(a, len(orders))
                 if any(d not in finish for d in deps):
                     break
-                ready = max((finish[d] + (latency if d.stage != s else 0.0) for d in deps), default=0.0)
+                ready = max((finish[d] + (delay(d, a) if d.stage != s else 0.0) for d in deps), default=0.0)
                 start = max(free_at[s], ready)
                 end = start + durations[a]
                 out[s].append((a, start, end))

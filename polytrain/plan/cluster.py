@@ -1,0 +1,164 @@
+"""A described cluster, as validated data: hosts, processes per host, links, shared cores.
+
+``Cluster.parse("hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,latency=5us")``:
+
+- ``hosts``, ``procs_per_host``: ranks are numbered host by host (rank r on host r // ppn),
+  as torchrun's node ranks place them;
+- ``nic``: each host's network link, full duplex, shared by its processes (bits: ``100gbit``,
+  or bytes: ``12.5gbyte``; decimal units, per second);
+- ``intra``: the link between two processes of one host (shared memory, NVLink: ``300gbyte``);
+- ``latency``: α, the fixed cost of one message between hosts (``5us``, ``1ms``);
+  ``intra_latency`` the same inside a host (default: a tenth of ``latency``);
+- ``cores``: when set, ALL ranks of the cluster share this many cores — an emulated cluster on one
+  machine (the testbed) — so compute slows by (busy ranks / cores) when more ranks than cores
+  compute at once. Unset: every rank has its own device.
+
+Errors name the field, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from polytrain.errors import ConfigError
+
+_NUM = r"(\d+(?:\.\d*)?(?:e[+-]?\d+)?)"
+_RATE_RE = re.compile(rf"^{_NUM}\s*([kmgt]?)(bit|byte|b)?(?:/s|ps)?$", re.IGNORECASE)
+_TIME_RE = re.compile(rf"^{_NUM}\s*(ns|us|µs|ms|s)$", re.IGNORECASE)
+_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+FIELDS = ("hosts", "procs_per_host", "nic", "intra", "latency", "intra_latency", "cores")
+EXAMPLE = "hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,latency=5us"
+
+
+def parse_rate(text: str, field: str) -> float:
+    """``"100gbit"`` -> 12.5e9 bytes/s; ``"300gbyte"`` -> 3e11 bytes/s (decimal units)."""
+    m = _RATE_RE.match(text.strip())
+    if m is None or m[3] is None or float(m[1]) <= 0:
+        raise ConfigError(
+            f"--cluster field '{field}' is '{text}'. Rule: a positive rate with a unit, bits "
+            f"(kbit, mbit, gbit, tbit) or bytes (kbyte, mbyte, gbyte) per second. Fix: e.g. "
+            f"{field}=100gbit or {field}=300gbyte."
+        )
+    per_unit = 1 / 8 if m[3].lower() == "bit" else 1.0  # 'b' alone reads as bytes (GB/s)
+    return float(m[1]) * _SCALE[m[2].lower()] * per_unit
+
+
+def parse_seconds(text: str, field: str) -> float:
+    """``"5us"`` -> 5e-6."""
+    m = _TIME_RE.match(text.strip())
+    if m is None:
+        raise ConfigError(
+            f"--cluster field '{field}' is '{text}'. Rule: a time with a unit (ns, us, ms, s). "
+            f"Fix: e.g. {field}=5us."
+        )
+    return float(m[1]) * _SECONDS[m[2].lower()]
+
+
+def _whole(text: str, field: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ConfigError(
+            f"--cluster field '{field}' is '{text}'. Rule: a whole number >= 1. Fix: e.g. {field}=8."
+        )
+    return int(text)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Bandwidths in bytes/s, latencies in seconds (see the module docstring)."""
+
+    hosts: int = 1
+    procs_per_host: int = 1
+    nic_bps: float = 10e9 / 8
+    intra_bps: float = 10e9
+    latency_s: float = 5e-6
+    intra_latency_s: float | None = None
+    cores: int | None = None
+
+    @property
+    def world(self) -> int:
+        return self.hosts * self.procs_per_host
+
+    @property
+    def intra_alpha(self) -> float:
+        return self.latency_s / 10 if self.intra_latency_s is None else self.intra_latency_s
+
+    def host_of(self, rank: int) -> int:
+        return rank // self.procs_per_host
+
+    def with_hosts(self, hosts: int) -> Cluster:
+        return Cluster(
+            hosts,
+            self.procs_per_host,
+            self.nic_bps,
+            self.intra_bps,
+            self.latency_s,
+            self.intra_latency_s,
+            self.cores,
+        )
+
+    def contention(self, busy_ranks: int) -> float:
+        """Compute slowdown when ``busy_ranks`` ranks compute at once (1 unless cores are shared)."""
+        if self.cores is None:
+            return 1.0
+        return max(1.0, busy_ranks / self.cores)
+
+    def describe(self) -> str:
+        cores = f", {self.cores} shared cores" if self.cores else ""
+        return (
+            f"{self.hosts} host(s) x {self.procs_per_host} proc(s), NIC {self.nic_bps * 8 / 1e9:g} "
+            f"Gbit/s, intra {self.intra_bps / 1e9:g} GB/s, latency {self.latency_s * 1e6:g} us{cores}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "hosts": self.hosts,
+            "procs_per_host": self.procs_per_host,
+            "nic_bytes_per_s": self.nic_bps,
+            "intra_bytes_per_s": self.intra_bps,
+            "latency_s": self.latency_s,
+            "intra_latency_s": self.intra_alpha,
+            "cores": self.cores,
+        }
+
+    @classmethod
+    def parse(cls, text: str) -> Cluster:
+        """Read ``key=value,...`` (fields in the module docstring); unknown or bad fields raise."""
+        values: dict[str, Any] = {}
+        for item in (t for t in text.split(",") if t.strip()):
+            key, eq, value = item.partition("=")
+            key = key.strip().replace("-", "_")
+            if not eq or key not in FIELDS:
+                raise ConfigError(
+                    f"--cluster item '{item.strip()}' is not one of the fields "
+                    f'{", ".join(FIELDS)} written as key=value. Fix: e.g. --cluster "{EXAMPLE}".'
+                )
+            values[key] = value.strip()
+        out: dict[str, Any] = {}
+        for key in ("hosts", "procs_per_host", "cores"):
+            if key in values:
+                out[key] = _whole(values[key], key)
+        if "nic" in values:
+            out["nic_bps"] = parse_rate(values["nic"], "nic")
+        if "intra" in values:
+            out["intra_bps"] = parse_rate(values["intra"], "intra")
+        if "latency" in values:
+            out["latency_s"] = parse_seconds(values["latency"], "latency")
+        if "intra_latency" in values:
+            out["intra_latency_s"] = parse_seconds(values["intra_latency"], "intra_latency")
+        return cls(**out)
+
+
+def parse_bytes(text: str, field: str = "--memory-limit") -> int:
+    """``"16GiB"`` -> 17179869184; ``"500MB"`` -> 5e8; a plain number is bytes."""
+    m = re.match(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(i?)b?\s*$", text, re.IGNORECASE)
+    if m is None or float(m[1]) <= 0:
+        raise ConfigError(
+            f"{field} is '{text}'. Rule: a positive size such as 16GiB, 500MB or 2000000000 (bytes). "
+            f"Fix: e.g. {field} 16GiB."
+        )
+    base = 1024.0 if m[3] else 1000.0
+    power = "kmgt".find(m[2].lower()) + 1 if m[2] else 0
+    return int(float(m[1]) * base**power)

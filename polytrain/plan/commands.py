@@ -1,0 +1,248 @@
+"""`polytrain profile` and `polytrain plan` (and the planner behind `--strategy auto`).
+
+polytrain profile --model vgg16 --set model.width=8 --dataset synthetic-images --batch-size 64 --out vgg.json
+polytrain plan --profile vgg.json --cluster "hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,latency=5us"
+polytrain plan --model cnn --cluster hosts=8,nic=1gbit --sweep hosts=2..1024
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from polytrain.config import JobConfig
+from polytrain.errors import ConfigError
+from polytrain.plan import show
+from polytrain.plan.cluster import Cluster, parse_bytes
+from polytrain.plan.estimate import Scene
+from polytrain.plan.profile import Profile, measure_profile
+from polytrain.plan.recommend import HYBRIDS, Candidate, candidates, check_memory, command, rank, to_json
+
+
+def job_of(profile: Profile) -> dict[str, Any]:
+    return {
+        "model": profile.model,
+        "dataset": profile.dataset,
+        "optimizer": profile.optimizer,
+        "model_options": profile.model_options,
+        "data_options": profile.data_options,
+    }
+
+
+def local_cluster(procs: int, profile: Profile | None = None) -> Cluster:
+    """This machine: one host, ``procs`` processes sharing its cores; intra link from the profile's
+    measured point-to-point α–β when it has one."""
+    p2p = (profile.comm.get("p2p") if profile else None) or {}
+    return Cluster(
+        1,
+        procs,
+        intra_bps=float(p2p.get("bytes_per_s", 2e9)),
+        latency_s=float(p2p.get("alpha_s", 1e-4)),
+        intra_latency_s=float(p2p.get("alpha_s", 1e-4)),
+        cores=os.cpu_count() or 1,
+    )
+
+
+def get_profile(
+    cfg: JobConfig, path: str | None, console: Console | None = None, model_given: bool = True
+) -> Profile:
+    if path:
+        prof = Profile.load(Path(path))
+        if model_given and prof.model != cfg.model:
+            raise ConfigError(
+                f"--profile {path} is of model '{prof.model}' but --model is "
+                f"'{cfg.model}'. Fix: drop --model, or profile that model."
+            )
+        return prof
+    if console:
+        console.print(f"profiling {cfg.model} at batch {cfg.batch_size} on this machine ...", highlight=False)
+    return measure_profile(cfg)
+
+
+def run_profile(cfg: JobConfig, out: str | None, comm: bool, console: Console) -> int:
+    prof = measure_profile(cfg)
+    if comm:
+        from polytrain.plan.commbench import measure_comm
+
+        prof = Profile.from_json({**prof.to_json(), "comm": measure_comm()})
+    console.print(format_records(prof), highlight=False, markup=False)
+    console.print(
+        f"optimizer step {prof.optimizer_s * 1e3:.3f} ms; "
+        f"process base {prof.base_memory_bytes / 2**20:.0f} MiB",
+        highlight=False,
+    )
+    for kind, ab in prof.comm.items():
+        if "alpha_s" in ab:
+            console.print(
+                f"{kind}: alpha {ab['alpha_s'] * 1e6:.0f} us, beta {ab['bytes_per_s'] / 1e9:.2f} GB/s",
+                highlight=False,
+            )
+    if out:
+        prof.save(Path(out))
+        console.print(f"profile: {out}", highlight=False)
+    return 0
+
+
+def format_records(prof: Profile) -> str:
+    """The profile as a table: per layer ms (fixed part in brackets) and KiB."""
+    lines = [
+        f"{prof.model} at batch {prof.batch_size} on {prof.device} ({prof.threads} thread(s))",
+        f"{'layer':<16} {'kind':<11} {'fwd ms':>14} {'bwd ms':>14} {'act KiB':>9} {'param KiB':>10}",
+    ]
+    for i, r in enumerate(prof.layers):
+        lines.append(
+            f"{i:>2} {r.name:<13} {r.kind:<11} {r.forward_s * 1e3:>7.3f} ({r.forward_fixed_s * 1e3:.2f})"
+            f" {r.backward_s * 1e3:>7.3f} ({r.backward_fixed_s * 1e3:.2f}) {r.activation_bytes / 1024:>9.1f}"
+            f" {r.param_bytes / 1024:>10.1f}"
+        )
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class PlanArgs:
+    cluster: str | None
+    procs: int
+    memory_limit: str | None
+    profile: str | None
+    compute_scale: float
+    top: int
+    as_json: bool
+    sweep: str | None
+    out: str | None
+    batch: int | None = None
+    model_given: bool = True
+
+
+def plan_candidates(
+    prof: Profile, cluster: Cluster, batch: int, scale: float, limit: int | None
+) -> list[Candidate]:
+    scene = Scene(prof, cluster, batch, scale)
+    cands = candidates(scene, limit)
+    check_memory(cands, limit)
+    return rank(cands)
+
+
+def applies(c: Candidate, cfg: JobConfig) -> str | None:
+    """None if the strategy's own pre-launch check accepts the candidate, else its message."""
+    from polytrain.strategies import make_strategy
+
+    run_cfg = cfg.model_copy(update={"strategy": c.strategy, "procs": c.procs, "options": c.options})
+    try:
+        make_strategy(c.strategy, c.options).check(run_cfg, c.procs)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def first_choice(ranked: list[Candidate], cfg: JobConfig, procs: int | None = None) -> Candidate:
+    for c in ranked:
+        if c.fits and (procs is None or c.procs == procs) and applies(c, cfg) is None:
+            return c
+    raise ConfigError(
+        "The planner found no strategy that fits and passes its checks. Fix: raise "
+        "--memory-limit or change --procs / --batch-size."
+    )
+
+
+def run_plan(cfg: JobConfig, a: PlanArgs, console: Console) -> int:
+    t0 = time.perf_counter()
+    limit = parse_bytes(a.memory_limit) if a.memory_limit else None
+    prof = get_profile(cfg, a.profile, None if a.as_json else console, a.model_given)
+    batch = a.batch or prof.batch_size
+    cluster = Cluster.parse(a.cluster) if a.cluster else local_cluster(a.procs, prof)
+    if a.sweep:
+        return run_sweep(prof, cluster, batch, a, console)
+    ranked = plan_candidates(prof, cluster, batch, a.compute_scale, limit)
+    job = job_of(prof)
+    if a.as_json:
+        console.print_json(json.dumps([to_json(c, job) for c in ranked]))
+        return 0
+    elapsed = time.perf_counter() - t0
+    title = (
+        f"{prof.model}, batch {batch}, on {cluster.describe()}: {len(ranked)} candidates "
+        f"planned in {elapsed:.2f} s"
+    )
+    console.print(show.ranking_table(ranked, a.top, title))
+    for line in show.not_fitting(ranked):
+        console.print(line, highlight=False)
+    best = first_choice(ranked, cfg)
+    console.print(f"recommended: {command(best, job)}", highlight=False, soft_wrap=True)
+    out = Path(a.out or f"runs/plan-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(json.dumps([to_json(c, job) for c in ranked], indent=1))
+    for i, c in enumerate([c for c in ranked if c.fits][: min(a.top, 3)], 1):
+        show.draw_predicted(c, out / f"timeline_{i}_{c.strategy}.png")
+    console.print(f"plan: {out}/plan.json, predicted timelines {out}/timeline_*.png", highlight=False)
+    return 0
+
+
+def parse_sweep(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*hosts\s*=\s*(\d+)\s*\.\.\s*(\d+)\s*", text)
+    if m is None or not 1 <= int(m[1]) <= int(m[2]):
+        raise ConfigError(
+            f"--sweep '{text}'. Rule: hosts=LO..HI with 1 <= LO <= HI. Fix: --sweep hosts=2..1024."
+        )
+    return int(m[1]), int(m[2])
+
+
+def sweep(prof: Profile, cluster: Cluster, batch: int, scale: float, lo: int, hi: int) -> dict[str, Any]:
+    """Best predicted samples/s per strategy for host counts LO, 2·LO, ... HI; the crossover."""
+    rows, hosts, crossover = [], lo, None
+    while hosts <= hi:
+        cl = cluster.with_hosts(hosts)
+        best: dict[str, Candidate] = {}
+        for c in candidates(Scene(prof, cl, batch, scale)):
+            if c.procs == cl.world and (
+                c.strategy not in best or c.samples_per_s > best[c.strategy].samples_per_s
+            ):
+                best[c.strategy] = c
+        rate = {s: c.samples_per_s for s, c in best.items()}
+        top = max(best.values(), key=lambda c: c.samples_per_s) if best else None
+        rows.append(
+            {
+                "hosts": hosts,
+                "ranks": cl.world,
+                "samples_per_s": rate,
+                "options": {s: c.options for s, c in best.items()},
+                "best": top.label if top else "-",
+            }
+        )
+        hybrid = max((rate[s] for s in HYBRIDS if s in rate), default=0.0)
+        if crossover is None and "allreduce" in rate and hybrid > rate["allreduce"]:
+            crossover = cl.world
+        hosts *= 2
+    return {"rows": rows, "crossover_ranks": crossover}
+
+
+def run_sweep(prof: Profile, cluster: Cluster, batch: int, a: PlanArgs, console: Console) -> int:
+    lo, hi = parse_sweep(a.sweep or "")
+    result = sweep(prof, cluster, batch, a.compute_scale, lo, hi)
+    shown = [
+        s
+        for s in ("allreduce", "local-sgd", "ps", "owt", "mesh", "gpipe", "1f1b", "pipedream", "tensor")
+        if any(s in r["samples_per_s"] for r in result["rows"])
+    ]
+    if a.as_json:
+        console.print_json(json.dumps(result))
+        return 0
+    console.print(show.sweep_table(result["rows"], shown))
+    x = result["crossover_ranks"]
+    console.print(
+        f"MP-DP crossover: a hybrid ({'/'.join(HYBRIDS)}) overtakes allreduce at {x} ranks"
+        if x
+        else "MP-DP crossover: no hybrid overtakes allreduce in this range",
+        highlight=False,
+    )
+    out = Path(a.out or f"runs/plan-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(result, indent=1))
+    show.draw_sweep(result["rows"], shown, x, out / "sweep.png")
+    console.print(f"sweep: {out}/sweep.json, {out}/sweep.png", highlight=False)
+    return 0

@@ -1,0 +1,234 @@
+"""The α–β cost model: explicit, small formulas for every message pattern polytrain's strategies use.
+
+A message of S bytes over a link costs α + S/β (α: latency per message, s; β: bytes/s). On top:
+
+- ring all-reduce over n ranks (reduce-scatter then all-gather, 2(n−1) steps of S/n bytes):
+  ``2(n−1)/n · S/β + 2(n−1)·α``; tree (binary reduce then broadcast, whole message per level):
+  ``2⌈log2 n⌉·(α + S/β)``; all-gather / reduce-scatter of S bytes in total: ``(n−1)/n · S/β +
+  (n−1)·α``;
+- hierarchical links: a group inside one host uses the intra-host link; a group spanning hosts is
+  bound by the NICs, whose bandwidth is shared by the ``nic_share`` groups crossing each NIC at
+  once. Across hosts the two-level all-reduce (intra reduce-scatter, per-slice inter-host ring,
+  intra all-gather) pays 2(H−1) NIC latencies instead of 2(n−1); `allreduce_s` takes the fastest
+  of flat ring, tree and two-level, as a collective library picks its algorithm;
+- DDP bucket overlap (`ddp_overlap`): gradients are grouped into buckets in backward order (the
+  first bucket capped at 1 MiB, then ``bucket_mb``); a bucket's all-reduce starts when backward
+  has produced its last gradient and the previous bucket's all-reduce is done (one channel);
+- parameter-server link load (`ps_traffic`): from the shard plan's bytes per server, every worker
+  pushes each server its shard and pulls it back; per host NIC the bytes in and out per step, and
+  the time the busiest NIC (or intra link) needs for them;
+- tensor-parallel collectives: per transformer block, two all-reduces of the (B, T, D) activations
+  in forward and two of their gradients in backward (Megatron's f and g), `tp_block_s`.
+
+All functions are pure; sizes in bytes, times in seconds. Hand-computed cases in tests/test_plan_cost.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from polytrain.plan.cluster import Cluster
+
+FIRST_BUCKET_BYTES = 1024 * 1024  # DDP's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
+
+
+@dataclass(frozen=True)
+class Link:
+    """α (seconds per message) and β (bytes per second) of one link."""
+
+    alpha: float
+    bps: float
+
+    def p2p_s(self, nbytes: float) -> float:
+        return self.alpha + nbytes / self.bps
+
+
+def ring_allreduce_s(nbytes: float, n: int, link: Link) -> float:
+    """2(n−1)/n · S/β + 2(n−1)α."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / link.bps + 2 * (n - 1) * link.alpha
+
+
+def tree_allreduce_s(nbytes: float, n: int, link: Link) -> float:
+    """2⌈log2 n⌉(α + S/β): reduce up a binary tree, broadcast down, the whole message per level."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * math.ceil(math.log2(n)) * (link.alpha + nbytes / link.bps)
+
+
+def allgather_s(total_bytes: float, n: int, link: Link) -> float:
+    """(n−1)/n · S/β + (n−1)α: ring all-gather (or reduce-scatter) of S bytes in total."""
+    if n <= 1 or total_bytes <= 0:
+        return 0.0
+    return (n - 1) / n * total_bytes / link.bps + (n - 1) * link.alpha
+
+
+def intra_link(cluster: Cluster) -> Link:
+    return Link(cluster.intra_alpha, cluster.intra_bps)
+
+
+def nic_link(cluster: Cluster, nic_share: int = 1) -> Link:
+    """The NIC as one of ``nic_share`` equal flows; a host-crossing ring also uses intra hops."""
+    return Link(cluster.latency_s, min(cluster.nic_bps / max(1, nic_share), cluster.intra_bps))
+
+
+def hosts_of(cluster: Cluster, ranks: Sequence[int]) -> int:
+    return len({cluster.host_of(r) for r in ranks})
+
+
+def allreduce_s(nbytes: float, ranks: Sequence[int], cluster: Cluster, nic_share: int = 1) -> float:
+    """Fastest of flat ring, tree and two-level all-reduce of ``nbytes`` over ``ranks``."""
+    n = len(ranks)
+    hosts = hosts_of(cluster, ranks)
+    if hosts <= 1:
+        link = intra_link(cluster)
+        return min(ring_allreduce_s(nbytes, n, link), tree_allreduce_s(nbytes, n, link))
+    link = nic_link(cluster, nic_share)
+    flat = min(ring_allreduce_s(nbytes, n, link), tree_allreduce_s(nbytes, n, link))
+    return min(flat, two_level_allreduce_s(nbytes, n // hosts, hosts, cluster, nic_share))
+
+
+def two_level_allreduce_s(
+    nbytes: float, per_host: int, hosts: int, cluster: Cluster, nic_share: int = 1
+) -> float:
+    """Intra reduce-scatter, ``per_host`` concurrent inter-host rings on S/per_host each (sharing
+    the NIC), intra all-gather: 2(k−1)/k·S/β_intra + 2(k−1)α_intra + 2(H−1)/H·S/β_nic + 2(H−1)α."""
+    k = max(1, per_host)
+    intra = intra_link(cluster)
+    inter = Link(cluster.latency_s, cluster.nic_bps / max(1, nic_share) / k)
+    return 2 * allgather_s(nbytes, k, intra) + ring_allreduce_s(nbytes / k, hosts, inter)
+
+
+def group_allgather_s(
+    total_bytes: float, ranks: Sequence[int], cluster: Cluster, nic_share: int = 1
+) -> float:
+    link = intra_link(cluster) if hosts_of(cluster, ranks) <= 1 else nic_link(cluster, nic_share)
+    return allgather_s(total_bytes, len(ranks), link)
+
+
+def p2p_s(nbytes: float, a: int, b: int, cluster: Cluster, nic_share: int = 1) -> float:
+    same = cluster.host_of(a) == cluster.host_of(b)
+    return (intra_link(cluster) if same else nic_link(cluster, nic_share)).p2p_s(nbytes)
+
+
+# --- DDP: buckets overlapped with backward ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One DDP bucket: its bytes, when backward produced it, and its all-reduce's span."""
+
+    nbytes: int
+    ready_s: float
+    start_s: float
+    end_s: float
+
+
+def buckets_of(grad_bytes_backward: Sequence[int], bucket_bytes: int) -> list[list[int]]:
+    """Layer indices (in backward order) per bucket: the first capped at 1 MiB, then ``bucket_bytes``."""
+    out: list[list[int]] = [[]]
+    filled, cap = 0, min(FIRST_BUCKET_BYTES, bucket_bytes)
+    for i, nbytes in enumerate(grad_bytes_backward):
+        if nbytes == 0:
+            continue
+        if out[-1] and filled + nbytes > cap:
+            out.append([])
+            filled, cap = 0, bucket_bytes
+        out[-1].append(i)
+        filled += nbytes
+    return [b for b in out if b]
+
+
+def ddp_overlap(
+    forward_s: float,
+    backward: Sequence[tuple[float, int]],
+    allreduce: Callable[[float], float],
+    bucket_bytes: int,
+) -> tuple[float, list[Bucket]]:
+    """(seconds until every gradient is reduced, buckets) for one step.
+
+    ``backward``: (seconds, gradient bytes) per layer in backward order (last layer first);
+    ``allreduce(nbytes)``: the all-reduce time of one bucket. Backward starts at ``forward_s``.
+    """
+    done_at, t = [], forward_s
+    for seconds, _ in backward:
+        t += seconds
+        done_at.append(t)
+    compute_end = t
+    channel, buckets = 0.0, []
+    for members in buckets_of([g for _, g in backward], bucket_bytes):
+        nbytes = sum(backward[i][1] for i in members)
+        ready = done_at[members[-1]]
+        start = max(ready, channel)
+        channel = start + allreduce(nbytes)
+        buckets.append(Bucket(nbytes, ready, start, channel))
+    return max(compute_end, channel), buckets
+
+
+# --- parameter servers: link load from the shard plan ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class PsTraffic:
+    """Bytes per host NIC per step (each direction) and the seconds of a push (or pull) phase."""
+
+    nic_in: tuple[float, ...]
+    nic_out: tuple[float, ...]
+    phase_s: float
+    solo_s: float  # one worker alone: its whole push (or pull) over its own link
+    bytes_per_step: float  # push + pull bytes of all workers
+
+
+def ps_traffic(
+    shard_bytes: Sequence[float],
+    servers: Sequence[int],
+    workers: Sequence[int],
+    cluster: Cluster,
+    pushes_per_step: float = 1.0,
+) -> PsTraffic:
+    """One push phase (every worker sends server s its ``shard_bytes[s]``); pulls mirror it.
+
+    The phase ends when the busiest link is drained: per host NIC, max(in, out) / β_nic, and
+    inside a host the traffic between its own ranks over the intra link; plus α per message a
+    worker sends (one per server). ``pushes_per_step`` < 1 for n_push / n_fetch > 1.
+    """
+    # per host: workers on it, server bytes on it (O(ranks), not O(workers x servers))
+    workers_on = [0] * cluster.hosts
+    for w in workers:
+        workers_on[cluster.host_of(w)] += 1
+    served = [0.0] * cluster.hosts
+    for s, nbytes in zip(servers, shard_bytes, strict=True):
+        served[cluster.host_of(s)] += nbytes
+    total, n_workers = sum(shard_bytes), len(workers)
+    nic_out = [workers_on[h] * (total - served[h]) for h in range(cluster.hosts)]
+    nic_in = [served[h] * (n_workers - workers_on[h]) for h in range(cluster.hosts)]
+    intra = [workers_on[h] * served[h] for h in range(cluster.hosts)]
+    link_s = max(max(i, o) / cluster.nic_bps for i, o in zip(nic_in, nic_out, strict=True))
+    link_s = max(link_s, max(intra) / cluster.intra_bps)
+    alpha = cluster.latency_s if cluster.hosts > 1 else cluster.intra_alpha
+    phase = (link_s + len(servers) * alpha) * pushes_per_step
+    own = nic_link(cluster) if cluster.hosts > 1 else intra_link(cluster)
+    solo = (total / own.bps + len(servers) * own.alpha) * pushes_per_step
+    scale = pushes_per_step
+    return PsTraffic(
+        tuple(x * scale for x in nic_in),
+        tuple(x * scale for x in nic_out),
+        phase,
+        solo,
+        2 * total * n_workers * scale,
+    )
+
+
+# --- tensor parallelism ----------------------------------------------------------------------------
+
+
+def tp_block_s(
+    activation_bytes: float, ranks: Sequence[int], cluster: Cluster, nic_share: int = 1
+) -> tuple[float, float]:
+    """(forward, backward) collective seconds of one Megatron block: 2 all-reduces of the (B, T, D)
+    activations each way."""
+    one = allreduce_s(activation_bytes, ranks, cluster, nic_share)
+    return 2 * one, 2 * one

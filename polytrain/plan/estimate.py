@@ -1,0 +1,293 @@
+"""Per-strategy estimates: step time, peak memory per rank, bytes per step, one predicted step's spans.
+
+Every estimator reads a `Scene` (profile, cluster, global batch, compute scale) and returns an
+`Estimate`. Compute comes from the profile (per layer, at the batch the rank processes, times the
+compute scale and the shared-core contention of the cluster); communication from `plan.cost`;
+pipelines from `plan.simulate` (`estimate_pipe`). Memory per rank: the process's base, parameters,
+gradients, optimizer state, and the activations it keeps (each layer's output, at its batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from polytrain.plan.cluster import Cluster
+from polytrain.plan.cost import allreduce_s, ddp_overlap, group_allgather_s, ps_traffic, tp_block_s
+from polytrain.plan.profile import Profile
+from polytrain.strategies.ps.sharding import ParamInfo, make_plan
+
+BYTES = 4  # float32 parameters, gradients and activations
+
+
+@dataclass(frozen=True)
+class Span:
+    """One box of a predicted timeline: rank, lane (compute/comm), kind, [start, end), label."""
+
+    rank: int
+    lane: str
+    kind: str
+    start: float
+    end: float
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    step_s: float
+    peak_memory_bytes: int
+    bytes_per_step: float  # sent by all ranks together in one step
+    nic_bytes_per_step: float  # the busiest host NIC, one direction (0 on one host)
+    spans: tuple[Span, ...] = ()
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Scene:
+    profile: Profile
+    cluster: Cluster
+    batch: int
+    compute_scale: float = 1.0
+
+    @property
+    def layers(self) -> int:
+        return len(self.profile.layers)
+
+    def fb(self, lo: int, hi: int, batch: float, busy: int = 1, split: int = 1) -> tuple[float, float]:
+        """(forward, backward) seconds of layers [lo, hi) at ``batch`` samples, ``busy`` ranks
+        computing at once, each layer's work divided ``split`` ways (tensor / column split)."""
+        k = self.compute_scale * self.cluster.contention(busy) / split
+        f = b = 0.0
+        for layer in self.profile.layers[lo:hi]:
+            lf, lb = layer.times(batch, self.profile.batch_size)
+            f, b = f + lf * k, b + lb * k
+        return f, b
+
+    def layer_fb(self, i: int, batch: float, busy: int = 1, split: int = 1) -> tuple[float, float]:
+        return self.fb(i, i + 1, batch, busy, split)
+
+    def activations(self, lo: int, hi: int, batch: float) -> float:
+        layers = self.profile.layers[lo:hi]
+        return sum(layer.activation_bytes for layer in layers) * batch / self.profile.batch_size
+
+    def state_bytes(self, lo: int, hi: int, split: int = 1) -> float:
+        """Parameters + gradients + optimizer state of layers [lo, hi), 1/``split`` of each."""
+        layers = self.profile.layers[lo:hi]
+        return sum(2 * layer.param_bytes + layer.optimizer_bytes for layer in layers) / split
+
+    def optimizer_s(self, param_bytes: float) -> float:
+        total = max(1, self.profile.param_bytes)
+        return self.profile.optimizer_s * param_bytes / total * self.compute_scale
+
+    def memory(self, *parts: float) -> int:
+        return int(self.profile.base_memory_bytes + sum(parts))
+
+
+def _phases(rank: int, t0: float, items: list[tuple[str, str, float, str]]) -> tuple[list[Span], float]:
+    """Consecutive spans from ``t0``: (lane, kind, seconds, label) each."""
+    out, t = [], t0
+    for lane, kind, dur, label in items:
+        if dur > 0:
+            out.append(Span(rank, lane, kind, t, t + dur, label))
+        t += dur
+    return out, t
+
+
+# --- data parallelism ------------------------------------------------------------------------------
+
+
+def single(scene: Scene) -> Estimate:
+    n = scene.layers
+    f, b = scene.fb(0, n, scene.batch)
+    opt = scene.optimizer_s(scene.profile.param_bytes)
+    spans, end = _phases(
+        0,
+        0.0,
+        [("compute", "forward", f, "F"), ("compute", "backward", b, "B"), ("compute", "optimizer", opt, "")],
+    )
+    mem = scene.memory(scene.state_bytes(0, n), scene.activations(0, n, scene.batch))
+    return Estimate(end, mem, 0.0, 0.0, tuple(spans))
+
+
+def ring_nic_bytes(nbytes: float, world: int, cluster: Cluster) -> float:
+    """Bytes a host NIC sends for one all-reduce of ``nbytes`` over all ranks (one ring edge)."""
+    return 0.0 if cluster.hosts <= 1 else 2 * (world - 1) / world * nbytes
+
+
+def allreduce(scene: Scene, world: int, bucket_mb: float = 25.0) -> Estimate:
+    """DDP: backward overlapped with bucketed all-reduces (`cost.ddp_overlap`)."""
+    n, cl = scene.layers, scene.cluster
+    per_rank = scene.batch / world
+    f, _ = scene.fb(0, n, per_rank, busy=world)
+    backward = [
+        (scene.layer_fb(i, per_rank, busy=world)[1], scene.profile.layers[i].param_bytes)
+        for i in reversed(range(n))
+    ]
+    ranks = range(world)
+    done, buckets = ddp_overlap(f, backward, lambda s: allreduce_s(s, ranks, cl), int(bucket_mb * 2**20))
+    opt = scene.optimizer_s(scene.profile.param_bytes)
+    spans, _ = _phases(
+        0, 0.0, [("compute", "forward", f, "F"), ("compute", "backward", sum(b for b, _ in backward), "B")]
+    )
+    spans += [Span(0, "comm", "comm", k.start_s, k.end_s, f"bucket {i}") for i, k in enumerate(buckets)]
+    spans.append(Span(0, "compute", "optimizer", done, done + opt))
+    p = scene.profile.param_bytes
+    mem = scene.memory(scene.state_bytes(0, n), p, scene.activations(0, n, per_rank))  # + DDP buckets
+    return Estimate(
+        done + opt,
+        mem,
+        2 * (world - 1) * p,
+        ring_nic_bytes(p, world, cl),
+        tuple(spans),
+        {"buckets": len(buckets)},
+    )
+
+
+def local_sgd(scene: Scene, world: int, period: int) -> Estimate:
+    """Plain local steps; every ``period`` steps one all-reduce of the parameters (amortised)."""
+    n, cl, p = scene.layers, scene.cluster, scene.profile.param_bytes
+    f, b = scene.fb(0, n, scene.batch / world, busy=world)
+    opt = scene.optimizer_s(p)
+    avg = allreduce_s(p, range(world), cl) / period
+    spans, end = _phases(
+        0,
+        0.0,
+        [
+            ("compute", "forward", f, "F"),
+            ("compute", "backward", b, "B"),
+            ("compute", "optimizer", opt, ""),
+            ("comm", "comm", avg, f"avg/{period}"),
+        ],
+    )
+    mem = scene.memory(scene.state_bytes(0, n), scene.activations(0, n, scene.batch / world))
+    return Estimate(
+        end, mem, 2 * (world - 1) * p / period, ring_nic_bytes(p, world, cl) / period, tuple(spans)
+    )
+
+
+# --- parameter servers -----------------------------------------------------------------------------
+
+
+def shard_bytes(scene: Scene, sharding: str, servers: int) -> list[float]:
+    """Bytes per server of the real shard plan (`strategies.ps.sharding.make_plan`)."""
+    infos = [ParamInfo(name, shape) for name, shape in scene.profile.params]
+    return [BYTES * s for s in make_plan(sharding, infos, servers).sizes()]
+
+
+def ps(scene: Scene, world: int, servers: int, sharding: str, consistency: str) -> Estimate:
+    """Servers are ranks 0..S−1, workers the rest; per step every worker pushes and pulls its shard
+    of every server. BSP/k-of-n wait for the busiest link; async/SSP overlap workers' traffic."""
+    n, cl, p = scene.layers, scene.cluster, scene.profile.param_bytes
+    workers = world - servers
+    sizes = shard_bytes(scene, sharding, servers)
+    traffic = ps_traffic(sizes, range(servers), range(servers, world), cl)
+    f, b = scene.fb(0, n, scene.batch / workers, busy=workers)
+    apply = scene.optimizer_s(max(sizes))
+    if consistency in ("bsp", "k-of-n"):
+        items = [
+            ("compute", "forward", f, "F"),
+            ("compute", "backward", b, "B"),
+            ("comm", "comm", traffic.phase_s, "push"),
+            ("comm", "comm", apply, "server update"),
+            ("comm", "comm", traffic.phase_s, "pull"),
+        ]
+        spans, step = _phases(servers, 0.0, items)
+    else:
+        solo = [
+            ("compute", "forward", f, "F"),
+            ("compute", "backward", b, "B"),
+            ("comm", "comm", traffic.solo_s, "push"),
+            ("comm", "comm", traffic.solo_s, "pull"),
+        ]
+        spans, step = _phases(servers, 0.0, solo)
+        step = max(step, 2 * traffic.phase_s, apply * workers)
+    worker_mem = scene.memory(
+        scene.state_bytes(0, n) - sum(r.optimizer_bytes for r in scene.profile.layers),
+        scene.activations(0, n, scene.batch / workers),
+    )
+    state_per_byte = 2 + sum(r.optimizer_bytes for r in scene.profile.layers) / max(1, p)
+    server_mem = scene.memory(max(sizes) * state_per_byte)
+    return Estimate(
+        step,
+        max(worker_mem, server_mem),
+        traffic.bytes_per_step,
+        max(traffic.nic_out + traffic.nic_in) if cl.hosts > 1 else 0.0,
+        tuple(spans),
+        {"shard_bytes": sizes},
+    )
+
+
+# --- one weird trick and tensor parallelism --------------------------------------------------------
+
+
+def owt(scene: Scene, world: int) -> Estimate:
+    """Conv part data-parallel on B/W; every FC layer's output columns split W ways, computed for all
+    B; an all-gather after the conv part and after every FC layer, a reduce-scatter of each in
+    backward; the conv gradients all-reduced after backward."""
+    prof, cl = scene.profile, scene.cluster
+    start, n, ranks = prof.fc_start or 0, scene.layers, range(world)
+    cf, cb = scene.fb(0, start, scene.batch / world, busy=world)
+    ff, fb_ = scene.fb(start, n, scene.batch, busy=world, split=world)
+    gathered = [prof.layers[i].activation_bytes * scene.batch / prof.batch_size for i in range(start - 1, n)]
+    gather = sum(group_allgather_s(g, ranks, cl) for g in gathered)
+    conv_p = sum(r.param_bytes for r in prof.layers[:start])
+    sync = allreduce_s(conv_p, ranks, cl)
+    opt = scene.optimizer_s(conv_p + (prof.param_bytes - conv_p) / world)
+    items = [
+        ("compute", "forward", cf + ff, "F"),
+        ("comm", "comm", gather, "gathers"),
+        ("compute", "backward", cb + fb_, "B"),
+        ("comm", "comm", gather, "reduce-scatters"),
+        ("comm", "comm", sync, "conv all-reduce"),
+        ("compute", "optimizer", opt, ""),
+    ]
+    spans, step = _phases(0, 0.0, items)
+    mem = scene.memory(
+        scene.state_bytes(0, start),
+        scene.state_bytes(start, n, world),
+        scene.activations(0, start, scene.batch / world),
+        scene.activations(start, n, scene.batch),
+    )
+    sent = 2 * (world - 1) * (sum(gathered) + conv_p)
+    nic = (2 * (world - 1) / world * (sum(gathered) + conv_p)) if cl.hosts > 1 else 0.0
+    return Estimate(step, mem, sent, nic, tuple(spans))
+
+
+def tp_layers(profile: Profile) -> list[int]:
+    """Indices of transformer blocks (the layers Megatron splits)."""
+    return [i for i, r in enumerate(profile.layers) if r.kind == "Block"]
+
+
+def tensor(scene: Scene, tp: int, dp: int = 1) -> Estimate:
+    """Megatron over ``tp`` consecutive ranks on B/dp samples: blocks split tp ways with 2+2
+    all-reduces of their (B, T, D) output; other layers replicated. ``dp`` > 1: the dp groups then
+    all-reduce each shard's gradients (mesh dp×tp), after backward."""
+    prof, cl, n = scene.profile, scene.cluster, scene.layers
+    blocks, batch, world = set(tp_layers(prof)), scene.batch / dp, tp * dp
+    f = b = comm = 0.0
+    for i in range(n):
+        lf, lb = scene.layer_fb(i, batch, busy=world, split=tp if i in blocks else 1)
+        f, b = f + lf, b + lb
+        if i in blocks:
+            act = prof.layers[i].activation_bytes * batch / prof.batch_size
+            cf, cb = tp_block_s(act, range(tp), cl)
+            comm += cf + cb
+    shard_p = sum(r.param_bytes / (tp if i in blocks else 1) for i, r in enumerate(prof.layers))
+    sync = (
+        allreduce_s(shard_p, range(0, world, tp), cl, nic_share=min(cl.procs_per_host, tp)) if dp > 1 else 0.0
+    )
+    opt = scene.optimizer_s(shard_p)
+    items = [
+        ("compute", "forward", f, "F"),
+        ("comm", "comm", comm / 2, "f/g"),
+        ("compute", "backward", b, "B"),
+        ("comm", "comm", comm / 2, "f/g"),
+        ("comm", "comm", sync, "dp all-reduce"),
+        ("compute", "optimizer", opt, ""),
+    ]
+    spans, step = _phases(0, 0.0, items)
+    split_state = sum(scene.state_bytes(i, i + 1, tp if i in blocks else 1) for i in range(n))
+    mem = scene.memory(split_state, scene.activations(0, n, batch))
+    acts = sum(prof.layers[i].activation_bytes * batch / prof.batch_size for i in blocks)
+    sent = dp * tp * 4 * 2 * (tp - 1) / tp * acts + (2 * (dp - 1) * shard_p * tp if dp > 1 else 0.0)
+    return Estimate(step, mem, sent, 0.0 if cl.hosts <= 1 else sent / cl.hosts, tuple(spans))

@@ -1,0 +1,108 @@
+"""Estimates of the stage-cutting strategies: gpipe, 1f1b, pipedream, spectrain, layerwise, mesh dp×pp.
+
+The partition is PipeDream's planner's (`plan.partition.pipedream_plan`, one replica per stage) on
+the profile's per-layer costs at the micro-batch size; the step is the registered schedule's own
+orders replayed on a model clock (`plan.simulate.pipeline_step`), then — for mesh dp×pp — each
+stage's gradients all-reduced over its dp replicas, then the slowest stage's optimizer step.
+Rank layout as `strategies.hybrid.layout.Layout` numbers it: rank = d·pp + s.
+"""
+
+from __future__ import annotations
+
+from polytrain.plan.cost import allreduce_s, p2p_s
+from polytrain.plan.estimate import Estimate, Scene, Span
+from polytrain.plan.partition import LayerCost, Partition, pipedream_plan
+from polytrain.plan.simulate import StageTimes, pipeline_step, schedule_orders
+from polytrain.strategies.pipeline.schedule import get_schedule, in_flight
+
+STASHING = {"pipedream": "stash", "spectrain": "predict"}
+
+
+def plan_partition(scene: Scene, stages: int, micro: float) -> Partition:
+    """PipeDream's DP over the profile at ``micro`` samples, for the cluster's NIC (or intra) link."""
+    prof = scene.profile
+    costs = [
+        LayerCost(
+            r.name,
+            sum(scene.layer_fb(i, micro)),
+            int(r.activation_bytes * micro / prof.batch_size),
+            r.param_bytes,
+        )
+        for i, r in enumerate(prof.layers)
+    ]
+    link = scene.cluster.nic_bps if scene.cluster.hosts > 1 else scene.cluster.intra_bps
+    return pipedream_plan(costs, stages, link, replicate=False).partition
+
+
+def _stage_memory(scene: Scene, schedule: str, part: Partition, micro: float, count: int) -> int:
+    peaks = in_flight(schedule_orders(schedule, part.stages, count))
+    out = 0
+    for s, (a, b) in enumerate(part.bounds):
+        params = sum(r.param_bytes for r in scene.profile.layers[a:b])
+        extra = {"stash": (part.stages - s - 1) * params, "predict": params}.get(
+            STASHING.get(schedule, ""), 0
+        )
+        out = max(
+            out, scene.memory(scene.state_bytes(a, b), peaks[s] * scene.activations(a, b, micro), extra)
+        )
+    return out
+
+
+def pipeline(
+    scene: Scene,
+    schedule: str,
+    stages: int,
+    microbatches: int,
+    dp: int = 1,
+    partition: Partition | None = None,
+) -> tuple[Estimate, Partition]:
+    """One pipeline of ``stages`` (×``dp`` replicas); flush schedules split B/dp into M micro-batches,
+    stream schedules (pipedream) take B/dp per mini-batch."""
+    prof, cl = scene.profile, scene.cluster
+    flush = get_schedule(schedule).flush
+    batch = scene.batch / dp
+    micro = batch / microbatches if flush else batch
+    part = partition or plan_partition(scene, stages, micro)
+    busy = dp * min(stages, microbatches if flush else stages)
+    fb = [scene.fb(a, b, micro, busy=busy) for a, b in part.bounds]
+    acts = [prof.layers[b - 1].activation_bytes * micro / prof.batch_size for _, b in part.bounds[:-1]]
+    messages = tuple(p2p_s(x, s, s + 1, cl) for s, x in enumerate(acts))
+    stage_params = [sum(r.param_bytes for r in prof.layers[a:b]) for a, b in part.bounds]
+    # a stream schedule updates after every backward: the update is part of each backward
+    updates = [0.0 if flush else scene.optimizer_s(p) for p in stage_params]
+    times = StageTimes(
+        tuple(f for f, _ in fb), tuple(b + u for (_, b), u in zip(fb, updates, strict=True)), messages
+    )
+    est = pipeline_step(schedule, times, microbatches if flush else 1)
+    sync = (
+        max(
+            allreduce_s(p, range(s, dp * stages, stages), cl, nic_share=min(cl.procs_per_host, stages))
+            for s, p in enumerate(stage_params)
+        )
+        if dp > 1
+        else 0.0
+    )
+    opt = max(scene.optimizer_s(p) for p in stage_params) if flush else 0.0
+    step = est.step_s + sync + opt
+    spans = [
+        Span(s, "compute", "forward" if a.op == "F" else "backward", t0, t1, a.cell)
+        for s, row in est.timeline.items()
+        for a, t0, t1 in row
+    ]
+    end = max((sp.end for sp in spans), default=0.0)
+    for s in range(stages):
+        if sync:
+            spans.append(Span(s, "comm", "comm", end, end + sync, "dp all-reduce"))
+        if opt:
+            spans.append(Span(s, "compute", "optimizer", end + sync, end + sync + opt))
+    mem = _stage_memory(scene, schedule, part, micro, microbatches if flush else 2 * stages)
+    per_sample = [x / micro for x in acts]
+    sent = dp * 2 * sum(per_sample) * batch + (2 * (dp - 1) * sum(stage_params) if dp > 1 else 0.0)
+    nic = 0.0
+    if cl.hosts > 1:
+        crossing = [
+            2 * x * batch if cl.host_of(s) != cl.host_of(s + 1) else 0.0 for s, x in enumerate(per_sample)
+        ]
+        nic = max(crossing, default=0.0) + (2 * max(stage_params) if dp > 1 else 0.0)
+    detail = {"partition": str(part), "bubble": round(est.bubble, 4), "microbatch": micro}
+    return Estimate(step, mem, sent, nic, tuple(spans), detail), part

@@ -1,0 +1,127 @@
+"""Tier 1: the α–β cost formulas against hand-computed cases, and the cluster description."""
+
+from __future__ import annotations
+
+import pytest
+
+from polytrain.errors import ConfigError
+from polytrain.plan.cluster import Cluster, parse_bytes
+from polytrain.plan.cost import (
+    Link,
+    allgather_s,
+    allreduce_s,
+    buckets_of,
+    ddp_overlap,
+    ps_traffic,
+    ring_allreduce_s,
+    tp_block_s,
+    tree_allreduce_s,
+    two_level_allreduce_s,
+)
+
+MB = 1_000_000
+
+
+def test_ring_allreduce_by_hand() -> None:
+    # 4 ranks, 100 MB, 1 GB/s, 10 us: 2*3/4*0.1 s + 6*10 us = 0.15 s + 60 us
+    assert ring_allreduce_s(100 * MB, 4, Link(10e-6, 1e9)) == pytest.approx(0.15006)
+    assert ring_allreduce_s(100 * MB, 1, Link(10e-6, 1e9)) == 0.0
+
+
+def test_tree_and_allgather_by_hand() -> None:
+    # 8 ranks: 2*3 levels of (1 ms + 1 MB / 1 GB/s = 1 ms) = 12 ms
+    assert tree_allreduce_s(MB, 8, Link(1e-3, 1e9)) == pytest.approx(0.012)
+    # all-gather of 8 MB in total over 8 ranks: 7/8 * 8 ms + 7 * 1 ms
+    assert allgather_s(8 * MB, 8, Link(1e-3, 1e9)) == pytest.approx(0.014)
+
+
+def test_allreduce_picks_link_by_hosts() -> None:
+    cl = Cluster(hosts=2, procs_per_host=2, nic_bps=1e8, intra_bps=1e10, latency_s=1e-4, intra_latency_s=1e-6)
+    # inside host 0: ranks 0, 1 over the intra link: 2*1/2*10 MB/1e10 + 2*1e-6
+    assert allreduce_s(10 * MB, [0, 1], cl) == pytest.approx(1e-3 + 2e-6)
+    # across hosts (ranks 0 and 2): the NIC, 10 MB / 1e8 = 0.1 s + 2 * 100 us
+    assert allreduce_s(10 * MB, [0, 2], cl) == pytest.approx(0.1002)
+    # two concurrent groups sharing each NIC halve its bandwidth
+    assert allreduce_s(10 * MB, [0, 2], cl, nic_share=2) == pytest.approx(0.2002)
+
+
+def test_two_level_pays_fewer_nic_latencies() -> None:
+    cl = Cluster(
+        hosts=64, procs_per_host=8, nic_bps=1e9, intra_bps=1e11, latency_s=1e-3, intra_latency_s=1e-6
+    )
+    ranks = range(cl.world)
+    flat = ring_allreduce_s(1e3, cl.world, Link(1e-3, 1e9))  # 2*511 latencies of 1 ms: ~1 s
+    two = two_level_allreduce_s(1e3, 8, 64, cl)  # 2*63 NIC latencies: ~0.126 s
+    assert two < flat / 5
+    assert allreduce_s(1e3, ranks, cl) <= two
+    # by hand: 2 * (7/8 * 1e3/1e11 + 7e-6) + 2*63/64 * (1e3/8)/(1e9/8) + 126e-3
+    assert two == pytest.approx(2 * (7 / 8 * 1e-8 + 7e-6) + 2 * 63 / 64 * 1e-6 + 0.126)
+
+
+def test_more_bandwidth_never_slower() -> None:
+    for nic in (1e6, 1e7, 1e8, 1e9):
+        slow = Cluster(hosts=8, procs_per_host=4, nic_bps=nic, intra_bps=1e10)
+        fast = Cluster(hosts=8, procs_per_host=4, nic_bps=nic * 10, intra_bps=1e10)
+        for size in (1e3, 1e6, 1e8):
+            assert allreduce_s(size, range(32), fast) <= allreduce_s(size, range(32), slow)
+
+
+def test_ddp_buckets_overlap_backward_by_hand() -> None:
+    # backward order: 3 layers of 10 ms each producing 0.6 MiB, 0.6 MiB, 3 MiB of gradients;
+    # first bucket capped at 1 MiB -> [0], then 25 MiB -> [1, 2].
+    mib = 2**20
+    layers = [(0.01, int(0.6 * mib)), (0.01, int(0.6 * mib)), (0.01, 3 * mib)]
+    assert buckets_of([g for _, g in layers], 25 * mib) == [[0], [1, 2]]
+    done, buckets = ddp_overlap(0.005, layers, lambda s: s / 1e8, 25 * mib)
+    # bucket 0 ready at 5+10 ms, takes 6.29 ms; bucket 1 ready at 35 ms, takes 37.7 ms
+    assert buckets[0].start_s == pytest.approx(0.015)
+    assert buckets[0].end_s == pytest.approx(0.015 + 0.6 * mib / 1e8, rel=1e-6)
+    assert buckets[1].start_s == pytest.approx(0.035)
+    assert done == pytest.approx(0.035 + 3.6 * mib / 1e8, rel=1e-6)
+    # an all-reduce slower than backward delays the next bucket (one channel)
+    _, late = ddp_overlap(0.0, [(0.001, 2 * mib), (0.001, 2 * mib)], lambda s: 0.1, 2 * mib)
+    assert late[1].start_s == pytest.approx(late[0].end_s)
+
+
+def test_ps_server_link_load_from_shards() -> None:
+    # 1 host per rank: server 0 holds 3 MB, server 1 holds 1 MB; 4 workers (ranks 2..5)
+    cl = Cluster(hosts=6, procs_per_host=1, nic_bps=1e8, latency_s=0.0)
+    t = ps_traffic([3 * MB, 1 * MB], [0, 1], [2, 3, 4, 5], cl)
+    assert t.nic_in[0] == 12 * MB and t.nic_in[1] == 4 * MB  # every worker pushes its shard
+    assert t.nic_out[2] == 4 * MB  # a worker sends the whole model, one piece per server
+    assert t.phase_s == pytest.approx(0.12)  # the busiest link: 12 MB at 100 MB/s
+    assert t.bytes_per_step == 2 * 4 * 4 * MB  # push + pull, 4 workers, 4 MB each
+    balanced = ps_traffic([2 * MB, 2 * MB], [0, 1], [2, 3, 4, 5], cl)
+    assert balanced.phase_s == pytest.approx(0.08)  # size sharding balances the servers
+
+
+def test_ps_servers_on_one_host_share_its_nic() -> None:
+    cl = Cluster(hosts=3, procs_per_host=2, nic_bps=1e8, intra_bps=1e12, latency_s=0.0)
+    t = ps_traffic([MB, MB], [0, 1], [2, 3, 4, 5], cl)  # both servers on host 0
+    assert t.nic_in[0] == 8 * MB and t.phase_s == pytest.approx(0.08)
+
+
+def test_tp_block_collectives_by_hand() -> None:
+    cl = Cluster(hosts=1, procs_per_host=4, intra_bps=1e9, intra_latency_s=0.0)
+    f, b = tp_block_s(MB, range(4), cl)
+    # 2 ring all-reduces of 1 MB over 4 ranks each way: 2 * 1.5 ms
+    assert f == b == pytest.approx(0.003)
+
+
+def test_cluster_parse_and_errors() -> None:
+    cl = Cluster.parse("hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,latency=5us")
+    assert (cl.world, cl.nic_bps, cl.intra_bps) == (512, 12.5e9, 3e11)
+    assert cl.latency_s == pytest.approx(5e-6)
+    for bad, field in (
+        ("hosts=0", "hosts"),
+        ("nic=fast", "nic"),
+        ("latency=5", "latency"),
+        ("nic=100gbit,colour=red", "colour"),
+        ("intra=-1gbyte", "intra"),
+    ):
+        with pytest.raises(ConfigError, match=field) as err:
+            Cluster.parse(bad)
+        assert "\n" not in str(err.value)
+    assert parse_bytes("16GiB") == 16 * 2**30 and parse_bytes("500MB") == 500 * MB
+    with pytest.raises(ConfigError, match="memory-limit"):
+        parse_bytes("lots")

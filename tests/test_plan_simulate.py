@@ -1,0 +1,61 @@
+"""Tier 1: the pipeline simulator runs the runtime's own schedule objects on a model clock."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from polytrain.plan.simulate import StageTimes, makespan_s, pipeline_step, pipeline_timeline
+from polytrain.strategies.pipeline.schedule import schedule_names, stage_orders
+
+
+@pytest.mark.parametrize("p,m", [(2, 1), (2, 4), (4, 8), (4, 3), (8, 32)])
+@pytest.mark.parametrize("fwd,bwd", [(1.0, 1.0), (1.0, 2.0), (0.003, 0.007)])
+def test_uniform_bubble_is_textbook(p: int, m: int, fwd: float, bwd: float) -> None:
+    for name in ("gpipe", "1f1b"):
+        est = pipeline_step(name, StageTimes.uniform(p, fwd, bwd), m)
+        assert est.bubble == pytest.approx((p - 1) / (m + p - 1))
+        assert est.step_s == pytest.approx((m + p - 1) * (fwd + bwd))
+
+
+@pytest.mark.parametrize("name", schedule_names())
+def test_action_order_is_the_runtimes(name: str) -> None:
+    times = StageTimes((1.0, 3.0, 2.0), (2.0, 1.0, 4.0), (0.5, 0.25))
+    timeline = pipeline_timeline(name, times, 6)
+    orders = stage_orders(name, 3, 6)  # what the executor runs
+    assert {s: [a for a, _, _ in row] for s, row in timeline.items()} == orders
+    for row in timeline.values():  # one action at a time per stage, durations as given
+        for (a, t0, t1), (_, n0, _) in itertools.pairwise(row):
+            assert t1 <= n0 + 1e-12
+            assert t1 - t0 == pytest.approx((times.forward_s if a.op == "F" else times.backward_s)[a.stage])
+
+
+def test_messages_delay_the_next_stage() -> None:
+    times = StageTimes((1.0, 1.0), (1.0, 1.0), (0.5,))
+    timeline = pipeline_timeline("gpipe", times, 1)
+    (_, _f0_start, f0_end), _ = timeline[0]
+    (_, f1_start, _), _ = timeline[1]
+    assert f1_start == pytest.approx(f0_end + 0.5)
+    assert makespan_s(timeline) == pytest.approx(4 + 2 * 0.5)
+
+
+def test_more_microbatches_never_bigger_gpipe_bubble() -> None:
+    times = StageTimes((0.3, 0.5, 0.2, 0.4), (0.6, 1.1, 0.5, 0.7), (0.05, 0.1, 0.02))
+    bubbles = [pipeline_step("gpipe", times, m).bubble for m in range(1, 33)]
+    assert all(b2 <= b1 + 1e-12 for b1, b2 in itertools.pairwise(bubbles))
+
+
+def test_faster_links_never_slower() -> None:
+    for name in schedule_names():
+        steps = [
+            pipeline_step(name, StageTimes((1.0, 2.0, 1.5), (2.0, 3.0, 2.5), (msg, msg * 2)), 6).step_s
+            for msg in (1.0, 0.5, 0.1, 0.0)
+        ]
+        assert all(b <= a + 1e-12 for a, b in itertools.pairwise(steps)), name
+
+
+def test_stream_schedule_steady_state_is_the_slowest_stage() -> None:
+    # pipedream: no flush, so per mini-batch the slowest stage's F+B sets the pace
+    est = pipeline_step("pipedream", StageTimes((1.0, 2.0, 1.0), (2.0, 3.0, 2.0)), 1)
+    assert est.step_s == pytest.approx(5.0)
