@@ -87,7 +87,7 @@ def launch(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    prepared = prepare(cfg)
+    prepared = prepare(cfg, resume=resume)
     if run_dir is None:
         run_dir = new_run_dir(cfg)
     cfg = cfg.model_copy(update={"out": str(run_dir)})

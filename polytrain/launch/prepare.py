@@ -10,7 +10,8 @@ from polytrain.config import JobConfig, load_config, total_steps
 from polytrain.data import DataSpec, dataset_spec, validate_dataset_options
 from polytrain.errors import ConfigError
 from polytrain.models import is_user_model, load_user_model, validate_model
-from polytrain.strategies import Strategy, make_strategy
+from polytrain.runtime.supports import Request, refusal, requested
+from polytrain.strategies import Strategy, get_strategy_class, make_strategy, registry
 
 # Flags that may differ when a run is resumed: they do not change what the steps compute.
 RESUMABLE_CHANGES = {
@@ -33,9 +34,36 @@ class Prepared:
     steps: int
 
 
-def prepare(cfg: JobConfig) -> Prepared:
-    """Validate strategy, options, dataset, model and their fit; raise ConfigError otherwise."""
+def job_request(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
+                testbed: bool = False) -> Request:
+    """The features (checkpoint, resume, eval, ...) this launch asks of its strategy."""
+    return requested(cfg.options, checkpoint_every=cfg.checkpoint_every, eval_every=cfg.eval_every,
+                     resume=resume, hosts=hosts, testbed=testbed)
+
+
+def check_supports(cfg: JobConfig, request: Request, strategy: Strategy | None = None) -> None:
+    """Refuse what the strategy does not honour, naming the strategies that do.
+
+    Without ``strategy`` the check uses what the class declares (before its options are
+    validated); with it, what it honours under these options (``Strategy.supports_for``).
+    """
+    table = [(n, c.declared()) for n, c in registry().items()]
+    supports = (strategy.supports_for(cfg) if strategy is not None
+                else get_strategy_class(cfg.strategy).declared())
+    problem = refusal(cfg.strategy, supports, request, table)
+    if problem:
+        raise ConfigError(problem)
+
+
+def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
+            testbed: bool = False) -> Prepared:
+    """Validate strategy, options, dataset, model and their fit, and that the strategy honours
+    what the launch asks (``resume``, ``hosts`` > 1 under torchrun, ``testbed``); raise
+    ConfigError otherwise."""
+    request = job_request(cfg, resume=resume, hosts=hosts, testbed=testbed)
+    check_supports(cfg, request)
     strategy = make_strategy(cfg.strategy, cfg.options)
+    check_supports(cfg, request, strategy)
     validate_dataset_options(cfg.dataset, cfg.data_options)
     spec = dataset_spec(cfg.dataset, cfg.data_options)
     if is_user_model(cfg.model):

@@ -93,6 +93,7 @@ def run_testbed(hosts: int, nic: str, latency: str | None, loss: str | None,
             raise ConfigError("compare needs --strategies a,b,c")
         strategies = [s.strip() for s in names.split(",") if s.strip()]
         args = _without(_without(args, "--strategies"), "--target-accuracy")
+    _check_supports(strategies)
     root = Path(_take(args, "--out") or f"runs/{stamp}-testbed-{command}")
     args = _without(_without(args, "--out"), "--strategy")
     code = 0
@@ -115,3 +116,14 @@ def run_testbed(hosts: int, nic: str, latency: str | None, loss: str | None,
         if "--no-report" not in args:
             write_report(root)
     return code
+
+
+def _check_supports(strategies: list[str]) -> None:
+    """Refuse, before any emulated host starts, a strategy that cannot run on the testbed (the
+    job's other flags are checked by every host's ``prepare()``)."""
+    from polytrain.config import load_config
+    from polytrain.launch.prepare import check_supports, job_request
+
+    for name in strategies:
+        cfg = load_config(None, {"strategy": name})
+        check_supports(cfg, job_request(cfg, testbed=True))

@@ -44,36 +44,13 @@ def _plan(ctx: RoleContext) -> Any:
     return size_plan(param_infos(net), len(ctx.ranks.servers)), flat_params(net)
 
 
-def _server_class() -> Any:
-    from polytrain.strategies.ps.server import ParameterServer
-
-    class PrunedServer(ParameterServer):  # type: ignore[misc]
-        """The `ps` server, with its finished reply sends really dropped.
-
-        gloo's ``Work.is_completed()`` stays False until ``wait()`` (torch 2.13, checked), so the
-        base class's pruning (``if not w.is_completed()``) keeps every reply it ever sent and
-        rescans the list after each message: quadratic CPU over a long run (12 ms a push after
-        4,700 pushes, measured). A learner takes each reply right after its push, so all but the
-        newest few replies are complete and waiting on them returns at once.
-        """
-
-        def _answer(self) -> None:
-            super()._answer()
-            keep = 4 * len(self.index)
-            if len(self.sends) > 2 * keep:
-                old, self.sends = self.sends[:-keep], self.sends[-keep:]
-                for work, _ in old:
-                    work.wait()
-
-    return PrunedServer
-
-
 def run_shard(ctx: RoleContext, index: int) -> dict[str, Any]:
     from polytrain.strategies.ps.consistency import make_consistency
+    from polytrain.strategies.ps.server import ParameterServer
 
     plan, flat = _plan(ctx)
     learners = list(ctx.ranks.learners)
-    server = _server_class()(ctx.net_comm, learners, plan.gather(flat, index), ctx.cfg.optimizer,
+    server = ParameterServer(ctx.net_comm, learners, plan.gather(flat, index), ctx.cfg.optimizer,
                              make_consistency("async", len(learners)), lr=ctx.cfg.lr)
     server.serve()  # until every learner has sent DONE
     return {"shard": index, **server.stats()}

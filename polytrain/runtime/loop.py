@@ -1,6 +1,22 @@
-"""The training shell every data-parallel strategy shares: data shard, steps, progress, metrics,
+"""The training shell every strategy shares: data shard, steps, progress, metrics,
 checkpoint/resume, evaluation. A strategy supplies only ``step_fn`` (how gradients travel and
-who updates) and, if it keeps more state than the model and optimizer, ``extra_state``.
+who updates) and, if it keeps more state than the model and optimizer, ``state``/``load_state``.
+
+Hooks for strategies whose ranks do not all train alike (parameter servers, a coordinator, a
+solver with its own data):
+
+* ``own_step(step) -> loss``: a strategy-owned step that fetches its own data (instead of
+  ``step_fn`` on this rank's part of the global batch);
+* ``after_update(step, loss)``: runs after each step's update and before the step is recorded
+  (e.g. a scheduler that observes the round's changes);
+* ``samples_at(step)``: samples (or updates) processed up to ``step``, when not step × batch;
+* ``save``/``restore``: the strategy's own checkpoint protocol (e.g. ``ps``: the servers write
+  their shards and optimizer state at a consistent cut), replacing the collective default;
+  ``quiesce``: every rank waits at a barrier before and after the snapshot (ranks that write
+  into one shared copy, e.g. ``hogwild``, must not write while it is read);
+* ``evaluate``: the strategy's own evaluation (default ``job.evaluate(eval_model)``),
+  ``evaluates``: whether this rank evaluates (default: the leader, or every rank when the
+  parameters are not replicated).
 """
 
 from __future__ import annotations
@@ -8,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,6 +34,7 @@ from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.job import Job, RankContext, RankResult
 
 StepFn = Callable[[int, torch.Tensor, torch.Tensor], float]
+OwnStep = Callable[[int], float]
 
 
 @dataclass
@@ -29,8 +47,8 @@ class LoopSpec:
     """
 
     model: nn.Module
-    optimizer: torch.optim.Optimizer
-    step_fn: StepFn
+    optimizer: torch.optim.Optimizer | None
+    step_fn: StepFn | None = None
     part: int = 0
     parts: int = 1
     replicated: bool = True
@@ -38,6 +56,18 @@ class LoopSpec:
     load_state: Callable[[dict[str, Any]], None] | None = None
     eval_model: nn.Module | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    own_step: OwnStep | None = None
+    after_update: Callable[[int, float], None] | None = None
+    samples_at: Callable[[int], int] | None = None
+    save: Callable[[int], None] | None = None
+    restore: Callable[[], int] | None = None
+    quiesce: bool = False
+    evaluate: Callable[[], dict[str, float]] | None = None
+    evaluates: bool | None = None
+
+    def __post_init__(self) -> None:
+        if (self.step_fn is None) == (self.own_step is None):
+            raise ValueError("a LoopSpec needs exactly one of step_fn and own_step")
 
 
 def plain_step(job: Job, ctx: RankContext, forward: Callable[[torch.Tensor], torch.Tensor],
@@ -71,9 +101,10 @@ def _snapshot(spec: LoopSpec, step: int) -> dict[str, Any]:
     state: dict[str, Any] = {
         "step": torch.tensor(step),
         "model": spec.model.state_dict(),
-        "optimizer": spec.optimizer.state_dict(),
         "rng": torch.get_rng_state(),
     }
+    if spec.optimizer is not None:
+        state["optimizer"] = spec.optimizer.state_dict()
     if spec.state is not None:
         state["strategy"] = spec.state()
     return state
@@ -81,58 +112,97 @@ def _snapshot(spec: LoopSpec, step: int) -> dict[str, Any]:
 
 def save_checkpoint(job: Job, ctx: RankContext, spec: LoopSpec, step: int) -> None:
     """Collective: every rank calls it; replicated jobs are written by rank 0 alone."""
+    if spec.quiesce:
+        ctx.comm.barrier()  # every rank's writes of this step are in
     if not spec.replicated or ctx.is_leader:
         ctx.checkpoints.write_rank(step, ctx.rank, _snapshot(spec, step))
-    if not spec.replicated:
+    if not spec.replicated or spec.quiesce:
         ctx.comm.barrier()
     if ctx.is_leader:
-        path = ctx.checkpoints.commit(step, keep=job.config.keep_checkpoints)
-        ctx.recorder.emit("checkpoint", step=step, path=str(path.relative_to(ctx.run_dir)))
+        commit_checkpoint(job, ctx, step)
+
+
+def commit_checkpoint(job: Job, ctx: RankContext, step: int) -> None:
+    """Rank 0, once every rank's file of ``step`` is written: seal it and say so."""
+    path = ctx.checkpoints.commit(step, keep=job.config.keep_checkpoints)
+    ctx.recorder.emit("checkpoint", step=step, path=str(path.relative_to(ctx.run_dir)))
+
+
+def newest_checkpoint(ctx: RankContext) -> Path:
+    """The newest good checkpoint directory (refused newer ones are noted in the metrics)."""
+    ckpt, warnings = ctx.checkpoints.find_good()
+    for w in warnings:
+        ctx.recorder.emit("note", text=f"warning: {w}; using {ckpt.name}")
+    return ckpt
 
 
 def restore_checkpoint(ctx: RankContext, spec: LoopSpec) -> int:
     """Load the newest good checkpoint into the model and optimizer; returns its step."""
-    ckpt, warnings = ctx.checkpoints.find_good()
-    for w in warnings:
-        ctx.recorder.emit("note", text=f"warning: {w}; using {ckpt.name}")
+    ckpt = newest_checkpoint(ctx)
     state = CheckpointStore.load_rank(ckpt, 0 if spec.replicated else ctx.rank)
     spec.model.load_state_dict(state["model"])
-    spec.optimizer.load_state_dict(state["optimizer"])
+    if spec.optimizer is not None:
+        spec.optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"])
     if spec.load_state is not None and "strategy" in state:
         spec.load_state(state["strategy"])
     return int(state["step"])
 
 
+def _stepper(job: Job, ctx: RankContext, spec: LoopSpec) -> OwnStep:
+    """The step to run: the strategy's own, or ``step_fn`` on this rank's part of the batch."""
+    if spec.own_step is not None:
+        return spec.own_step
+    step_fn, batches = spec.step_fn, job.batches()
+    assert step_fn is not None
+
+    def step(i: int) -> float:
+        x, y = batches.shard(i, spec.part, spec.parts)
+        t_step = time.perf_counter()
+        loss = step_fn(i, x, y)
+        ctx.straggle(time.perf_counter() - t_step)
+        return loss
+
+    return step
+
+
 def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
     """Run steps ``start+1 .. job.steps`` and return this rank's result."""
     cfg = job.config
-    start = restore_checkpoint(ctx, spec) if ctx.resume else 0
-    batches = job.batches()
+    if ctx.resume:
+        start = spec.restore() if spec.restore is not None else restore_checkpoint(ctx, spec)
+    else:
+        start = 0
+    run_step = _stepper(job, ctx, spec)
+    samples_at = spec.samples_at or (lambda s: s * job.batch_size)
     ctx.comm.barrier()
     ctx.recorder.start_clock()
     ctx.recorder.emit("start", first_step=start + 1, steps=job.steps)
     t0 = time.perf_counter()
     loss = float("nan")
-    evaluates = ctx.is_leader or not spec.replicated
+    evaluates = spec.evaluates if spec.evaluates is not None else ctx.is_leader or not spec.replicated
     eval_model = spec.eval_model or spec.model
+    evaluate = spec.evaluate or (lambda: job.evaluate(eval_model))
     for step in range(start + 1, job.steps + 1):
-        x, y = batches.shard(step, spec.part, spec.parts)
-        t_step = time.perf_counter()
-        loss = spec.step_fn(step, x, y)
-        ctx.straggle(time.perf_counter() - t_step)
-        ctx.recorder.step(step, loss, samples=step * job.batch_size)
+        loss = run_step(step)
+        if spec.after_update is not None:
+            spec.after_update(step, loss)
+        ctx.recorder.step(step, loss, samples=samples_at(step))
+        ctx.recorder.sample_resources()
         if ctx.progress is not None:
             ctx.progress.update(step, loss)
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-            save_checkpoint(job, ctx, spec, step)
+            if spec.save is not None:
+                spec.save(step)
+            else:
+                save_checkpoint(job, ctx, spec, step)
         if cfg.eval_every and step % cfg.eval_every == 0 and step < job.steps and evaluates:
-            ctx.recorder.emit("eval", step=step, **job.evaluate(eval_model))
+            ctx.recorder.emit("eval", step=step, **evaluate())
     wall = time.perf_counter() - t0
-    result = RankResult(steps=job.steps - start, samples=(job.steps - start) * job.batch_size,
+    result = RankResult(steps=job.steps - start, samples=samples_at(job.steps) - samples_at(start),
                         wall_s=wall, final_loss=loss, strategy_metrics=dict(spec.metrics))
     if evaluates:
-        result.eval = job.evaluate(eval_model)
+        result.eval = evaluate()
         ctx.recorder.emit("eval", step=job.steps, **result.eval)
         result.model_state = {k: v.detach().clone() for k, v in spec.model.state_dict().items()}
     return result

@@ -1,15 +1,25 @@
-"""Per-rank metrics: events in memory and streamed to ``ranks/rank{R}.jsonl`` as the run goes.
+"""Per-rank metrics: events streamed to ``ranks/rank{R}.jsonl`` as the run goes.
 
 The stream lets the launcher draw the progress bar and, when a rank dies, say at which step. It
 is written in batches: every event except ``step`` and ``span`` is written and flushed at once;
 step and span events are written with the next flush, which happens at least every
-``FLUSH_EVERY_S`` seconds — so a step of a few milliseconds does not pay a system call and a
-JSON encoding per span (a timeline span is recorded as a tuple and encoded when it is written).
+``FLUSH_EVERY_S`` seconds or once ``BUFFER`` of them wait — so a step of a few milliseconds does
+not pay a system call and a JSON encoding per span (a timeline span is recorded as a tuple and
+encoded when it is written). What is written leaves memory: a recorder with a file holds at most
+``BUFFER`` events, however long the run (:attr:`Recorder.events` reads them back from the file).
+A recorder without a file (tests, in-process benchmarks) keeps every event in memory.
+
+``sample_resources`` adds a ``resources`` event (current RSS, plus what the caller passes, e.g. a
+server's replies in flight) at most every ``RESOURCES_EVERY_S`` seconds: the memory of a long run
+over time, which the soak tests fit a slope to.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import resource
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +27,18 @@ from types import TracebackType
 from typing import IO, Any
 
 FLUSH_EVERY_S = 0.05
+BUFFER = 4096  # events held before a write, whatever the time
+RESOURCES_EVERY_S = 1.0
+
+
+def current_rss_bytes() -> int:
+    """This process's resident set now (Linux: /proc/self/statm), else its peak so far."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        scale = 1 if sys.platform == "darwin" else 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 
 # A span as recorded on the hot path: (name, cat, start, end, fields).
 _Span = tuple[str, str, float, float, dict[str, Any]]
@@ -45,15 +67,19 @@ class Recorder:
 
     def __init__(self, rank: int, path: Path | None = None) -> None:
         self.rank = rank
-        self._log: list[dict[str, Any] | _Span] = []
-        self._written = 0
+        self._pending: list[dict[str, Any] | _Span] = []  # not yet in the file (all, without one)
         self._lock = threading.Lock()
         self._file: IO[str] | None = None
+        self._path = path
+        self._offset = 0  # where this process's events start in the file (it may be appended to)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = path.open("a")
+            self._offset = self._file.tell()
         self.t0 = time.perf_counter()
         self._flushed_at = self.t0
+        self._sampled_at = float("-inf")
+        self._busy = 0.0
         self.last_step = 0
 
     def start_clock(self) -> None:
@@ -72,29 +98,46 @@ class Recorder:
 
     @property
     def events(self) -> list[dict[str, Any]]:
-        """Every event so far, in the order recorded, as JSON-able dicts."""
+        """Every event this process recorded, in order, as JSON-able dicts (read back from the
+        file when there is one: only the unwritten tail is in memory)."""
         with self._lock:
-            log = list(self._log)
-        return [self._as_event(item) for item in log]
+            self._write_pending()
+            log = list(self._pending) if self._file is None else []
+        if self._path is None:
+            return [self._as_event(item) for item in log]
+        with self._path.open() as f:
+            f.seek(self._offset)
+            return [json.loads(line) for line in f if line.strip()]
 
     def _write_pending(self) -> None:
-        """Write what is not yet in the file and flush (the caller holds the lock)."""
+        """Write what is not yet in the file, flush and forget it (the caller holds the lock)."""
         if self._file is None:
             return
-        pending = self._log[self._written:]
-        self._written = len(self._log)
+        pending, self._pending = self._pending, []
         if pending:
             self._file.write("".join(json.dumps(self._as_event(e)) + "\n" for e in pending))
         self._file.flush()
         self._flushed_at = time.perf_counter()
 
+    def _due(self) -> bool:
+        return (len(self._pending) >= BUFFER
+                or time.perf_counter() - self._flushed_at >= FLUSH_EVERY_S)
+
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         rec = {"event": event, "rank": self.rank, "t": round(self.now(), 6), **fields}
         with self._lock:
-            self._log.append(rec)
-            if event != "step" or time.perf_counter() - self._flushed_at >= FLUSH_EVERY_S:
+            self._pending.append(rec)
+            if event != "step" or self._due():
                 self._write_pending()
         return rec
+
+    def sample_resources(self, **fields: Any) -> None:
+        """A ``resources`` event (rss_bytes and ``fields``), at most every RESOURCES_EVERY_S."""
+        now = time.perf_counter()
+        if now - self._sampled_at < RESOURCES_EVERY_S:
+            return
+        self._sampled_at = now
+        self.emit("resources", rss_bytes=current_rss_bytes(), **fields)
 
     def flush(self) -> None:
         with self._lock:
@@ -107,7 +150,11 @@ class Recorder:
     def add_span(self, name: str, cat: str, start: float, end: float, **fields: Any) -> None:
         """A finished span with explicit times (for work that ends on another thread)."""
         with self._lock:
-            self._log.append((name, cat, start, end, fields))
+            self._pending.append((name, cat, start, end, fields))
+            if cat == "compute":
+                self._busy += end - start
+            if self._file is not None and len(self._pending) >= BUFFER:
+                self._write_pending()
 
     def span(self, name: str, cat: str = "compute", **fields: Any) -> _SpanTimer:
         return _SpanTimer(self, name, cat, fields)
@@ -115,15 +162,7 @@ class Recorder:
     def busy_s(self) -> float:
         """Total time in compute spans (a rank's utilisation numerator)."""
         with self._lock:
-            log = list(self._log)
-        total = 0.0
-        for item in log:
-            if isinstance(item, tuple):
-                if item[1] == "compute":
-                    total += item[3] - item[2]
-            elif item["event"] == "span" and item.get("cat") == "compute":
-                total += item["end"] - item["start"]
-        return total
+            return self._busy
 
     def close(self) -> None:
         with self._lock:

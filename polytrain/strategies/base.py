@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError, did_you_mean, unknown
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.supports import Supports
 
 
 class NoOptions(BaseModel):
@@ -31,6 +32,9 @@ class Strategy:
     Options: ClassVar[type[BaseModel]] = NoOptions
     #: False for strategies whose ranks must share one host (e.g. shared-memory Hogwild).
     multi_host: ClassVar[bool] = True
+    #: What it honours of checkpoint, resume, eval, compression, torchrun, testbed
+    #: (:mod:`polytrain.runtime.supports`); checked by ``prepare()`` before any process starts.
+    supports: ClassVar[Supports] = Supports()
 
     _registry: ClassVar[dict[str, type[Strategy]]] = {}
 
@@ -43,6 +47,17 @@ class Strategy:
 
     def __init__(self, options: BaseModel) -> None:
         self.options = options
+
+    @classmethod
+    def declared(cls) -> Supports:
+        """What this strategy honours whatever its options (the README's support matrix)."""
+        if cls.multi_host:
+            return cls.supports
+        return cls.supports.without("its ranks share one host's memory", "torchrun", "testbed")
+
+    def supports_for(self, cfg: JobConfig) -> Supports:
+        """What it honours with these options; override where an option takes a feature away."""
+        return self.declared()
 
     def check(self, cfg: JobConfig, world: int) -> None:
         """Refuse a job this strategy cannot run (raise ConfigError), before any process starts."""

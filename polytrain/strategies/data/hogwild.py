@@ -230,7 +230,9 @@ class Hogwild(Strategy):
                 ctx.comm.barrier()  # rank 0 evaluates the final shared copy, after every write
             return float(loss.detach())
 
-        result = run_loop(job, ctx, LoopSpec(model=model, optimizer=optimizer, step_fn=step))
+        # quiesce: a checkpoint reads the shared copy while no rank writes (a consistent state)
+        spec = LoopSpec(model=model, optimizer=optimizer, step_fn=step, quiesce=True)
+        result = run_loop(job, ctx, spec)
         if lock is not None:
             lock.close()
         gathered = ctx.comm.gather_json({"writes": writes, "waited": waited})  # every rank is done

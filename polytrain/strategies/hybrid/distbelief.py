@@ -27,6 +27,7 @@ from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.plan.partition import cut
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.model.layerwise import build_stage, check_partition_text, plan
@@ -81,6 +82,9 @@ class DistBelief(Strategy):
     family = "hybrid"
     summary = "DistBelief/Downpour: model-parallel replicas sharing asynchronous parameter servers"
     Options = DistBeliefOptions
+    supports = Supports().without("its state lives on the parameter servers, which do not "
+                                  "checkpoint here", "checkpoint", "resume").without(
+        "only rank 0 sees the whole model, and only at the end", "eval")
 
     @property
     def opts(self) -> DistBeliefOptions:

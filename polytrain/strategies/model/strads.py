@@ -26,8 +26,10 @@ from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
 
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.loop import LoopSpec, run_loop
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.model.lasso import (
     LassoProblem,
@@ -94,37 +96,77 @@ class Strads(Strategy):
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         o: StradsOptions = self.options  # type: ignore[assignment]
-        problem = make_problem(o.n, o.p, o.informative, o.group, o.corr, o.noise, job.config.seed)
-        wire = Wire(ctx.comm, ctx.recorder)
-        slots = o.block * ctx.world
-        sched = (Scheduler(o.schedule, o.p, slots, rho=o.rho, eta=o.eta, seed=job.config.seed)
-                 if ctx.is_leader else None)
-        beta = torch.zeros(o.p, dtype=torch.float64)
-        residual = problem.y.clone()
-        trace: list[tuple[float, float]] = [(0.0, objective(problem, beta, residual, o.lam))]
-        updates = 0
-        ctx.comm.barrier()
-        ctx.recorder.start_clock()
-        t0 = time.perf_counter()
-        for step in range(1, job.steps + 1):
-            t_step = time.perf_counter()
-            coords = _schedule(sched, problem, wire, slots)
-            with ctx.recorder.span("round", step=step):
-                deltas = _round(problem, beta, residual, coords, wire, o.lam)
-            if sched is not None:
-                sched.observe(coords, deltas)
-            ctx.straggle(time.perf_counter() - t_step)
-            updates += coords.numel()
-            loss = objective(problem, beta, residual, o.lam)
-            trace.append((updates / o.p, loss))
-            ctx.recorder.step(step, loss, samples=updates)
-            if ctx.progress is not None:
-                ctx.progress.update(step, loss)
-        wall = time.perf_counter() - t0
-        return RankResult(steps=job.steps, samples=updates, wall_s=wall, final_loss=trace[-1][1],
-                          eval=_evaluate(problem, beta, trace[-1][1]) if ctx.is_leader else None,
-                          strategy_metrics=_metrics(o, trace, beta, problem),
-                          model_state={"beta": beta.clone()} if ctx.is_leader else None)
+        solver = _Solver(o, job, ctx)
+        spec = LoopSpec(model=solver.holder, optimizer=None, own_step=solver.step,
+                        samples_at=solver.samples_at, state=solver.state,
+                        load_state=solver.load_state, evaluate=solver.evaluate)
+        result = run_loop(job, ctx, spec)
+        result.samples = solver.updates - solver.first_updates
+        result.strategy_metrics = _metrics(o, solver.trace, solver.beta, solver.problem)
+        return result
+
+
+class _Solver:
+    """One rank's coordinate descent: β (p,), the residual r = y − Xβ (n,), rank 0's scheduler."""
+
+    def __init__(self, o: StradsOptions, job: Job, ctx: RankContext) -> None:
+        self.o, self.ctx = o, ctx
+        self.problem = make_problem(o.n, o.p, o.informative, o.group, o.corr, o.noise, job.config.seed)
+        self.wire = Wire(ctx.comm, ctx.recorder)
+        self.slots = o.block * ctx.world
+        self.sched = (Scheduler(o.schedule, o.p, self.slots, rho=o.rho, eta=o.eta, seed=job.config.seed)
+                      if ctx.is_leader else None)
+        self.holder = nn.Module()  # β (a buffer): the "model" the loop checkpoints and reports
+        self.holder.register_buffer("beta", torch.zeros(o.p, dtype=torch.float64))
+        self.residual = self.problem.y.clone()
+        self.trace: list[tuple[float, float]] = [(0.0, self.objective())]
+        self.updates = self.first_updates = 0
+        self.per_step: dict[int, int] = {0: 0}
+
+    @property
+    def beta(self) -> torch.Tensor:
+        return self.holder.get_buffer("beta")
+
+    def objective(self) -> float:
+        return objective(self.problem, self.beta, self.residual, self.o.lam)
+
+    def step(self, step: int) -> float:
+        t_step = time.perf_counter()
+        coords = _schedule(self.sched, self.problem, self.wire, self.slots)
+        with self.ctx.recorder.span("round", step=step):
+            deltas = _round(self.problem, self.beta, self.residual, coords, self.wire, self.o.lam)
+        if self.sched is not None:
+            self.sched.observe(coords, deltas)
+        self.ctx.straggle(time.perf_counter() - t_step)
+        self.updates += coords.numel()
+        self.per_step[step] = self.updates
+        loss = self.objective()
+        self.trace.append((self.updates / self.o.p, loss))
+        return loss
+
+    def samples_at(self, step: int) -> int:
+        return self.per_step.get(step, self.updates)
+
+    def evaluate(self) -> dict[str, float]:
+        return _evaluate(self.problem, self.beta, self.trace[-1][1])
+
+    def state(self) -> dict[str, torch.Tensor]:
+        out = {"residual": self.residual.clone(), "updates": torch.tensor(self.updates),
+               "trace": torch.tensor(self.trace, dtype=torch.float64)}
+        if self.sched is not None:
+            out.update(gen=self.sched.gen.get_state(), last_change=self.sched.last_change.clone(),
+                       cursor=torch.tensor(self.sched.cursor))
+        return out
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Every rank resumes from rank 0's state (β and r are the same on every rank)."""
+        self.residual.copy_(state["residual"])
+        self.updates = self.first_updates = int(state["updates"])
+        self.trace = [(float(s), float(f)) for s, f in state["trace"].tolist()]
+        if self.sched is not None:
+            self.sched.gen.set_state(state["gen"])
+            self.sched.last_change.copy_(state["last_change"])
+            self.sched.cursor = int(state["cursor"])
 
 
 def _evaluate(problem: LassoProblem, beta: torch.Tensor, final: float) -> dict[str, float]:

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.ps.lbfgs import LbfgsShard
 from polytrain.strategies.ps.server import gather_shards
@@ -225,11 +226,30 @@ def work(job: Job, ctx: RankContext, lay: Layout) -> RankResult:
     return RankResult(role="worker")
 
 
+def _refuse_ignored(cfg: JobConfig, opts: SandblasterOptions) -> None:
+    """L-BFGS has no --optimizer/--momentum/--weight-decay, and batch=full no --batch-size."""
+    default = JobConfig()
+    for key, flag in (("optimizer", "--optimizer"), ("momentum", "--momentum"),
+                      ("weight_decay", "--weight-decay")):
+        if getattr(cfg, key) != getattr(default, key):
+            raise ConfigError(
+                f"Strategy 'sandblaster' runs L-BFGS (step size --lr, memory --set history=M), so "
+                f"{flag} {getattr(cfg, key)} would be ignored. Drop {flag}.")
+    if opts.batch == "full" and cfg.batch_size != default.batch_size:
+        raise ConfigError(
+            f"Strategy 'sandblaster' with batch=full uses the whole training set every iteration, "
+            f"so --batch-size {cfg.batch_size} would be ignored. Drop it, or --set batch=job to "
+            "take one global batch of --batch-size samples per iteration.")
+
+
 class Sandblaster(Strategy):
     name = "sandblaster"
     family = "parameter-server"
     summary = "synchronous batch L-BFGS: coordinator, load-balanced portions, shard-wise two-loop"
     Options = SandblasterOptions
+    supports = Supports().without("its L-BFGS state lives on the servers, which do not checkpoint "
+                                  "yet", "checkpoint", "resume").without(
+        "only the coordinator sees the whole model, and only at the end", "eval")
 
     @property
     def opts(self) -> SandblasterOptions:
@@ -247,6 +267,7 @@ class Sandblaster(Strategy):
             raise
         except Exception:  # a user model that cannot be built on the meta device
             pass
+        _refuse_ignored(cfg, self.opts)
         if self.opts.batch == "job" and self.opts.portions and self.opts.portions > cfg.batch_size:
             raise ConfigError(f"portions={self.opts.portions} exceeds the batch of "
                               f"{cfg.batch_size} samples; use --set portions={cfg.batch_size} or fewer.")

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.ps.consistency import histogram, make_consistency
@@ -81,6 +82,8 @@ class Ps(Strategy):
     family = "parameter-server"
     summary = "parameter servers (layer|size sharding) with bsp, async (Downpour), ssp or k-of-n"
     Options = PsOptions
+    supports = Supports().without("its state lives on the servers, which do not checkpoint yet",
+                                  "checkpoint", "resume")
 
     @property
     def opts(self) -> PsOptions:
@@ -105,9 +108,6 @@ class Ps(Strategy):
             raise ConfigError(f"n_push={o.n_push}/n_fetch={o.n_fetch} apply to consistency=async "
                               f"(Downpour) only; {o.consistency} pushes and pulls every step. "
                               "Drop them or --set consistency=async.")
-        if cfg.checkpoint_every:
-            raise ConfigError("Strategy 'ps' keeps its state on the servers and does not checkpoint "
-                              f"yet (got --checkpoint-every {cfg.checkpoint_every}). Drop the flag.")
         try:
             model_plan(cfg, o.sharding, o.servers)
         except ConfigError:
