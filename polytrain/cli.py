@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train one job (no arguments: CNN on digits, 2 processes)")
     _add_job_flags(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--cluster", help="with --strategy auto: plan for this cluster (see `polytrain plan`)")
     p = sub.add_parser("compare", help="run several strategies on the same job, one table")
     p.add_argument("--strategies", required=True, help="comma-separated ids, e.g. single,allreduce")
     p.add_argument("--target-accuracy", type=float, help="report time to reach this test accuracy")
@@ -178,9 +179,42 @@ def _report(console: Console, path: Path, skip: bool, tensorboard: bool = False)
     console.print(f"report: {md or path} ({len(written)} files)", highlight=False)
 
 
+def _resolve_auto(args: argparse.Namespace) -> None:
+    """``--strategy auto``: the planner's first choice replaces the strategy and its options."""
+    import json
+
+    from polytrain.config import load_config
+    from polytrain.launch.rundir import TESTBED_ENV
+    from polytrain.plan.commands import auto_strategy
+
+    if args.strategy != "auto":
+        if args.cluster:
+            raise ConfigError("--cluster is read by --strategy auto only. Fix: add --strategy auto, "
+                              "or drop --cluster.")
+        return
+    if any("." not in s.split("=", 1)[0] for s in args.sets):
+        raise ConfigError("--strategy auto chooses the strategy options itself. Fix: drop the strategy "
+                          "--set options (model.* and data.* are fine), or name a strategy.")
+    from polytrain import api
+
+    if api.under_torchrun():
+        raise ConfigError("--strategy auto is resolved before launch, not on each torchrun rank (each "
+                          "would measure its own profile). Fix: run `polytrain plan` and pass its "
+                          "recommended --strategy and --set options.")
+    cfg = load_config(args.config, {**_overrides(args), "strategy": "single"}, args.sets)
+    testbed = os.environ.get(TESTBED_ENV)
+    best = auto_strategy(cfg, args.cluster, json.loads(testbed) if testbed else None)
+    args.strategy, args.procs = best.strategy, best.procs
+    args.sets = [*args.sets, *(f"{k}={v}" for k, v in best.options.items())]
+    Console(stderr=True).print(
+        f"auto: {best.label} on {best.procs} process(es), predicted {best.estimate.step_s * 1e3:.1f} "
+        f"ms/step ({best.samples_per_s:,.0f} samples/s)", highlight=False)
+
+
 def cmd_train(args: argparse.Namespace, console: Console) -> int:
     from polytrain import api
 
+    _resolve_auto(args)
     if api.under_torchrun():
         from polytrain.launch.torchrun import train_under_torchrun
         from polytrain.launch.worker import exit_now

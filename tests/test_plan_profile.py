@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -40,3 +41,49 @@ def test_measure_comm_two_real_processes() -> None:
     for kind in ("p2p", "allreduce"):
         assert result[kind]["bytes_per_s"] > 1e6 and result[kind]["alpha_s"] >= 0
     assert len(result["samples"]["p2p_s"]) == len(result["samples"]["sizes"])
+
+
+@pytest.mark.slow
+def test_auto_runs_the_first_choice_and_every_run_records_a_prediction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POLYTRAIN_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "auto"
+    args = ["train", "--strategy", "auto", "--procs", "2", "--steps", "5", "--out", str(out), "--no-report"]
+    assert main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["strategy"] != "auto" and summary["world_size"] == 2
+    pred = summary["prediction"]
+    assert pred["modelled"] and pred["step_s"] > 0 and pred["peak_memory_bytes"] > 0
+    assert pred["samples_per_s"] == pytest.approx(64 / pred["step_s"])
+    assert list((tmp_path / "cache" / "profiles").glob("*.json"))  # profiled once, cached
+    # a strategy the planner does not model says so instead of guessing
+    other = tmp_path / "malt"
+    assert (
+        main(
+            [
+                "train",
+                "--strategy",
+                "malt",
+                "--procs",
+                "2",
+                "--steps",
+                "2",
+                "--out",
+                str(other),
+                "--no-report",
+            ]
+        )
+        == 0
+    )
+    assert json.loads((other / "summary.json").read_text())["prediction"] == {
+        "modelled": False,
+        "why": "the planner does not model 'malt' yet",
+    }
+
+
+def test_auto_refuses_strategy_options(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--strategy", "auto", "--set", "servers=2"]) == 2
+    assert "chooses the strategy options itself" in capsys.readouterr().err
+    assert main(["train", "--strategy", "allreduce", "--cluster", "hosts=2"]) == 2
+    assert "--cluster is read by --strategy auto only" in capsys.readouterr().err

@@ -81,11 +81,19 @@ def build_summary(job: Job, ctx: RankContext, records: list[dict[str, Any]]) -> 
         "strategy_metrics": metrics,
         "config": job.config.model_dump(),
         "testbed": json.loads(testbed) if testbed else None,
+        "prediction": _prediction(job, ctx, json.loads(testbed) if testbed else None),
         "backend": ctx.backend,
         "device": str(ctx.device),
         "polytrain_version": polytrain.__version__,
         "torch_version": torch.__version__,
     }
+
+
+def _prediction(job: Job, ctx: RankContext, testbed: dict[str, Any] | None) -> dict[str, Any]:
+    """The planner's prediction for this very job, recorded beside the measurement."""
+    from polytrain.plan.predict import predict_run
+
+    return predict_run(job.config, ctx.world, testbed)
 
 
 def write_results(

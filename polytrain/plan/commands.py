@@ -246,3 +246,14 @@ def run_sweep(prof: Profile, cluster: Cluster, batch: int, a: PlanArgs, console:
     show.draw_sweep(result["rows"], shown, x, out / "sweep.png")
     console.print(f"sweep: {out}/sweep.json, {out}/sweep.png", highlight=False)
     return 0
+
+
+def auto_strategy(cfg: JobConfig, cluster_text: str | None, testbed: dict[str, Any] | None) -> Candidate:
+    """The planner's first choice for ``cfg`` (``--strategy auto``): on ``--cluster`` when given (its
+    world size), else on the testbed this runs on or this machine with ``cfg.procs`` processes."""
+    from polytrain.plan.predict import cached_profile, run_cluster
+
+    prof = cached_profile(cfg)
+    cluster = Cluster.parse(cluster_text) if cluster_text else run_cluster(cfg.procs, testbed)
+    ranked = plan_candidates(prof, cluster, cfg.batch_size, 1.0, None)
+    return first_choice(ranked, cfg, procs=cluster.world if cluster_text else cfg.procs)

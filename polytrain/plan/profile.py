@@ -248,8 +248,10 @@ class Profile:
         try:
             return cls.from_json(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ConfigError(f"Cannot read profile '{path}' ({e}). Fix: write one with "
-                              "polytrain profile --model M --dataset D --batch-size B --out FILE.") from None
+            raise ConfigError(
+                f"Cannot read profile '{path}' ({e}). Fix: write one with "
+                "polytrain profile --model M --dataset D --batch-size B --out FILE."
+            ) from None
 
 
 def _rss_bytes() -> int:
@@ -302,16 +304,36 @@ def measure_profile(cfg: Any, repeats: int = 5, threads: int = 1) -> Profile:
     scale = cfg.batch_size / small.shape[0]
     records = []
     for (name, layer), f, s in zip(layers_of(model), full, part, strict=True):
-        records.append(LayerRecord(
-            name, type(layer).__name__, f.forward_s, f.backward_s,
-            _fixed(f.forward_s, s.forward_s, scale), _fixed(f.backward_s, s.backward_s, scale),
-            f.activation_bytes, f.param_bytes, state * f.param_bytes))
+        records.append(
+            LayerRecord(
+                name,
+                type(layer).__name__,
+                f.forward_s,
+                f.backward_s,
+                _fixed(f.forward_s, s.forward_s, scale),
+                _fixed(f.backward_s, s.backward_s, scale),
+                f.activation_bytes,
+                f.param_bytes,
+                state * f.param_bytes,
+            )
+        )
     return Profile(
-        cfg.model, cfg.dataset, cfg.batch_size, cfg.optimizer, tuple(records),
+        cfg.model,
+        cfg.dataset,
+        cfg.batch_size,
+        cfg.optimizer,
+        tuple(records),
         tuple((n, tuple(p.shape)) for n, p in model.named_parameters()),
-        int(big.numel() * big.element_size()), _optimizer_s(model, job.make_optimizer, repeats),
-        base, _fc_start(model), dict(cfg.model_options), dict(cfg.data_options),
-        device=str(big.device), threads=threads, task=job.spec.task)
+        int(big.numel() * big.element_size()),
+        _optimizer_s(model, job.make_optimizer, repeats),
+        base,
+        _fc_start(model),
+        dict(cfg.model_options),
+        dict(cfg.data_options),
+        device=str(big.device),
+        threads=threads,
+        task=job.spec.task,
+    )
 
 
 def _fixed(full_s: float, small_s: float, ratio: float) -> float:

@@ -21,6 +21,8 @@ from polytrain.plan.estimate_pipe import pipeline
 from polytrain.report.units import human_bytes
 
 PS_CONSISTENCY = ("bsp", "async", "ssp", "k-of-n")
+# strategies whose parameters equal single-process training's (the others change the algorithm)
+EXACT = ("single", "allreduce", "gpipe", "1f1b", "layerwise", "tensor", "owt", "mesh")
 HYBRIDS = ("owt", "mesh")
 
 
@@ -38,6 +40,11 @@ class Candidate:
     @property
     def samples_per_s(self) -> float:
         return self.batch / self.estimate.step_s if self.estimate.step_s > 0 else 0.0
+
+    @property
+    def exact(self) -> bool:
+        """Equals single-process training (synchronous, no staleness, no averaging period)."""
+        return self.strategy in EXACT or (self.strategy == "ps" and self.options.get("consistency") == "bsp")
 
     @property
     def label(self) -> str:
@@ -195,5 +202,6 @@ def to_json(c: Candidate, job: dict[str, Any]) -> dict[str, Any]:
         "bytes_per_step": e.bytes_per_step,
         "nic_bytes_per_step": e.nic_bytes_per_step,
         "fits": c.fits,
+        "exact": c.exact,
         "detail": {k: v for k, v in e.detail.items() if k != "shard_bytes"},
     }

@@ -28,6 +28,7 @@ def ranking_table(ranked: Sequence[Candidate], top: int, title: str) -> Table:
         "peak mem/rank",
         "sent/step",
         "busiest NIC/step",
+        "exact",
         "fits",
     ):
         table.add_column(col, justify="right" if col not in ("strategy", "options") else "left")
@@ -43,6 +44,7 @@ def ranking_table(ranked: Sequence[Candidate], top: int, title: str) -> Table:
             human_bytes(e.peak_memory_bytes),
             human_bytes(e.bytes_per_step),
             human_bytes(e.nic_bytes_per_step),
+            "yes" if c.exact else "no",
             "yes" if c.fits else "NO",
         )
     return table

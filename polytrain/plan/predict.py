@@ -1,0 +1,156 @@
+"""The prediction every run records beside its measurement (``summary.json`` → ``prediction``).
+
+`predict_run` prices the job as configured — its strategy and options, its world size, this machine
+or the testbed it ran on — with the same estimators `polytrain plan` ranks, so each run checks the
+cost model. Profiles are cached per (model, options, dataset, batch, optimizer) under
+``$POLYTRAIN_CACHE`` (default ``~/.cache/polytrain/profiles``): a job profiles its model once.
+Strategies the planner does not model record ``{"modelled": false, "why": ...}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from polytrain.config import JobConfig
+from polytrain.plan import estimate as est
+from polytrain.plan.cluster import Cluster
+from polytrain.plan.estimate import Estimate, Scene
+from polytrain.plan.estimate_pipe import pipeline
+from polytrain.plan.partition import Partition, balanced, uniform
+from polytrain.plan.profile import Profile, measure_profile
+
+PIPES = ("gpipe", "1f1b", "pipedream", "spectrain", "layerwise")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("POLYTRAIN_CACHE") or Path.home() / ".cache" / "polytrain")
+
+
+def cached_profile(cfg: JobConfig, repeats: int = 2) -> Profile:
+    key = json.dumps(
+        [
+            cfg.model,
+            cfg.model_options,
+            cfg.dataset,
+            cfg.data_options,
+            cfg.batch_size,
+            cfg.optimizer,
+            torch.__version__,
+        ],
+        sort_keys=True,
+        default=str,
+    )
+    path = cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    if path.is_file():
+        try:
+            return Profile.from_json(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError):
+            pass
+    threads = torch.get_num_threads()
+    try:
+        prof = measure_profile(cfg, repeats=repeats)
+    finally:
+        torch.set_num_threads(threads)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    prof.save(tmp)
+    tmp.replace(path)
+    return prof
+
+
+def run_cluster(world: int, testbed: dict[str, Any] | None) -> Cluster:
+    """The testbed the run used (hosts, NIC rate, latency; all hosts share this machine's cores), or
+    this machine: one host, ``world`` processes."""
+    cores = os.cpu_count() or 1
+    if testbed:
+        hosts = int(testbed["hosts"])
+        latency = float(testbed.get("latency") or 0) * 1e-6  # the testbed records µs
+        return Cluster(
+            hosts,
+            max(1, world // hosts),
+            float(testbed["rate_bits_per_s"]) / 8,
+            2e9,
+            1e-4 + latency,
+            1e-4,
+            cores,
+        )
+    return Cluster(1, world, 10e9 / 8, 2e9, 1e-4, 1e-4, cores)
+
+
+def _partition(opts: dict[str, Any], layers: int, stages: int, prof: Profile) -> Partition | None:
+    text = str(opts.get("partition", "auto"))
+    if text == "uniform":
+        return uniform(layers, stages)
+    if text == "params":
+        return balanced([r.param_bytes for r in prof.layers], stages)
+    if text in ("auto", "time"):
+        return None  # the planner's own (PipeDream's DP on the profile)
+    return Partition.parse(text)
+
+
+def estimate_for(cfg: JobConfig, world: int, scene: Scene) -> Estimate | str:
+    """The estimate of ``cfg``'s strategy and options on ``world`` ranks, or why it has none."""
+    s, o, n = cfg.strategy, dict(cfg.options), scene.layers
+    if s == "single":
+        return est.single(scene)
+    if s == "allreduce":
+        return est.allreduce(scene, world, float(o.get("bucket_mb", 25.0)))
+    if s == "local-sgd":
+        return est.local_sgd(scene, world, max(1, int(o.get("period", 4))))
+    if s == "ps":
+        return est.ps(
+            scene,
+            world,
+            int(o.get("servers", 1)),
+            str(o.get("sharding", "layer")),
+            str(o.get("consistency", "bsp")),
+        )
+    if s == "owt":
+        return est.owt(scene, world)
+    if s == "tensor":
+        return est.tensor(scene, world)
+    if s in PIPES:
+        schedule = {"layerwise": "gpipe", "spectrain": "pipedream"}.get(s, s)
+        m = 1 if s in ("layerwise", "pipedream", "spectrain") else int(o.get("microbatches", 4))
+        default = "uniform" if s == "layerwise" else "auto"
+        part = _partition({"partition": o.get("partition", default)}, n, world, scene.profile)
+        return pipeline(scene, schedule, world, m, partition=part)[0]
+    if s == "mesh":
+        return _mesh(o, world, scene)
+    return f"the planner does not model '{s}' yet"
+
+
+def _mesh(o: dict[str, Any], world: int, scene: Scene) -> Estimate:
+    from polytrain.strategies.hybrid.layout import Layout
+
+    layout = Layout(int(o.get("dp", -1)), int(o.get("pp", 1)), int(o.get("tp", 1))).resolve(world)
+    if layout.tp > 1:
+        return est.tensor(scene, layout.tp, layout.dp)
+    m = int(o.get("microbatches", 0)) or layout.pp
+    part = _partition({"partition": o.get("partition", "uniform")}, scene.layers, layout.pp, scene.profile)
+    return pipeline(scene, str(o.get("schedule", "1f1b")), layout.pp, m, layout.dp, part)[0]
+
+
+def predict_run(cfg: JobConfig, world: int, testbed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{"step_s", "samples_per_s", "peak_memory_bytes", ...}`` or ``{"modelled": False, "why"}``."""
+    try:
+        scene = Scene(cached_profile(cfg), run_cluster(world, testbed), cfg.batch_size)
+        e = estimate_for(cfg, world, scene)
+    except Exception as err:  # why: a prediction must never fail the run it describes
+        return {"modelled": False, "why": f"{type(err).__name__}: {err}"}
+    if isinstance(e, str):
+        return {"modelled": False, "why": e}
+    return {
+        "modelled": True,
+        "step_s": e.step_s,
+        "samples_per_s": cfg.batch_size / e.step_s,
+        "peak_memory_bytes": e.peak_memory_bytes,
+        "bytes_per_step": e.bytes_per_step,
+        "cluster": scene.cluster.to_json(),
+    }
