@@ -9,9 +9,12 @@ Strategies the planner does not model record ``{"modelled": false, "why": ...}``
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,27 @@ PIPES = ("gpipe", "1f1b", "pipedream", "spectrain", "layerwise")
 
 def cache_dir() -> Path:
     return Path(os.environ.get("POLYTRAIN_CACHE") or Path.home() / ".cache" / "polytrain")
+
+
+_BASE_PROBE = (
+    "import torch, torch.distributed, polytrain.launch.worker, polytrain.runtime.loop\n"
+    "import os; print(int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE'))"
+)
+
+
+def process_base_bytes() -> int:
+    """Resident bytes of a fresh rank process before its model (torch and polytrain imported),
+    measured once in a new interpreter and cached: a process that has trained holds more."""
+    path = cache_dir() / "base_memory.json"
+    try:
+        return int(json.loads(path.read_text())["bytes"])
+    except (OSError, ValueError, KeyError):
+        pass
+    out = subprocess.run([sys.executable, "-c", _BASE_PROBE], capture_output=True, text=True, timeout=120)
+    value = int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"bytes": value}))
+    return value
 
 
 def cached_profile(cfg: JobConfig, repeats: int = 2) -> Profile:
@@ -59,6 +83,7 @@ def cached_profile(cfg: JobConfig, repeats: int = 2) -> Profile:
         torch.set_num_threads(threads)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    prof = dataclasses.replace(prof, base_memory_bytes=process_base_bytes() or prof.base_memory_bytes)
     prof.save(tmp)
     tmp.replace(path)
     return prof

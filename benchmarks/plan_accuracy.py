@@ -1,0 +1,377 @@
+"""The planner against the testbed: predicted vs measured step time, recommended vs measured fastest.
+
+Each scenario is a model on N emulated hosts (one rank per host) with NIC rate R; each of its
+strategies is trained for ``--steps`` steps with ``polytrain testbed``; the measurement is the
+median step time of rank 0 over the steps after the first two (from metrics.jsonl). Predictions come
+from `polytrain.plan.predict.estimate_for` — the estimator `polytrain plan` ranks with — on a
+profile of each model measured once at the start (1 thread, as testbed ranks run) and the testbed's
+cluster (hosts, rate, all ranks sharing this machine's cores).
+
+Calibration: the even-numbered scenarios (at most half) fit two numbers — a compute scale and an
+extra per-message latency — by grid search on the median |log(pred/meas)|; the odd-numbered ones
+are held back and reported separately. Also: the recommended strategy (best predicted among those
+measured) against the measured fastest, and the VGG-16 MP–DP crossover (first host count at which a
+hybrid, owt or mesh, beats allreduce), predicted and measured.
+
+    sudo .venv/bin/python benchmarks/plan_accuracy.py --steps 12
+    .venv/bin/python benchmarks/plan_accuracy.py --analyse   # recompute from the saved raw runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(ROOT), str(HERE)]
+
+MODELS = {
+    "cnn": (["--model", "cnn", "--dataset", "digits"], 64),
+    "vgg16": (["--model", "vgg16", "--set", "model.width=8", "--dataset", "synthetic-images"], 64),
+    "gpt-mini": (["--model", "gpt-mini", "--dataset", "chars"], 32),
+}
+# (model, hosts, nic, [(strategy, --set options)])
+SCENARIOS: list[tuple[str, int, str, list[tuple[str, dict[str, Any]]]]] = [
+    (
+        "cnn",
+        2,
+        "100mbit",
+        [("allreduce", {}), ("ps", {"servers": 1}), ("gpipe", {"microbatches": 4}), ("layerwise", {})],
+    ),
+    (
+        "cnn",
+        4,
+        "1gbit",
+        [("allreduce", {}), ("ps", {"servers": 2}), ("1f1b", {"microbatches": 8}), ("owt", {})],
+    ),
+    ("cnn", 4, "100mbit", [("allreduce", {}), ("ps", {"servers": 2}), ("owt", {}), ("layerwise", {})]),
+    (
+        "cnn",
+        8,
+        "1gbit",
+        [("allreduce", {}), ("ps", {"servers": 4}), ("owt", {}), ("local-sgd", {"period": 4})],
+    ),
+    (
+        "vgg16",
+        2,
+        "1gbit",
+        [
+            ("allreduce", {}),
+            ("gpipe", {"microbatches": 4}),
+            ("owt", {}),
+            ("mesh", {"dp": 1, "pp": 2}),
+            ("pipedream", {}),
+        ],
+    ),
+    (
+        "vgg16",
+        4,
+        "1gbit",
+        [
+            ("allreduce", {}),
+            ("mesh", {"dp": 2, "pp": 2}),
+            ("owt", {}),
+            ("ps", {"servers": 2, "sharding": "size"}),
+        ],
+    ),
+    ("vgg16", 8, "1gbit", [("allreduce", {}), ("mesh", {"dp": 4, "pp": 2}), ("owt", {})]),
+    (
+        "vgg16",
+        4,
+        "100mbit",
+        [("allreduce", {}), ("mesh", {"dp": 2, "pp": 2}), ("owt", {}), ("1f1b", {"microbatches": 8})],
+    ),
+    ("vgg16", 2, "100mbit", [("allreduce", {}), ("owt", {}), ("layerwise", {}), ("ps", {"servers": 1})]),
+    (
+        "gpt-mini",
+        2,
+        "1gbit",
+        [("allreduce", {}), ("tensor", {}), ("gpipe", {"microbatches": 4}), ("ps", {"servers": 1})],
+    ),
+    (
+        "gpt-mini",
+        4,
+        "1gbit",
+        [("allreduce", {}), ("tensor", {}), ("mesh", {"dp": 2, "tp": 2}), ("1f1b", {"microbatches": 4})],
+    ),
+    (
+        "gpt-mini",
+        4,
+        "100mbit",
+        [("allreduce", {}), ("tensor", {}), ("mesh", {"dp": 2, "tp": 2}), ("layerwise", {})],
+    ),
+]
+RAW = HERE / "results" / "plan_accuracy_raw.json"
+
+
+def step_times(run_dir: Path, skip: int = 2) -> list[float]:
+    """Seconds between consecutive steps of the first rank that trains, the first ``skip`` dropped."""
+    steps = [e for e in map(json.loads, (run_dir / "metrics.jsonl").open()) if e.get("event") == "step"]
+    first = min(e["rank"] for e in steps)  # rank 0 may be a server (ps): the first rank that steps
+    t = [e["t"] for e in steps if e["rank"] == first]
+    return [b - a for a, b in itertools.pairwise(t)][skip:]
+
+
+def run_one(
+    model: str, hosts: int, nic: str, strategy: str, opts: dict[str, Any], steps: int
+) -> dict[str, Any]:
+    args, batch = MODELS[model]
+    out = Path(tempfile.mkdtemp()) / "run"
+    sets = [x for k, v in opts.items() for x in ("--set", f"{k}={v}")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "polytrain",
+        "testbed",
+        "--hosts",
+        str(hosts),
+        "--nic",
+        nic,
+        "--",
+        "train",
+        "--strategy",
+        strategy,
+        "--procs",
+        str(hosts),
+        *args,
+        "--batch-size",
+        str(batch),
+        "--steps",
+        str(steps),
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.01",
+        "--out",
+        str(out),
+        "--no-report",
+        *sets,
+    ]
+    load0 = os.getloadavg()[0]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    row: dict[str, Any] = {
+        "model": model,
+        "hosts": hosts,
+        "nic": nic,
+        "strategy": strategy,
+        "options": opts,
+        "load_start": load0,
+        "load_end": os.getloadavg()[0],
+    }
+    if proc.returncode != 0:
+        return {**row, "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
+    summary = json.loads((out / "summary.json").read_text())
+    times = step_times(out)
+    return {
+        **row,
+        "measured_step_s": statistics.median(times),
+        "step_times": times,
+        "peak_rss_bytes": summary["peak_rss_bytes"],
+        "in_run_prediction": summary.get("prediction"),
+    }
+
+
+def measure(steps: int, only: set[int] | None) -> list[dict[str, Any]]:
+    rows = json.loads(RAW.read_text())["runs"] if RAW.exists() and only else []
+    for i, (model, hosts, nic, strategies) in enumerate(SCENARIOS):
+        if only is not None and i not in only:
+            continue
+        rows = [r for r in rows if r["scenario"] != i]
+        for strategy, opts in strategies:
+            row = {"scenario": i, **run_one(model, hosts, nic, strategy, opts, steps)}
+            print(json.dumps({k: v for k, v in row.items() if k != "step_times"}), flush=True)
+            rows.append(row)
+            RAW.write_text(json.dumps({"steps": steps, "runs": rows}, indent=1))
+    return rows
+
+
+def _config(row: dict[str, Any]) -> Any:
+    from polytrain.config import load_config
+
+    args, batch = MODELS[row["model"]]
+    over = {
+        "model": args[1],
+        "dataset": args[-1],
+        "batch_size": batch,
+        "optimizer": "sgd",
+        "strategy": row["strategy"],
+        "procs": row["hosts"],
+    }
+    sets = [args[3]] if row["model"] == "vgg16" else []
+    sets += [f"{k}={v}" for k, v in row["options"].items()]
+    return load_config(None, over, sets)
+
+
+def predict(rows: list[dict[str, Any]], profiles: dict[str, Any], scale: float, alpha: float) -> None:
+    from polytrain.plan.estimate import Scene
+    from polytrain.plan.predict import estimate_for, run_cluster
+
+    for r in rows:
+        cfg = _config(r)
+        nic_bits = {"100mbit": 1e8, "1gbit": 1e9}[r["nic"]]
+        cluster = run_cluster(r["hosts"], {"hosts": r["hosts"], "rate_bits_per_s": nic_bits})
+        cluster = type(cluster)(
+            cluster.hosts,
+            1,
+            cluster.nic_bps,
+            cluster.intra_bps,
+            cluster.latency_s + alpha,
+            cluster.intra_alpha + alpha,
+            cluster.cores,
+        )
+        e = estimate_for(cfg, r["hosts"], Scene(profiles[r["model"]], cluster, cfg.batch_size, scale))
+        assert not isinstance(e, str), e
+        r["predicted_step_s"] = e.step_s
+        r["predicted_memory_bytes"] = e.peak_memory_bytes
+        r["error"] = e.step_s / r["measured_step_s"] - 1
+
+
+def fit(rows: list[dict[str, Any]], profiles: dict[str, Any]) -> tuple[float, float]:
+    best = (math.inf, 1.0, 0.0)
+    for scale in [0.6 + 0.05 * i for i in range(49)]:
+        for alpha in (0.0, 2e-4, 5e-4, 1e-3, 2e-3, 4e-3):
+            predict(rows, profiles, scale, alpha)
+            score = statistics.median(
+                abs(math.log(r["predicted_step_s"] / r["measured_step_s"])) for r in rows
+            )
+            best = min(best, (score, scale, alpha))
+    return best[1], best[2]
+
+
+def crossover(rows: list[dict[str, Any]], key: str) -> int | None:
+    """First host count (VGG-16, 1gbit) at which owt or mesh steps faster than allreduce."""
+    for hosts in (2, 4, 8):
+        here = {
+            r["strategy"]: r[key]
+            for r in rows
+            if r["model"] == "vgg16" and r["nic"] == "1gbit" and r["hosts"] == hosts
+        }
+        hybrid = min((here[s] for s in ("owt", "mesh") if s in here), default=math.inf)
+        if "allreduce" in here and hybrid < here["allreduce"]:
+            return hosts
+    return None
+
+
+def recommended_hits(rows: list[dict[str, Any]], scenarios: set[int]) -> tuple[int, int, list[str]]:
+    hits, lines = 0, []
+    for i in sorted(scenarios):
+        here = [r for r in rows if r["scenario"] == i]
+        pick = min(here, key=lambda r: r["predicted_step_s"])
+        fastest = min(here, key=lambda r: r["measured_step_s"])
+        ok = pick["measured_step_s"] <= 1.05 * fastest["measured_step_s"]
+        hits += ok
+        lines.append(
+            f"scenario {i}: recommended {pick['strategy']}, measured fastest {fastest['strategy']}"
+            f" ({pick['measured_step_s'] / fastest['measured_step_s']:.2f}x its step) "
+            f"{'hit' if ok else 'MISS'}"
+        )
+    return hits, len(scenarios), lines
+
+
+def stats(errors: list[float]) -> dict[str, float]:
+    a = [abs(e) for e in errors]
+    return {"median_abs_error": statistics.median(a), "max_abs_error": max(a), "n": len(a)}
+
+
+def analyse(raw: dict[str, Any]) -> None:
+    from harness import write_results
+
+    from polytrain.plan.predict import process_base_bytes
+    from polytrain.plan.profile import measure_profile
+
+    rows = [r for r in raw["runs"] if "measured_step_s" in r]
+    failed = [r for r in raw["runs"] if "measured_step_s" not in r]
+    profiles = {}
+    for m in sorted({r["model"] for r in rows}):
+        prof = measure_profile(
+            _config({"model": m, "strategy": "single", "hosts": 1, "options": {}}), repeats=5
+        )
+        profiles[m] = type(prof)(**{**prof.__dict__, "base_memory_bytes": process_base_bytes()})
+    calib = {i for i in range(len(SCENARIOS)) if i % 2 == 0}
+    held = set(range(len(SCENARIOS))) - calib
+    scale, alpha = fit([r for r in rows if r["scenario"] in calib], profiles)
+    predict(rows, profiles, scale, alpha)
+    for r in rows:
+        r["set"] = "calibration" if r["scenario"] in calib else "held back"
+        r["measured_ms"], r["predicted_ms"] = r["measured_step_s"] * 1e3, r["predicted_step_s"] * 1e3
+        r["error_%"] = round(100 * r["error"], 1)
+        r["opts"] = " ".join(f"{k}={v}" for k, v in r["options"].items())
+    held_stats = stats([r["error"] for r in rows if r["set"] == "held back"])
+    calib_stats = stats([r["error"] for r in rows if r["set"] == "calibration"])
+    hits, total, lines = recommended_hits(rows, {r["scenario"] for r in rows})
+    held_hits, held_total, _ = recommended_hits(rows, held & {r["scenario"] for r in rows})
+    mem = stats([r["predicted_memory_bytes"] / r["peak_rss_bytes"] - 1 for r in rows])
+    summary = {
+        "calibration": {"compute_scale": scale, "extra_alpha_s": alpha, "scenarios": sorted(calib)},
+        "held_back": held_stats,
+        "calibration_fit": calib_stats,
+        "recommended_is_fastest": f"{hits}/{total}",
+        "recommended_is_fastest_held_back": f"{held_hits}/{held_total}",
+        "crossover_hosts_measured": crossover(rows, "measured_step_s"),
+        "crossover_hosts_predicted": crossover(rows, "predicted_step_s"),
+        "memory_vs_peak_rss": mem,
+        "failed_runs": failed,
+        "loadavg_end": os.getloadavg(),
+        "git_commit": subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip(),
+    }
+    notes = "\n".join([f"Summary: {json.dumps(summary)}", "", *lines])
+    cols = [
+        "scenario",
+        "set",
+        "model",
+        "hosts",
+        "nic",
+        "strategy",
+        "opts",
+        "measured_ms",
+        "predicted_ms",
+        "error_%",
+        "load_start",
+    ]
+    write_results(
+        "plan_accuracy",
+        [
+            {
+                k: r.get(k)
+                for k in [*cols, "step_times", "peak_rss_bytes", "predicted_memory_bytes", "load_end"]
+            }
+            for r in rows
+        ],
+        cols,
+        notes,
+    )
+    path = HERE / "results" / "plan_accuracy.json"
+    record = json.loads(path.read_text())
+    record["summary"] = summary
+    record["steps"] = raw["steps"]
+    path.write_text(json.dumps(record, indent=1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument(
+        "--analyse", action="store_true", help="only recompute from results/plan_accuracy_raw.json"
+    )
+    p.add_argument("--scenarios", help="re-measure only these scenario numbers, e.g. 3,5")
+    a = p.parse_args()
+    if not a.analyse:
+        only = {int(x) for x in a.scenarios.split(",")} if a.scenarios else None
+        measure(a.steps, only)
+    analyse(json.loads(RAW.read_text()))
+
+
+if __name__ == "__main__":
+    main()
