@@ -182,3 +182,52 @@ def test_plan_cli_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["plan", "--profile", str(prof), "--cluster", "hosts=4,nic=1gbit", "--out", str(out)]) == 0
     assert "recommended: polytrain train --strategy" in capsys.readouterr().out
     assert (out / "plan.json").is_file() and list(out.glob("timeline_1_*.png"))
+
+
+@pytest.mark.parametrize(
+    "strategy,sets",
+    [
+        ("single", []),
+        ("allreduce", ["bucket_mb=1"]),
+        ("local-sgd", ["period=8"]),
+        ("ps", ["servers=2", "sharding=size", "consistency=async"]),
+        ("gpipe", ["microbatches=8"]),
+        ("1f1b", ["partition=4,4,4,4"]),
+        ("pipedream", []),
+        ("layerwise", ["partition=params"]),
+        ("owt", []),
+        ("mesh", ["dp=2", "pp=2"]),
+    ],
+)
+def test_every_run_is_priced_with_its_own_options(strategy: str, sets: list[str]) -> None:
+    from polytrain.config import load_config
+    from polytrain.plan.estimate import Estimate
+    from polytrain.plan.predict import estimate_for
+
+    cfg = load_config(
+        None,
+        {"strategy": strategy, "model": "vgg16", "dataset": "synthetic-images", "procs": 4},
+        ["model.width=8", *sets],
+    )
+    e = estimate_for(cfg, 1 if strategy == "single" else 4, Scene(vgg_like(), CLUSTER, 64))
+    assert isinstance(e, Estimate) and e.step_s > 0 and e.peak_memory_bytes > 0
+    if strategy == "1f1b":
+        assert e.detail["partition"] == "4,4,4,4"  # the run's own partition, not the planner's
+
+
+def test_options_change_the_estimate() -> None:
+    from polytrain.config import load_config
+    from polytrain.plan.predict import estimate_for
+
+    scene = Scene(vgg_like(), Cluster.parse("hosts=4,nic=100mbit"), 64)
+
+    def step(strategy: str, *sets: str) -> float:
+        cfg = load_config(None, {"strategy": strategy, "procs": 4}, list(sets))
+        e = estimate_for(cfg, 4, scene)
+        assert not isinstance(e, str)
+        return e.step_s
+
+    assert step("local-sgd", "period=16") < step("local-sgd", "period=2")  # fewer averages
+    # layer sharding puts fc1 (3/4 of the bytes) on one server: its link is the bottleneck
+    assert step("ps", "servers=2", "sharding=size") < step("ps", "servers=2", "sharding=layer")
+    assert step("gpipe", "microbatches=16") < step("gpipe", "microbatches=1")
