@@ -21,6 +21,7 @@ from tests.conftest import assert_same_params, load_model, run_cli, step_losses
 
 MLP = ["--model", "mlp", "--set", "model.hidden=16", "--batch-size", "16", "--optimizer", "momentum",
        "--lr", "0.05"]
+SGD = [*MLP[:-4], "--optimizer", "sgd", "--lr", "0.05"]
 
 # One job per kind of loop (the shared run_loop: single, malt, hogwild; the pipeline shell: gpipe)
 # and per strategy with its own checkpoint protocol. allreduce is in test_resume.py; the other
@@ -33,6 +34,13 @@ JOBS: dict[str, list[str]] = {
                 "--optimizer", "sgd", "--lr", "0.05"],
     "gpipe": ["--procs", "2", *MLP],
     "strads": ["--procs", "2", "--set", "n=100", "--set", "p=60"],
+    "ps": ["--procs", "3", *MLP, "--set", "servers=1"],
+    "ps-2": ["--procs", "4", *MLP, "--set", "servers=2", "--set", "sharding=size"],
+    # ssp and async apply each push on its own, in arrival order: plain SGD makes the result
+    # independent of that order (up to float rounding); momentum would not be
+    "ps-ssp": ["--procs", "3", *SGD, "--set", "consistency=ssp", "--set", "staleness=0"],
+    "ps-async": ["--procs", "4", *SGD, "--set", "servers=2", "--set", "consistency=async",
+                 "--set", "n_push=2", "--set", "n_fetch=6"],
 }
 
 

@@ -16,7 +16,9 @@ solver with its own data):
   into one shared copy, e.g. ``hogwild``, must not write while it is read);
 * ``evaluate``: the strategy's own evaluation (default ``job.evaluate(eval_model)``),
   ``evaluates``: whether this rank evaluates (default: the leader, or every rank when the
-  parameters are not replicated).
+  parameters are not replicated); ``final_eval``: whether it also evaluates at the end and
+  reports its model (default: ``evaluates``; False where another rank holds the final model,
+  e.g. a ``ps`` worker, whose servers report it).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class LoopSpec:
     quiesce: bool = False
     evaluate: Callable[[], dict[str, float]] | None = None
     evaluates: bool | None = None
+    final_eval: bool | None = None
 
     def __post_init__(self) -> None:
         if (self.step_fn is None) == (self.own_step is None):
@@ -201,7 +204,7 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
     wall = time.perf_counter() - t0
     result = RankResult(steps=job.steps - start, samples=samples_at(job.steps) - samples_at(start),
                         wall_s=wall, final_loss=loss, strategy_metrics=dict(spec.metrics))
-    if evaluates:
+    if evaluates if spec.final_eval is None else spec.final_eval:
         result.eval = evaluate()
         ctx.recorder.emit("eval", step=job.steps, **result.eval)
         result.model_state = {k: v.detach().clone() for k, v in spec.model.state_dict().items()}

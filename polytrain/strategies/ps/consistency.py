@@ -68,6 +68,16 @@ class Consistency:
         """Take one worker's gradient; return the gradient to apply now, or None."""
         raise NotImplementedError
 
+    def state(self) -> dict[str, torch.Tensor]:
+        """The counters a checkpoint keeps (taken at a cut where no step is half aggregated)."""
+        return {"clocks": torch.tensor(self.clocks), "accepted": torch.tensor(self.accepted),
+                "dropped": torch.tensor(self.dropped)}
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.clocks = [int(c) for c in state["clocks"].tolist()]
+        self.accepted = [int(c) for c in state["accepted"].tolist()]
+        self.dropped = int(state["dropped"])
+
 
 class Bsp(Consistency):
     """Bulk synchronous: one update per step, the mean of all W gradients."""
@@ -101,6 +111,16 @@ class Bsp(Consistency):
         out, self._sum, self._count = self._sum.div_(self.k), None, 0
         self._step += 1
         return out
+
+    def state(self) -> dict[str, torch.Tensor]:
+        if self._count:
+            raise ProtocolError(f"{self.name}: checkpoint while step {self._step + 1} is half "
+                                f"aggregated ({self._count} of {self.k} gradients)")
+        return {**super().state(), "step": torch.tensor(self._step)}
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        super().load_state(state)
+        self._step = int(state["step"])
 
 
 class KOfN(Bsp):

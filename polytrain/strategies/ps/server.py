@@ -7,9 +7,18 @@ Message protocol (gloo point-to-point, tag 0; all int64 headers have 5 fields)::
                       PUSH, nnz > 0: indices (nnz,) i32, then values (nnz,) f32   op ps_push
                       PUSH, nnz = 0: nothing more (an all-zero gradient)
                       PULL: nothing more;  DONE: nothing more (the worker has finished)
+                      SAVE: nothing more (checkpoint at clock; the worker waits for the ack)
     server -> worker  header [version, step, 0, 0, 0]                          op ps_header
                       then the parameter shard (n,) f32                          op ps_pull
                       (for a PULL, or a PUSH with reply = 1, once step >= need)
+                      SAVE ack: header [version, step, 0, 0, 0] alone            op ps_ack
+                      (once every worker has sent SAVE for that clock and the server's
+                      ``on_save`` has written its state)
+
+Checkpoints are a consistent cut: a worker sends SAVE after its push of clock c and waits for the
+acks, so when the last worker's SAVE arrives the server holds every worker's pushes up to c and
+none after — each push is in the checkpoint or not, never half, and a resumed worker pushes
+from c + 1 on (each push applied at most once across a restart).
 
 The server receives from all its workers at once, like a real parameter server: one receiver
 thread per worker reads that worker's messages in order (header, then its payload), each with a
@@ -64,7 +73,7 @@ from polytrain.runtime.recorder import Recorder
 from polytrain.strategies.ps.consistency import Consistency, ProtocolError, histogram
 from polytrain.strategies.ps.sharding import ShardPlan
 
-PUSH, PULL, DONE = 1, 2, 3
+PUSH, PULL, DONE, SAVE = 1, 2, 3, 4
 HEADER = 5
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam")
 
@@ -89,8 +98,11 @@ class ParameterServer:
 
     def __init__(self, comm: Comm, workers: list[int], shard: torch.Tensor, optimizer: str,
                  policy: Consistency, *, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
-                 recorder: Recorder | None = None, straggle: Callable[[float], None] | None = None) -> None:
+                 recorder: Recorder | None = None, straggle: Callable[[float], None] | None = None,
+                 on_save: Callable[[int], None] | None = None) -> None:
         self.comm, self.policy, self.recorder = comm, policy, recorder
+        self.on_save = on_save  # called with the clock once every worker has sent SAVE
+        self.saves: dict[int, int] = {}  # worker rank -> clock of its SAVE, until all have sent one
         self.index = {rank: i for i, rank in enumerate(workers)}
         self.param = nn.Parameter(shard.detach().clone().contiguous())
         self.optimizer = make_server_optimizer(optimizer, self.param, lr, momentum, weight_decay)
@@ -180,6 +192,9 @@ class ParameterServer:
         elif kind == DONE:
             self.done.add(src)
             return
+        elif kind == SAVE:
+            self._save(src, clock)
+            return
         elif kind != PULL:
             raise ProtocolError(f"unknown message kind {kind} from rank {src}")
         if kind == PULL or reply:
@@ -236,6 +251,41 @@ class ParameterServer:
             sends.append((self.comm.isend(head, rank, op="ps_header"), head))
             sends.append((self.comm.isend(snapshot, rank, op="ps_pull"), snapshot))
         self.replies_max = max(self.replies_max, self.in_flight())
+
+    def _save(self, src: int, clock: int) -> None:
+        """Record ``src``'s SAVE; the last one of a clock writes the state and acks them all."""
+        self.saves[src] = clock
+        if len(self.saves) < len(self.index):
+            return
+        clocks = set(self.saves.values())
+        if len(clocks) != 1:
+            raise ProtocolError(f"workers asked for checkpoints at different clocks: {self.saves}")
+        if self.on_save is None:
+            raise ProtocolError("a worker asked for a checkpoint, but this server cannot write one")
+        self.on_save(clocks.pop())
+        head = torch.tensor([self.version, self.policy.step, 0, 0, 0], dtype=torch.int64)
+        for rank in self.saves:
+            self.replies.setdefault(rank, []).append((self.comm.isend(head, rank, op="ps_ack"), head))
+        self.saves = {}
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this server: shard, optimizer, consistency and counters."""
+        return {"shard": self.shard.clone(), "optimizer": self.optimizer.state_dict(),
+                "policy": self.policy.state(), "version": torch.tensor(self.version),
+                "read_step": torch.tensor(self.read_step), "read_version": torch.tensor(self.read_version),
+                "staleness": torch.tensor(self.staleness, dtype=torch.int64),
+                "update_lag": torch.tensor(self.update_lag, dtype=torch.int64)}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        with torch.no_grad():
+            self.param.copy_(state["shard"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.policy.load_state(state["policy"])
+        self.version = int(state["version"])
+        self.read_step = [int(v) for v in state["read_step"].tolist()]
+        self.read_version = [int(v) for v in state["read_version"].tolist()]
+        self.staleness = [int(v) for v in state["staleness"].tolist()]
+        self.update_lag = [int(v) for v in state["update_lag"].tolist()]
 
     def busy_s(self) -> float:
         """Wall time during which this server was receiving at least one push or handling a
@@ -325,6 +375,20 @@ class PSClient:
         self.recvs, self.sends = [], []
         self.wait_s += time.perf_counter() - t0
         return self.flat, steps, versions
+
+    def save(self, clock: int) -> None:
+        """Ask every server to checkpoint at ``clock`` (after this worker's push of it) and wait
+        until each has written its state (its ack)."""
+        acks = []
+        for s, rank in enumerate(self.servers):
+            head = torch.zeros(HEADER, dtype=torch.int64)
+            acks.append((self.comm.irecv(head, rank, op="ps_ack"), head))
+            self._request(s, SAVE, clock, 0, False)
+        t0 = time.perf_counter()
+        for work, _ in [*acks, *self.sends]:
+            work.wait()
+        self.sends = []
+        self.wait_s += time.perf_counter() - t0
 
     def done(self) -> None:
         """Tell every server this worker has finished (after its last push)."""

@@ -28,9 +28,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.loop import LoopSpec, run_loop
 from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
+from polytrain.strategies.ps.checkpoint import restore_server, server_saver
 from polytrain.strategies.ps.consistency import histogram, make_consistency
 from polytrain.strategies.ps.server import ParameterServer, PSClient, gather_shards
 from polytrain.strategies.ps.sharding import (
@@ -82,8 +84,6 @@ class Ps(Strategy):
     family = "parameter-server"
     summary = "parameter servers (layer|size sharding) with bsp, async (Downpour), ssp or k-of-n"
     Options = PsOptions
-    supports = Supports().without("its state lives on the servers, which do not checkpoint yet",
-                                  "checkpoint", "resume")
 
     @property
     def opts(self) -> PsOptions:
@@ -92,6 +92,14 @@ class Ps(Strategy):
     def roles(self, world: int) -> list[str]:
         s = min(self.opts.servers, world)
         return ["server"] * s + ["worker"] * (world - s)
+
+    def supports_for(self, cfg: JobConfig) -> Supports:
+        if self.opts.consistency == "k-of-n":
+            return self.declared().without(
+                "under k-of-n the workers' steps are not one sequence (a late worker skips steps), "
+                "so there is no step at which every worker has pushed the same clock; use "
+                "consistency=bsp, ssp or async", "checkpoint", "resume")
+        return self.declared()
 
     def check(self, cfg: JobConfig, world: int) -> None:
         o = self.opts
@@ -128,34 +136,43 @@ class Ps(Strategy):
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         cfg, o = job.config, self.opts
-        if ctx.resume:
-            raise ConfigError("Strategy 'ps' cannot resume from a checkpoint; start a new run.")
+        if ctx.resume and o.consistency == "k-of-n":
+            raise ConfigError("Strategy 'ps' with consistency=k-of-n cannot resume; start a new run.")
         s = self.setup(cfg, ctx.world)
         policy = make_consistency(o.consistency, len(s["workers"]), staleness=s["staleness"], k=s["k"])
-        plan = make_plan(o.sharding, param_infos(job.build_model()), o.servers)
+        model = job.build_model()
+        plan = make_plan(o.sharding, param_infos(model), o.servers)
         if ctx.rank in s["servers"]:
-            server = ParameterServer(ctx.comm, s["workers"], plan.gather(flat_params(job.build_model()),
-                                     ctx.rank), s["optimizer"], policy, lr=cfg.lr, momentum=cfg.momentum,
+            server = ParameterServer(ctx.comm, s["workers"], plan.gather(flat_params(model), ctx.rank),
+                                     s["optimizer"], policy, lr=cfg.lr, momentum=cfg.momentum,
                                      weight_decay=cfg.weight_decay, recorder=ctx.recorder,
                                      straggle=ctx.straggle)
-            _start(job, ctx)
+            server.on_save = server_saver(job, ctx, server, s["servers"], o.sharding)
+            start = 0
+            if ctx.resume:
+                start = restore_server(ctx, server, ctx.rank, len(s["workers"]), plan,
+                                       lambda kind, n: make_plan(kind, param_infos(model), n))
+            _start(job, ctx, start)
             server.serve()
             return self._finish_server(job, ctx, server, plan, s)
         loop = WorkerLoop(job, ctx, PSClient(ctx.comm, plan, s["servers"], o.sparse_push), policy,
                           index=ctx.rank - o.servers, workers=len(s["workers"]),
                           n_push=o.n_push, n_fetch=o.n_fetch)
-        _start(job, ctx)
         if o.consistency == "k-of-n":
+            _start(job, ctx)
             loop.run_k_of_n(s["k"])
+            part = job.batch_size // len(s["workers"])
+            result = RankResult(role="worker", steps=job.steps, samples=job.steps * s["k"] * part,
+                                final_loss=loop.last_loss)
         else:
-            loop.run_clocked()
+            spec = LoopSpec(model=loop.model, optimizer=None, own_step=loop.clocked_step,
+                            replicated=False, evaluates=loop.index == 0, final_eval=False,
+                            save=loop.save, restore=loop.restore)
+            result = run_loop(job, ctx, spec)
         loop.client.done()
-        wall = ctx.recorder.now()
+        result.role, result.wall_s = "worker", ctx.recorder.now()
         ctx.comm.gather_json(loop.stats())
-        part = job.batch_size // len(s["workers"])
-        samples = job.steps * (s["k"] * part if o.consistency == "k-of-n" else job.batch_size)
-        return RankResult(role="worker", steps=job.steps, samples=samples, wall_s=wall,
-                          final_loss=loop.last_loss)
+        return result
 
     def _finish_server(self, job: Job, ctx: RankContext, server: ParameterServer, plan: ShardPlan,
                        s: dict[str, Any]) -> RankResult:
@@ -199,8 +216,8 @@ class Ps(Strategy):
         }
 
 
-def _start(job: Job, ctx: RankContext) -> None:
+def _start(job: Job, ctx: RankContext, start: int = 0) -> None:
     """Every rank, servers included, starts the clock after the same barrier."""
     ctx.comm.barrier()
     ctx.recorder.start_clock()
-    ctx.recorder.emit("start", first_step=1, steps=job.steps)
+    ctx.recorder.emit("start", first_step=start + 1, steps=job.steps)

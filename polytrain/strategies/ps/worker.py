@@ -3,8 +3,12 @@ them, pull parameters — when, is the consistency model's call.
 
 Worker w of W computes step s on part w of global batch s (``GlobalBatches.shard(s, w, W)``), so
 the union of the workers' parts is single-process training's batch s: the basis of the BSP
-oracle. Under k-of-n a worker always computes the step after the newest one the servers have
-aggregated (a late worker skips steps rather than falling further behind).
+oracle. Under bsp, ssp and async a worker's steps run in the shared loop
+(:func:`polytrain.runtime.loop.run_loop`, with :meth:`WorkerLoop.clocked_step` as the strategy's
+own step), which evaluates (worker 0) and checkpoints (:mod:`.checkpoint`). Under k-of-n a worker
+always computes the step after the newest one the servers have aggregated (a late worker skips
+steps rather than falling further behind), so its steps are not a fixed sequence: it runs its
+own loop (:meth:`WorkerLoop.run_k_of_n`) and does not checkpoint.
 """
 
 from __future__ import annotations
@@ -46,10 +50,12 @@ class WorkerLoop:
     compute_s: float = 0.0
     computed: int = 0
     last_loss: float = float("nan")
+    acc: torch.Tensor | None = None  # gradients computed since the last push (async n_push)
 
     def __post_init__(self) -> None:
         self.model = self.job.build_model()  # same seed on every rank: same start as the servers
         self.batches = self.job.batches()
+        self.every = self.job.config.checkpoint_every
 
     def _gradient(self, step: int) -> torch.Tensor:
         """Forward and backward on this worker's part of global batch ``step``: flat grad (N,)."""
@@ -81,23 +87,34 @@ class WorkerLoop:
         if self.index == 0 and every and step % every == 0 and step < self.job.steps:
             ctx.recorder.emit("eval", step=step, **self.job.evaluate(self.model))
 
-    def run_clocked(self) -> None:
-        """bsp, ssp, async: every worker runs steps 1..T on its own clock."""
-        steps, batch = self.job.steps, self.job.batch_size
-        acc: torch.Tensor | None = None
-        for step in range(1, steps + 1):
-            grad = self._gradient(step)
-            acc = grad if acc is None else acc.add_(grad)
-            push = step % self.n_push == 0 or step == steps
-            fetch = step % self.n_fetch == 0 and step < steps
-            if push:
-                self.client.push(acc, step, self.policy.need(step) if fetch else None)
-                acc = None
-            elif fetch:
-                self.client.pull(step, self.policy.need(step))
-            if fetch:
-                self._load()
-            self._record(step, step * batch)
+    def clocked_step(self, step: int) -> float:
+        """bsp, ssp, async: step ``step`` on this worker's clock; its loss (on its part)."""
+        steps = self.job.steps
+        grad = self._gradient(step)
+        self.acc = grad if self.acc is None else self.acc.add_(grad)
+        # a checkpoint step pushes what it has: a checkpoint holds no half-accumulated push
+        push = step % self.n_push == 0 or step == steps or bool(self.every and step % self.every == 0)
+        fetch = step % self.n_fetch == 0 and step < steps
+        if push:
+            self.client.push(self.acc, step, self.policy.need(step) if fetch else None)
+            self.acc = None
+        elif fetch:
+            self.client.pull(step, self.policy.need(step))
+        if fetch:
+            self._load()
+        return self.last_loss
+
+    def save(self, step: int) -> None:
+        """Checkpoint at ``step``: this worker's file, then the servers' (see :mod:`.checkpoint`)."""
+        from polytrain.strategies.ps.checkpoint import worker_state
+
+        self.ctx.checkpoints.write_rank(step, self.ctx.rank, worker_state(self.ctx, self.model))
+        self.client.save(step)
+
+    def restore(self) -> int:
+        from polytrain.strategies.ps.checkpoint import restore_worker
+
+        return restore_worker(self.ctx, self.model, self.index, self.workers)
 
     def run_k_of_n(self, k: int) -> None:
         """k-of-n: compute the step after the servers' newest, push it, wait for its aggregate."""
