@@ -266,12 +266,21 @@ def _check(options: dict[str, Any], procs: int = 4, **job: Any) -> None:
     ({"n_push": 2}, 4, {}, r"n_push=2/n_fetch=1 apply to consistency=async"),
     ({"servers": 2, "sharding": "layer", "consistency": "bsp"}, 6,
      {"model_options": {"depth": 0}}, r"servers=1 or --set sharding=size"),
-    ({}, 4, {"checkpoint_every": 5}, r"does not checkpoint"),
 ])
 def test_ps_refuses_impossible_jobs(options: dict[str, Any], procs: int, job: dict[str, Any],
                                     match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         _check(options, procs, **job)
+
+
+def test_ps_k_of_n_checkpoint_is_refused_before_launch() -> None:
+    from polytrain.launch.prepare import prepare
+
+    cfg = make_config({"strategy": "ps", "procs": 4, "model": "mlp", "batch_size": 24,
+                       "checkpoint_every": 5, "options": {"consistency": "k-of-n"}})
+    with pytest.raises(ConfigError, match=r"'ps' does not support checkpoint.*k-of-n"):
+        prepare(cfg)
+    prepare(cfg.model_copy(update={"options": {}}))  # bsp checkpoints
 
 
 def test_ps_roles_and_valid_options() -> None:
