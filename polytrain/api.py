@@ -60,9 +60,9 @@ def train(*, config: str | Path | None = None, sets: Sequence[str] | None = None
 def _check_checkpoints(run_dir: Path, cfg: JobConfig, console: Console) -> None:
     """Refuse a resume without a good checkpoint before any process starts; warn about bad ones."""
     from polytrain.runtime.checkpoint import CheckpointStore
-    from polytrain.runtime.job import fingerprint
+    from polytrain.strategies.base import job_fingerprint
 
-    ckpt, warnings = CheckpointStore(run_dir / "checkpoints", fingerprint(cfg)).find_good()
+    ckpt, warnings = CheckpointStore(run_dir / "checkpoints", job_fingerprint(cfg)).find_good()
     for w in warnings:
         console.print(f"[yellow]warning:[/] {w}; resuming from {ckpt.name} instead", highlight=False)
 

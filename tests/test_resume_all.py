@@ -115,3 +115,22 @@ def test_sandblaster_refuses_options_it_would_ignore() -> None:
     with pytest.raises(ConfigError, match="--optimizer sgd would be ignored"):
         prepare(make_config({**base, "optimizer": "sgd"}))
     prepare(make_config({**base, "batch_size": 256, "options": {"batch": "job"}}))
+
+
+@pytest.mark.slow
+def test_ps_resumes_with_more_servers_by_resharding(tmp_path: Path) -> None:
+    """Written by 1 server (layer sharding), resumed by 2 (size sharding): the shard and the
+    momentum buffers are re-sharded, and the run ends where the uninterrupted one did."""
+    full = tmp_path / "full"
+    r = run_cli("train", "--strategy", "ps", *JOBS["ps"], "--steps", "6", "--checkpoint-every", "3",
+                "--out", str(full), "--no-report")
+    assert r.returncode == 0, r.stderr
+    part = tmp_path / "part"
+    _cut_back(full, part, 3)
+    r = run_cli("train", "--resume", str(part), "--procs", "4", "--set", "servers=2",
+                "--set", "sharding=size", "--no-report")
+    assert r.returncode == 0, r.stderr
+    assert_same_params(load_model(part), load_model(full), atol=1e-6, rtol=1e-5)
+    assert len(list((part / "checkpoints" / "step-00000006").glob("rank*.pt"))) == 4
+    r = run_cli("train", "--resume", str(part), "--procs", "5", "--set", "servers=2")
+    assert r.returncode == 2 and "belongs to another job" in r.stderr  # 3 workers instead of 2

@@ -100,6 +100,10 @@ def resume_config(run_dir: Path, overrides: dict[str, Any], sets: list[str]) -> 
         for k in stored.model_fields
         if getattr(stored, k) != getattr(wanted, k) and k not in RESUMABLE_CHANGES
     )
+    if stored.strategy == wanted.strategy:  # a layout the strategy re-shards may change
+        view = get_strategy_class(stored.strategy).resume_view
+        if view(stored) == view(wanted):
+            changed = [k for k in changed if k not in ("options", "procs")]
     if changed:
         diffs = ", ".join(f"{k}: {getattr(stored, k)!r} -> {getattr(wanted, k)!r}" for k in changed)
         raise ConfigError(

@@ -25,10 +25,11 @@ import torch.distributed as dist
 from polytrain.comm import Comm
 from polytrain.config import make_config
 from polytrain.runtime.checkpoint import CheckpointStore
-from polytrain.runtime.job import Job, RankContext, RankResult, fingerprint
+from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.progress import RankProgress
 from polytrain.runtime.recorder import Recorder
 from polytrain.strategies import make_strategy
+from polytrain.strategies.base import job_fingerprint
 
 CHECK_ENV = "POLYTRAIN_CHECK_COLLECTIVES"
 
@@ -121,7 +122,7 @@ def run_rank(payload: dict[str, Any]) -> None:
         init_distributed(backend, rank, world, cfg.timeout_s)
         strategy = make_strategy(cfg.strategy, cfg.options)
         job = Job.from_config(cfg)
-        store = CheckpointStore(run_dir / "checkpoints", fingerprint(cfg))
+        store = CheckpointStore(run_dir / "checkpoints", job_fingerprint(cfg))
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
         ctx = RankContext(
             rank=rank,

@@ -26,8 +26,13 @@ FINGERPRINT_FIELDS = ("strategy", "model", "dataset", "batch_size", "lr", "optim
                       "weight_decay", "seed", "options", "model_options", "data_options", "procs")
 
 
-def fingerprint(cfg: JobConfig) -> str:
+def fingerprint(cfg: JobConfig, view: dict[str, Any] | None = None) -> str:
+    """The job's identity for checkpoints. ``view``: the strategy's say on its options and world
+    size (``Strategy.resume_view``, e.g. ``ps``: the worker count, not the server count, which a
+    resume may change); default: both as given."""
     data = {k: getattr(cfg, k) for k in FINGERPRINT_FIELDS}
+    if view is not None:
+        data = {k: v for k, v in data.items() if k not in ("options", "procs")} | view
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

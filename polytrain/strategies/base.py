@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError, did_you_mean, unknown
-from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.job import Job, RankContext, RankResult, fingerprint
 from polytrain.runtime.supports import Supports
 
 
@@ -54,6 +54,12 @@ class Strategy:
         if cls.multi_host:
             return cls.supports
         return cls.supports.without("its ranks share one host's memory", "torchrun", "testbed")
+
+    @classmethod
+    def resume_view(cls, cfg: JobConfig) -> dict[str, Any]:
+        """What of the options and world size a resumed run must keep (the checkpoint's job
+        fingerprint uses it); override to let a resume change a layout it can re-shard."""
+        return {"options": cfg.options, "procs": cfg.procs}
 
     def supports_for(self, cfg: JobConfig) -> Supports:
         """What it honours with these options; override where an option takes a feature away."""
@@ -95,6 +101,11 @@ def get_strategy_class(name: str) -> type[Strategy]:
     if name not in reg:
         raise unknown("strategy", name, reg, "List them with: polytrain strategies.")
     return reg[name]
+
+
+def job_fingerprint(cfg: JobConfig) -> str:
+    """The checkpoint fingerprint of ``cfg``, as its strategy sees it."""
+    return fingerprint(cfg, get_strategy_class(cfg.strategy).resume_view(cfg))
 
 
 def make_strategy(name: str, options: dict[str, Any]) -> Strategy:

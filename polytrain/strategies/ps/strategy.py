@@ -93,6 +93,14 @@ class Ps(Strategy):
         s = min(self.opts.servers, world)
         return ["server"] * s + ["worker"] * (world - s)
 
+    @classmethod
+    def resume_view(cls, cfg: JobConfig) -> dict[str, Any]:
+        """A resume may change the number of servers and the sharding (the server state is
+        re-sharded, :mod:`.checkpoint`), not the number of workers."""
+        servers = int(cfg.options.get("servers", 1))
+        kept = {k: v for k, v in cfg.options.items() if k not in ("servers", "sharding")}
+        return {"options": kept, "workers": cfg.procs - servers}
+
     def supports_for(self, cfg: JobConfig) -> Supports:
         if self.opts.consistency == "k-of-n":
             return self.declared().without(
