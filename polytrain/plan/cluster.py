@@ -75,7 +75,7 @@ class Cluster:
     intra_bps: float = 10e9
     latency_s: float = 5e-6
     intra_latency_s: float | None = None
-    cores: int | None = None
+    cores: float | None = None
 
     @property
     def world(self) -> int:
@@ -99,7 +99,7 @@ class Cluster:
             self.cores,
         )
 
-    def contention(self, busy_ranks: int) -> float:
+    def contention(self, busy_ranks: float) -> float:
         """Compute slowdown when ``busy_ranks`` ranks compute at once (1 unless cores are shared)."""
         if self.cores is None:
             return 1.0

@@ -48,6 +48,7 @@ class Scene:
     cluster: Cluster
     batch: int
     compute_scale: float = 1.0
+    action_overhead_s: float = 0.0  # the runtime's own time per forward or backward action (calibrated)
 
     @property
     def layers(self) -> int:
@@ -62,6 +63,12 @@ class Scene:
             lf, lb = layer.times(batch, self.profile.batch_size)
             f, b = f + lf * k, b + lb * k
         return f, b
+
+    def pass_fb(self, lo: int, hi: int, batch: float, busy: int = 1, split: int = 1) -> tuple[float, float]:
+        """`fb` of one forward and one backward action, each with the runtime's per-action overhead."""
+        f, b = self.fb(lo, hi, batch, busy, split)
+        extra = self.action_overhead_s * self.cluster.contention(busy)
+        return f + extra, b + extra
 
     def layer_fb(self, i: int, batch: float, busy: int = 1, split: int = 1) -> tuple[float, float]:
         return self.fb(i, i + 1, batch, busy, split)
@@ -98,7 +105,7 @@ def _phases(rank: int, t0: float, items: list[tuple[str, str, float, str]]) -> t
 
 def single(scene: Scene) -> Estimate:
     n = scene.layers
-    f, b = scene.fb(0, n, scene.batch)
+    f, b = scene.pass_fb(0, n, scene.batch)
     opt = scene.optimizer_s(scene.profile.param_bytes)
     spans, end = _phases(
         0,
@@ -118,9 +125,13 @@ def allreduce(scene: Scene, world: int, bucket_mb: float = 25.0) -> Estimate:
     """DDP: backward overlapped with bucketed all-reduces (`cost.ddp_overlap`)."""
     n, cl = scene.layers, scene.cluster
     per_rank = scene.batch / world
-    f, _ = scene.fb(0, n, per_rank, busy=world)
+    f, extra = scene.pass_fb(0, 0, per_rank, busy=world)
+    f += scene.fb(0, n, per_rank, busy=world)[0]
     backward = [
-        (scene.layer_fb(i, per_rank, busy=world)[1], scene.profile.layers[i].param_bytes)
+        (
+            scene.layer_fb(i, per_rank, busy=world)[1] + (extra if i == n - 1 else 0.0),
+            scene.profile.layers[i].param_bytes,
+        )
         for i in reversed(range(n))
     ]
     ranks = range(world)
@@ -146,7 +157,7 @@ def allreduce(scene: Scene, world: int, bucket_mb: float = 25.0) -> Estimate:
 def local_sgd(scene: Scene, world: int, period: int) -> Estimate:
     """Plain local steps; every ``period`` steps one all-reduce of the parameters (amortised)."""
     n, cl, p = scene.layers, scene.cluster, scene.profile.param_bytes
-    f, b = scene.fb(0, n, scene.batch / world, busy=world)
+    f, b = scene.pass_fb(0, n, scene.batch / world, busy=world)
     opt = scene.optimizer_s(p)
     avg = allreduce_s(p, range(world), cl) / period
     spans, end = _phases(
@@ -181,7 +192,7 @@ def ps(scene: Scene, world: int, servers: int, sharding: str, consistency: str) 
     workers = world - servers
     sizes = shard_bytes(scene, sharding, servers)
     traffic = ps_traffic(sizes, range(servers), range(servers, world), cl)
-    f, b = scene.fb(0, n, scene.batch / workers, busy=workers)
+    f, b = scene.pass_fb(0, n, scene.batch / workers, busy=workers)
     apply = scene.optimizer_s(max(sizes))
     if consistency in ("bsp", "k-of-n"):
         items = [
@@ -226,7 +237,7 @@ def owt(scene: Scene, world: int) -> Estimate:
     backward; the conv gradients all-reduced after backward."""
     prof, cl = scene.profile, scene.cluster
     start, n, ranks = prof.fc_start or 0, scene.layers, range(world)
-    cf, cb = scene.fb(0, start, scene.batch / world, busy=world)
+    cf, cb = scene.pass_fb(0, start, scene.batch / world, busy=world)
     ff, fb_ = scene.fb(start, n, scene.batch, busy=world, split=world)
     gathered = [prof.layers[i].activation_bytes * scene.batch / prof.batch_size for i in range(start - 1, n)]
     gather = sum(group_allgather_s(g, ranks, cl) for g in gathered)
@@ -264,7 +275,8 @@ def tensor(scene: Scene, tp: int, dp: int = 1) -> Estimate:
     all-reduce each shard's gradients (mesh dp×tp), after backward."""
     prof, cl, n = scene.profile, scene.cluster, scene.layers
     blocks, batch, world = set(tp_layers(prof)), scene.batch / dp, tp * dp
-    f = b = comm = 0.0
+    f, b = scene.pass_fb(0, 0, batch, busy=world)  # the per-action overheads
+    comm = 0.0
     for i in range(n):
         lf, lb = scene.layer_fb(i, batch, busy=world, split=tp if i in blocks else 1)
         f, b = f + lf, b + lb

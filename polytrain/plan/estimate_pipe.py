@@ -63,17 +63,26 @@ def pipeline(
     batch = scene.batch / dp
     micro = batch / microbatches if flush else batch
     part = partition or plan_partition(scene, stages, micro)
-    busy = dp * min(stages, microbatches if flush else stages)
-    fb = [scene.fb(a, b, micro, busy=busy) for a, b in part.bounds]
+    fb = [scene.pass_fb(a, b, micro) for a, b in part.bounds]
     acts = [prof.layers[b - 1].activation_bytes * micro / prof.batch_size for _, b in part.bounds[:-1]]
     messages = tuple(p2p_s(x, s, s + 1, cl) for s, x in enumerate(acts))
     stage_params = [sum(r.param_bytes for r in prof.layers[a:b]) for a, b in part.bounds]
     # a stream schedule updates after every backward: the update is part of each backward
     updates = [0.0 if flush else scene.optimizer_s(p) for p in stage_params]
-    times = StageTimes(
-        tuple(f for f, _ in fb), tuple(b + u for (_, b), u in zip(fb, updates, strict=True)), messages
-    )
-    est = pipeline_step(schedule, times, microbatches if flush else 1)
+    count = microbatches if flush else 1
+    # shared cores: a first pass finds how many ranks compute at once on average (the schedule's
+    # bubbles leave some idle), the second slows compute by that contention
+    slow = 1.0
+    for _ in range(2):
+        times = StageTimes(
+            tuple(f * slow for f, _ in fb),
+            tuple((b + u) * slow for (_, b), u in zip(fb, updates, strict=True)),
+            messages,
+        )
+        est = pipeline_step(schedule, times, count)
+        work = sum(e - s for row in est.timeline.values() for _, s, e in row)
+        span = max((row[-1][2] for row in est.timeline.values() if row), default=0.0)
+        slow = cl.contention(dp * work / span) if span > 0 else 1.0
     sync = (
         max(
             allreduce_s(p, range(s, dp * stages, stages), cl, nic_share=min(cl.procs_per_host, stages))
