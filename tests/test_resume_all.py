@@ -8,6 +8,7 @@ launches per strategy, a few seconds each.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -33,12 +34,15 @@ JOBS: dict[str, list[str]] = {
     "hogwild": ["--procs", "1", "--model", "mlp", "--set", "model.hidden=16", "--batch-size", "16",
                 "--optimizer", "sgd", "--lr", "0.05"],
     "gpipe": ["--procs", "2", *MLP],
-    "strads": ["--procs", "2", "--set", "n=100", "--set", "p=60"],
+    "strads": ["--procs", "2", "--set", "n=100", "--set", "p=60", "--eval-every", "2"],
     "ps": ["--procs", "3", *MLP, "--set", "servers=1"],
     "ps-2": ["--procs", "4", *MLP, "--set", "servers=2", "--set", "sharding=size"],
     # ssp and async apply each push on its own, in arrival order: plain SGD makes the result
     # independent of that order (up to float rounding); momentum would not be
     "ps-ssp": ["--procs", "3", *SGD, "--set", "consistency=ssp", "--set", "staleness=0"],
+    "sandblaster": ["--procs", "4", "--model", "mlp", "--set", "model.hidden=16", "--set", "servers=2",
+                    "--set", "batch=job", "--set", "history=2", "--batch-size", "32", "--lr", "0.5",
+                    "--eval-every", "2"],
     "ps-async": ["--procs", "4", *SGD, "--set", "servers=2", "--set", "consistency=async",
                  "--set", "n_push=2", "--set", "n_fetch=6"],
 }
@@ -61,6 +65,11 @@ def _cut_back(src: Path, dst: Path, step: int) -> None:
         (dst / f).unlink(missing_ok=True)
 
 
+def _eval_steps(run: Path) -> list[int]:
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return sorted({e["step"] for e in events if e["event"] == "eval"})
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("key", sorted(JOBS))
 def test_resume_equals_uninterrupted(tmp_path: Path, key: str) -> None:
@@ -68,6 +77,8 @@ def test_resume_equals_uninterrupted(tmp_path: Path, key: str) -> None:
     r = run_cli("train", "--strategy", _strategy(key), *JOBS[key], "--steps", "6",
                 "--checkpoint-every", "3", "--out", str(full), "--no-report")
     assert r.returncode == 0, r.stderr
+    if "--eval-every" in JOBS[key]:
+        assert _eval_steps(full) == [2, 4, 6]
     part = tmp_path / "part"
     _cut_back(full, part, 3)
     r = run_cli("train", "--resume", str(part), "--no-report")

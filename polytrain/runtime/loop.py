@@ -18,7 +18,8 @@ solver with its own data):
   ``evaluates``: whether this rank evaluates (default: the leader, or every rank when the
   parameters are not replicated); ``final_eval``: whether it also evaluates at the end and
   reports its model (default: ``evaluates``; False where another rank holds the final model,
-  e.g. a ``ps`` worker, whose servers report it).
+  e.g. a ``ps`` worker, whose servers report it); ``reports``: whether this rank records its
+  steps' losses (False for a rank that computes none, e.g. a server).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class LoopSpec:
     evaluate: Callable[[], dict[str, float]] | None = None
     evaluates: bool | None = None
     final_eval: bool | None = None
+    reports: bool = True
 
     def __post_init__(self) -> None:
         if (self.step_fn is None) == (self.own_step is None):
@@ -190,7 +192,8 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
         loss = run_step(step)
         if spec.after_update is not None:
             spec.after_update(step, loss)
-        ctx.recorder.step(step, loss, samples=samples_at(step))
+        if spec.reports:
+            ctx.recorder.step(step, loss, samples=samples_at(step))
         ctx.recorder.sample_resources()
         if ctx.progress is not None:
             ctx.progress.update(step, loss)
@@ -203,7 +206,8 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
             ctx.recorder.emit("eval", step=step, **evaluate())
     wall = time.perf_counter() - t0
     result = RankResult(steps=job.steps - start, samples=samples_at(job.steps) - samples_at(start),
-                        wall_s=wall, final_loss=loss, strategy_metrics=dict(spec.metrics))
+                        wall_s=wall, final_loss=loss if spec.reports else None,
+                        strategy_metrics=dict(spec.metrics))
     if evaluates if spec.final_eval is None else spec.final_eval:
         result.eval = evaluate()
         ctx.recorder.emit("eval", step=job.steps, **result.eval)

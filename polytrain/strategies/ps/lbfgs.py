@@ -49,6 +49,20 @@ class LbfgsShard:
     ss: list[torch.Tensor] = field(default_factory=list)  # s_i slices
     rho: list[float] = field(default_factory=list)
 
+    def state(self) -> dict[str, object]:
+        """Everything the next iterations depend on (a checkpoint of this shard)."""
+        return {"x": self.x.clone(), "n_iter": self.n_iter, "t": self.t, "h_diag": self.h_diag,
+                "d": self.d, "prev_g": self.prev_g, "ys": list(self.ys), "ss": list(self.ss),
+                "rho": list(self.rho)}
+
+    def load_state(self, state: dict[str, object]) -> None:
+        self.x.copy_(state["x"])  # type: ignore[arg-type]
+        self.n_iter, self.t = int(state["n_iter"]), float(state["t"])  # type: ignore[call-overload, arg-type]
+        self.h_diag = float(state["h_diag"])  # type: ignore[arg-type]
+        self.d, self.prev_g = state["d"], state["prev_g"]  # type: ignore[assignment]
+        self.ys, self.ss = list(state["ys"]), list(state["ss"])  # type: ignore[call-overload]
+        self.rho = [float(r) for r in state["rho"]]  # type: ignore[attr-defined]
+
     def iterate(self, g: torch.Tensor) -> Rounds:
         """One L-BFGS iteration on gradient slice g (n,); returns whether x moved."""
         (gmax,) = yield ("max", [float(g.abs().max()) if g.numel() else 0.0])

@@ -26,11 +26,12 @@ from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
 
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.runtime.supports import Supports
+from polytrain.runtime.loop import LoopSpec, run_loop
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.ps.lbfgs import LbfgsShard
 from polytrain.strategies.ps.server import gather_shards
@@ -75,37 +76,52 @@ class Layout:
         return self.job.spec.train_size if self.full else self.job.batch_size
 
 
-def coordinate(job: Job, ctx: RankContext, lay: Layout) -> RankResult:
+def _due(job: Job, step: int) -> bool:
+    """Whether the coordinator needs the model after ``step`` (an evaluation, or the end)."""
+    every = job.config.eval_every
+    return step == job.steps or bool(every and step % every == 0)
+
+
+class Coordinator:
     """Rank 0: hand out portions, combine the servers' scalars, record each iteration's loss."""
-    rec, comm = ctx.recorder, ctx.comm
-    done_by = dict.fromkeys(lay.workers, 0)
-    rounds = 0
-    loss = float("nan")
-    t0 = time.perf_counter()
-    for step in range(1, job.steps + 1):
-        loss = _hand_out(ctx, lay, done_by) / lay.samples
-        rounds += _reduce_rounds(ctx, lay)
-        rec.step(step, loss, samples=step * lay.samples)
-        if ctx.progress is not None:
-            ctx.progress.update(step, loss)
-    wall = time.perf_counter() - t0
-    flat = gather_shards(comm, lay.plan, lay.servers, None, dst=0)
-    everyone = comm.gather_json({"role": "coordinator", "bytes": comm.bytes_sent + comm.bytes_received})
-    assert flat is not None and everyone is not None
-    model = job.build_model()
-    load_flat(model, flat)
-    result = RankResult(role="coordinator", steps=job.steps, samples=job.steps * lay.samples,
-                        wall_s=wall, final_loss=loss, eval=job.evaluate(model))
-    rec.emit("eval", step=job.steps, **(result.eval or {}))
-    result.model_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    servers = [r for r in everyone if r["role"] == "server"]
-    result.strategy_metrics = {
-        "portions": lay.portions, "batch": "full" if lay.full else "job",
-        "portions_per_worker": list(done_by.values()), "reduce_rounds": rounds,
-        "server_bytes": [r["bytes"] for r in servers], "server_busy_s": [r["busy_s"] for r in servers],
-        "server_params": [r["params"] for r in servers], "coordinator_bytes": everyone[0]["bytes"],
-    }
-    return result
+
+    def __init__(self, job: Job, ctx: RankContext, lay: Layout) -> None:
+        self.job, self.ctx, self.lay = job, ctx, lay
+        self.done_by = dict.fromkeys(lay.workers, 0)
+        self.rounds = 0
+        self.model = job.build_model()  # the servers' parameters, gathered when evaluated
+
+    def step(self, step: int) -> float:
+        loss = _hand_out(self.ctx, self.lay, self.done_by) / self.lay.samples
+        self.rounds += _reduce_rounds(self.ctx, self.lay)
+        return loss
+
+    def after_update(self, step: int, _loss: float) -> None:
+        if _due(self.job, step):
+            flat = gather_shards(self.ctx.comm, self.lay.plan, self.lay.servers, None, dst=0)
+            assert flat is not None
+            load_flat(self.model, flat)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {"done_by": torch.tensor(list(self.done_by.values())), "rounds": torch.tensor(self.rounds)}
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.done_by = dict(zip(self.lay.workers, state["done_by"].tolist(), strict=True))
+        self.rounds = int(state["rounds"])
+
+    def finish(self, result: RankResult) -> RankResult:
+        comm, lay = self.ctx.comm, self.lay
+        everyone = comm.gather_json({"role": "coordinator", "bytes": comm.bytes_sent + comm.bytes_received})
+        assert everyone is not None
+        servers = [r for r in everyone if r["role"] == "server"]
+        result.role = "coordinator"
+        result.strategy_metrics = {
+            "portions": lay.portions, "batch": "full" if lay.full else "job",
+            "portions_per_worker": list(self.done_by.values()), "reduce_rounds": self.rounds,
+            "server_bytes": [r["bytes"] for r in servers], "server_busy_s": [r["busy_s"] for r in servers],
+            "server_params": [r["params"] for r in servers], "coordinator_bytes": everyone[0]["bytes"],
+        }
+        return result
 
 
 def _hand_out(ctx: RankContext, lay: Layout, done_by: dict[int, int]) -> float:
@@ -152,13 +168,18 @@ def _reduce_rounds(ctx: RankContext, lay: Layout) -> int:
         rounds += 1
 
 
-def serve(job: Job, ctx: RankContext, lay: Layout, opts: SandblasterOptions) -> RankResult:
+class Server:
     """A server: send x, sum the workers' gradients, run the shard-wise L-BFGS iteration."""
-    comm, plan = ctx.comm, lay.plan
-    me = lay.servers.index(ctx.rank)
-    shard = LbfgsShard(plan.gather(flat_params(job.build_model()), me).clone(), job.config.lr, opts.history)
-    busy = 0.0
-    for _step in range(1, job.steps + 1):
+
+    def __init__(self, job: Job, ctx: RankContext, lay: Layout, opts: SandblasterOptions) -> None:
+        self.job, self.ctx, self.lay = job, ctx, lay
+        me = lay.servers.index(ctx.rank)
+        self.shard = LbfgsShard(lay.plan.gather(flat_params(job.build_model()), me).clone(),
+                                job.config.lr, opts.history)
+        self.busy = 0.0
+
+    def step(self, _step: int) -> float:
+        comm, lay, shard = self.ctx.comm, self.lay, self.shard
         sends = [comm.isend(shard.x, w, op="sb_params") for w in lay.workers]
         acc = torch.zeros_like(shard.x)
         buf = torch.empty_like(shard.x)
@@ -172,35 +193,51 @@ def serve(job: Job, ctx: RankContext, lay: Layout, opts: SandblasterOptions) -> 
         try:
             op, values = next(gen)
             while True:
-                busy += time.perf_counter() - t0
+                self.busy += time.perf_counter() - t0
                 out = torch.tensor([OPS[op], *values, *[0.0] * (3 - len(values))], dtype=torch.float64)
                 comm.send(out, 0, op="sb_scalar")
                 comm.recv(out, 0, op="sb_scalar")
                 t0 = time.perf_counter()
                 op, values = gen.send(out[1 : 1 + len(values)].tolist())
         except StopIteration:
-            busy += time.perf_counter() - t0
+            self.busy += time.perf_counter() - t0
         comm.send(torch.tensor([END, 0.0, 0.0, 0.0], dtype=torch.float64), 0, op="sb_scalar")
-    stats = {"role": "server", "bytes": comm.bytes_sent + comm.bytes_received,
-             "busy_s": round(busy, 6), "params": shard.x.numel()}
-    gather_shards(comm, plan, lay.servers, shard.x, dst=0)
-    comm.gather_json(stats)
-    return RankResult(role="server")
+        return float("nan")  # the loss is the coordinator's
+
+    def after_update(self, step: int, _loss: float) -> None:
+        if _due(self.job, step):
+            gather_shards(self.ctx.comm, self.lay.plan, self.lay.servers, self.shard.x, dst=0)
+
+    def state(self) -> dict[str, object]:
+        return self.shard.state()
+
+    def load_state(self, state: dict[str, object]) -> None:
+        self.shard.load_state(state)
+
+    def finish(self, result: RankResult) -> RankResult:
+        comm = self.ctx.comm
+        comm.gather_json({"role": "server", "bytes": comm.bytes_sent + comm.bytes_received,
+                          "busy_s": round(self.busy, 6), "params": self.shard.x.numel()})
+        return RankResult(role="server")
 
 
-def work(job: Job, ctx: RankContext, lay: Layout) -> RankResult:
+class Worker:
     """A worker: fetch x, compute portions until told to stop, push the gradient sum."""
-    comm, plan = ctx.comm, lay.plan
-    model = job.build_model()
-    flat = torch.zeros(plan.total)
-    x_all, y_all = job.dataset.x_train, job.dataset.y_train
-    computed = 0
-    for step in range(1, job.steps + 1):
-        shards = [torch.empty(n) for n in plan.sizes()]
-        for s, (rank, buf) in enumerate(zip(lay.servers, shards, strict=True)):
+
+    def __init__(self, job: Job, ctx: RankContext, lay: Layout) -> None:
+        self.job, self.ctx, self.lay = job, ctx, lay
+        self.model = job.build_model()
+        self.flat = torch.zeros(lay.plan.total)
+        self.computed = 0
+
+    def step(self, step: int) -> float:
+        comm, plan, lay, model = self.ctx.comm, self.lay.plan, self.lay, self.model
+        x_all, y_all = self.job.dataset.x_train, self.job.dataset.y_train
+        for s, rank in enumerate(lay.servers):
+            buf = torch.empty(plan.sizes()[s])
             comm.recv(buf, rank, op="sb_params")
-            plan.scatter(flat, s, buf)
-        load_flat(model, flat)
+            plan.scatter(self.flat, s, buf)
+        load_flat(model, self.flat)
         model.zero_grad(set_to_none=False)
         msg = torch.zeros(1, dtype=torch.int64)
         while True:
@@ -210,10 +247,10 @@ def work(job: Job, ctx: RankContext, lay: Layout) -> RankResult:
                 break
             idx = lay.portion(step, p)
             t0, cpu0 = time.perf_counter(), time.process_time()
-            loss = job.loss(model(x_all[idx]), y_all[idx]) * idx.numel()  # a sum, not a mean
+            loss = self.job.loss(model(x_all[idx]), y_all[idx]) * idx.numel()  # a sum, not a mean
             loss.backward()
-            ctx.straggle(work_seconds(t0, cpu0))
-            computed += 1
+            self.ctx.straggle(work_seconds(t0, cpu0))
+            self.computed += 1
             comm.send(torch.tensor([p, float(loss.detach()), idx.numel()], dtype=torch.float64), 0,
                       op="sb_done")
         grad = flat_grads(model)
@@ -222,8 +259,20 @@ def work(job: Job, ctx: RankContext, lay: Layout) -> RankResult:
                       strict=True)]
         for w, _ in pushes:
             w.wait()
-    comm.gather_json({"role": "worker", "portions": computed})
-    return RankResult(role="worker")
+        return float("nan")  # the loss is the coordinator's
+
+    def after_update(self, step: int, _loss: float) -> None:
+        pass
+
+    def state(self) -> dict[str, object]:
+        return {"computed": torch.tensor(self.computed)}
+
+    def load_state(self, state: dict[str, object]) -> None:
+        self.computed = int(state["computed"])  # type: ignore[call-overload]
+
+    def finish(self, result: RankResult) -> RankResult:
+        self.ctx.comm.gather_json({"role": "worker", "portions": self.computed})
+        return RankResult(role="worker")
 
 
 def _refuse_ignored(cfg: JobConfig, opts: SandblasterOptions) -> None:
@@ -247,10 +296,6 @@ class Sandblaster(Strategy):
     family = "parameter-server"
     summary = "synchronous batch L-BFGS: coordinator, load-balanced portions, shard-wise two-loop"
     Options = SandblasterOptions
-    supports = Supports().without("its L-BFGS state lives on the servers, which do not checkpoint "
-                                  "yet", "checkpoint", "resume").without(
-        "only the coordinator sees the whole model, and only at the end", "eval")
-
     @property
     def opts(self) -> SandblasterOptions:
         return self.options  # type: ignore[return-value]
@@ -273,14 +318,17 @@ class Sandblaster(Strategy):
                               f"{cfg.batch_size} samples; use --set portions={cfg.batch_size} or fewer.")
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
-        if ctx.resume:
-            raise ConfigError("Strategy 'sandblaster' cannot resume from a checkpoint; start a new run.")
         lay = Layout(job, self.opts, ctx.world)
-        ctx.comm.barrier()
-        ctx.recorder.start_clock()
-        ctx.recorder.emit("start", first_step=1, steps=job.steps)
+        role: Coordinator | Server | Worker
         if ctx.rank == 0:
-            return coordinate(job, ctx, lay)
-        if ctx.rank in lay.servers:
-            return serve(job, ctx, lay, self.opts)
-        return work(job, ctx, lay)
+            role = Coordinator(job, ctx, lay)
+        elif ctx.rank in lay.servers:
+            role = Server(job, ctx, lay, self.opts)
+        else:
+            role = Worker(job, ctx, lay)
+        model = role.model if not isinstance(role, Server) else nn.Module()
+        spec = LoopSpec(model=model, optimizer=None, own_step=role.step, after_update=role.after_update,
+                        replicated=False, state=role.state, load_state=role.load_state,  # type: ignore[arg-type]
+                        samples_at=lambda s: s * lay.samples, evaluates=ctx.rank == 0,
+                        reports=ctx.rank == 0)
+        return role.finish(run_loop(job, ctx, spec))
