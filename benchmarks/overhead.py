@@ -129,10 +129,9 @@ def main() -> None:
         "throughput / the plain one's; `paired ratio`: median over pairs of polytrain/plain, with "
         "the middle half of the pairs' ratios; `step ratio`: the same with the median time of one "
         "step in each run (plain/polytrain, so > 1 means polytrain is faster). Single runs of the "
-        "same job vary by up to ±15% on this shared 2-core VM."))
-    record = json.loads(out.with_suffix(".json").read_text())
-    record["pairs"] = runs
-    out.with_suffix(".json").write_text(json.dumps(record, indent=1))
+        "same job vary by up to ±15% on this shared 2-core VM."),
+        appended=a.append, extra={"pairs": runs})
+    print(out)
 
 
 if __name__ == "__main__":

@@ -136,7 +136,8 @@ def main() -> None:
              f"run counts as {args.max_updates} updates in the median. With --append the rows come "
              "from several calls; each row's command is in the JSON.")
     write_results(args.name, rows, ["variant", "seed", "solved", "updates_to_solve", "env_steps",
-                                    "env_steps_per_update", "epsilons", "wall_s"], notes)
+                                    "env_steps_per_update", "epsilons", "wall_s"], notes,
+                  appended=bool(old))
 
 
 if __name__ == "__main__":

@@ -179,7 +179,8 @@ def main() -> None:
                   ["algo", "processes", "seed", "solved", "time_to_target_s", "env_steps_to_target",
                    "learner_updates", "updates_per_s", "env_steps_per_s", "startup_s", "budget_s",
                    "learner_cpu_ms_per_update", "learn_ms_per_update", "eval_s", "learner_busy",
-                   "helpers_cores", "cores_used", "load_before", "load_after", "commit"], notes)
+                   "helpers_cores", "cores_used", "load_before", "load_after", "commit"], notes,
+                  appended=bool(old))
 
 
 if __name__ == "__main__":

@@ -22,10 +22,10 @@ A TOML file looks like::
 from __future__ import annotations
 
 import math
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-import tomllib
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from polytrain.errors import ConfigError, did_you_mean

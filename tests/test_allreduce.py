@@ -23,6 +23,7 @@ def single_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("procs,opt,lr", [(2, "sgd", 0.1), (4, "sgd", 0.1), (2, "adam", 1e-3)])
 def test_allreduce_equals_single(single_runs: dict[str, Path], tmp_path: Path, procs: int,
                                  opt: str, lr: float) -> None:

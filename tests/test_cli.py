@@ -9,6 +9,8 @@ import pytest
 
 from tests.conftest import ROOT, run_cli
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 
 def test_default_train_reaches_stated_accuracy(tmp_path: Path) -> None:
     r = run_cli("train", "--no-report", cwd=tmp_path)

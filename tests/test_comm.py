@@ -6,6 +6,7 @@ import os
 import socket
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -42,6 +43,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_bytes_are_counted_and_mismatches_caught(tmp_path: Path) -> None:
     mp.spawn(_worker, args=(_port(), str(tmp_path)), nprocs=2, join=True)
     r0 = eval((tmp_path / "r0.txt").read_text())

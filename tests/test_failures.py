@@ -18,6 +18,8 @@ import os
 import torch
 from torch import nn
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 class Boom(nn.Module):
     def __init__(self):
         super().__init__()

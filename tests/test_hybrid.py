@@ -5,7 +5,6 @@ it is not one of the issue's oracles and would take a sixth of the family's test
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -58,8 +57,6 @@ def test_mesh_equals_single(tmp_path_factory: pytest.TempPathFactory, tmp_path: 
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("POLYTRAIN_SLOW") != "1",
-                    reason="6 processes: set POLYTRAIN_SLOW=1 to run the distbelief run test")
 def test_distbelief_with_bsp_servers_equals_single(tmp_path_factory: pytest.TempPathFactory,
                                                    tmp_path: Path) -> None:
     # 2 servers (one per stage), then 2 replicas of 2 model-parallel stages

@@ -61,7 +61,10 @@ def test_ssp_bound_holds_with_a_straggler(tmp_path: Path) -> None:
     summary = polytrain.train(strategy="ps", procs=3, out=str(tmp_path / "ssp2"), **{**SGD, "steps": 20},
                               sets=["consistency=ssp", "staleness=2", "slow_rank=2", "slow_factor=6"])
     m = summary["strategy_metrics"]
-    assert m["staleness_bound"] == 2 and m["staleness_max"] <= 2
+    # the straggler lets the fast worker run ahead until the bound holds it: the observed
+    # staleness reaches the bound and never exceeds it (a BSP run, staleness 0, fails this)
+    assert m["staleness_bound"] == 2 and m["staleness_max"] == 2
+    assert max(int(k) for k in m["staleness_hist"]) == 2 and m["staleness_hist"].get("2", 0) > 0
     assert sum(m["staleness_hist"].values()) == 2 * 20 and m["worker_steps"] == [20, 20]
 
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import assert_same_params, load_model, read_summary, run_cli, step_losses
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 JOB = ["--strategy", "allreduce", "--procs", "2", "--model", "mlp", "--batch-size", "32",
        "--optimizer", "momentum", "--lr", "0.05", "--no-report"]

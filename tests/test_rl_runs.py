@@ -19,6 +19,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 SHORT = ["--max-seconds", "6", "--target-return", "1000", "--learning-starts", "200",
          "--set", "eval_every_s=4", "--set", "screen_episodes=2", "--eval-episodes", "5"]
 
@@ -158,12 +160,8 @@ def test_bad_input_fails_before_any_process(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
-def test_polytrain_cli_has_rl_when_wired() -> None:
+def test_polytrain_cli_has_rl() -> None:
     from polytrain.cli import build_parser
 
-    parser = build_parser()
-    try:
-        args = parser.parse_args(["rl", "apex", "--actors", "3"])
-    except SystemExit:
-        pytest.skip("`polytrain rl` is not wired into polytrain/cli.py yet")
+    args = build_parser().parse_args(["rl", "apex", "--actors", "3"])  # exits (fails) if not wired
     assert (args.algo, args.actors) == ("apex", 3)

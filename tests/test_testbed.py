@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,12 @@ from polytrain.launch.testbed import testbed_record as record_of
 
 REPO = Path(__file__).resolve().parents[1]
 NO_PRIVILEGE = netns.missing_privileges()
-needs_net = pytest.mark.skipif(NO_PRIVILEGE is not None, reason=str(NO_PRIVILEGE))
+_privileged = pytest.mark.skipif(NO_PRIVILEGE is not None, reason=str(NO_PRIVILEGE))
+
+
+def needs_net(test: Callable[..., None]) -> Callable[..., None]:
+    """Builds a testbed and starts processes in it: root only, and in the slow tier."""
+    return pytest.mark.slow(_privileged(test))  # type: ignore[no-any-return]
 
 # One rank per host: all-reduce a 4 MiB float32 tensor; bus bandwidth as nccl-tests define it.
 ALLREDUCE = """

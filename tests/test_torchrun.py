@@ -11,8 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import polytrain
 from tests.conftest import ROOT, assert_same_params, load_model, read_summary
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 JOB = ["--model", "mlp", "--batch-size", "32", "--optimizer", "momentum", "--lr", "0.05",
        "--no-report"]

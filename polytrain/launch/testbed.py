@@ -35,23 +35,26 @@ Testbeds whose owner died (kill -9) are removed by ``netns.cleanup_stale()`` (ru
 Latency and loss need the kernel's netem qdisc (sch_netem); it is probed at start-up and,
 when missing, a request for them is refused (ConfigError), never approximated.
 
-Measured on this 2-core VM (kernel 6.18 without netem; shared, so +-5 % between runs): gloo
-all-reduce of a 4 MiB float32 tensor, 1 process per host, 8 timed after 2 warm-ups; bus
-bandwidth = 2(n-1)/n * bytes / time (as nccl-tests define it), slowest rank::
+Measured on the shared 2-core development machine (kernel 6.18 without netem; +-5 % between
+runs), ``sudo .venv/bin/python benchmarks/testbed_bandwidth.py``, results in
+``benchmarks/results/testbed_bandwidth.md`` (2026-11-22): gloo all-reduce of a 4 MiB float32
+tensor, 1 process per host, 8 timed after 2 warm-ups; bus bandwidth = 2(n-1)/n * bytes / time
+(as nccl-tests define it), slowest rank::
 
     | hosts | nic     | bus bandwidth | % of rate | NIC tx / payload | wire tx / payload |
     |-------|---------|---------------|-----------|------------------|-------------------|
-    | 2     | 100mbit | 92.2 Mbit/s   | 92%       | 1.048            | 1.059             |
-    | 2     | 1gbit   | 930.3 Mbit/s  | 93% (*)   | 1.002            | 1.047             |
-    | 4     | 100mbit | 93.0 Mbit/s   | 93%       | 1.046            | 1.056             |
-    | 4     | 1gbit   | 935.9 Mbit/s  | 94%       | 1.003            | 1.048             |
+    | 2     | 100mbit | 93.4 Mbit/s   | 93 %      | 1.045            | 1.055             |
+    | 2     | 1gbit   | 950 Mbit/s    | 95 %      | 1.002            | 1.047             |
+    | 4     | 100mbit | 89.7 Mbit/s   | 90 %      | 1.047            | 1.053             |
+    | 4     | 1gbit   | 594 Mbit/s    | 59 %      | 1.004            | 1.049             |
 
-(*) 86 % (864 Mbit/s) in an earlier run. Command: ``sudo .venv/bin/python
-tests/test_testbed.py --bench`` (about 2 minutes). RATE counts Ethernet frames (headers, no
-preamble/FCS/gap), so bulk TCP tops out at 1448/1514 = 95.6 % of it; one plain TCP stream
-measured 0.479 Mbit/s at 500kbit, 95.6 at 100mbit, 956 at 1gbit, and 8.0 Gbit/s at 10gbit,
-where this VM's CPU, not the shaper, is the limit (beyond ~1gbit, check that the rate is
-reached before trusting a result). "NIC"/"wire" are ``interface_bytes()``'s tx / tx_wire.
+At 4 hosts and 1gbit the two cores, shared by four gloo processes and the shapers, are the
+limit, not the emulated link: above 2 hosts at ~1gbit this machine does not reach the rate.
+RATE counts Ethernet frames (headers, no preamble/FCS/gap), so bulk TCP tops out at
+1448/1514 = 95.6 % of it; one plain TCP stream measured 0.479 Mbit/s at 500kbit, 95.6 at
+100mbit, 956 at 1gbit, and 8.0 Gbit/s at 10gbit, where this VM's CPU, not the shaper, is the
+limit (beyond ~1gbit, check that the rate is reached before trusting a result).
+"NIC"/"wire" are ``interface_bytes()``'s tx / tx_wire.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ whatever the other ranks have written so far, and each update is written in plac
 
     rank r, step s:  read (forward on part r of batch s) -> backward -> write w -= lr·g
 
+Each rank takes its own share of every global batch (``--batch-size`` B over W ranks: B/W
+samples per update), so one step of the job is W updates of B/W samples on different data.
+
 On sparse data (``sparse-bow``: ~10 features per sample) a gradient touches few coordinates, so
 only those are written (an ``index_add_`` of the non-zero entries); updates rarely collide,
 which is why dropping the lock costs no accuracy. ``lock=true`` is the baseline: the write takes
@@ -22,6 +25,9 @@ the clock is CLOCK_MONOTONIC, shared by the processes of one host), and ``interl
 With ``lock=true`` overlapping_updates must be 0; without it, it shows the concurrency is real.
 ``write_share`` (time inside writes / (wall · ranks)) and ``lock_wait_s`` (all ranks' time spent
 acquiring the lock) say how much a lock can cost: little when writes are a small share.
+``mapped_files`` (distinct device/inode pairs the ranks mapped: 1) and ``shared_writes_seen``
+(probe writes each rank read back from the others through its own mapping before training:
+W·(W−1)) show the memory is really one copy; ``samples_per_update`` is each rank's share.
 
 Plain SGD only (``--optimizer sgd``): per-rank optimizer state would not be shared.
 """
@@ -84,8 +90,14 @@ def shm_path(ctx: RankContext) -> Path:
     return base / f"polytrain-hogwild-{hashlib.sha1(key.encode()).hexdigest()[:16]}"
 
 
-def map_shared(model: torch.nn.Module, ctx: RankContext) -> torch.Tensor:
-    """Make every parameter of ``model`` a view of one shared (N,) mapping; returns the mapping."""
+def map_shared(model: torch.nn.Module, ctx: RankContext) -> tuple[torch.Tensor, dict[str, int]]:
+    """Make every parameter of ``model`` a view of one shared (N,) mapping.
+
+    Returns the mapping and what this rank saw of it: ``file`` (the mapped file's device and
+    inode, the same on every rank when they map one file) and ``saw_writes`` (how many other
+    ranks' probe writes this rank read back through its own mapping, W-1 when the memory is
+    shared; no data travels but barriers).
+    """
     params = list(model.parameters())
     n = sum(p.numel() for p in params)
     path = shm_path(ctx)
@@ -95,6 +107,8 @@ def map_shared(model: torch.nn.Module, ctx: RankContext) -> torch.Tensor:
     ctx.comm.barrier()
     if not ctx.is_leader:
         flat = torch.from_file(str(path), shared=True, size=n, dtype=torch.float32)
+    st = path.stat()
+    seen = {"file": st.st_dev * 2**32 + st.st_ino, "saw_writes": probe_shared(flat, ctx)}
     ctx.comm.barrier()
     if ctx.is_leader:
         path.unlink()  # every rank holds its mapping; the name is no longer needed
@@ -102,7 +116,25 @@ def map_shared(model: torch.nn.Module, ctx: RankContext) -> torch.Tensor:
     for p in params:
         p.data = flat[pos : pos + p.numel()].view_as(p)
         pos += p.numel()
-    return flat
+    return flat, seen
+
+
+def probe_shared(flat: torch.Tensor, ctx: RankContext) -> int:
+    """Each rank in turn writes a marker into element 0; the others read it through their own
+    mapping. Returns how many other ranks' markers this rank saw; element 0 is restored."""
+    first = float(flat[0])
+    saw = 0
+    for writer in range(ctx.world):
+        marker = -1000.0 - writer  # exact in float32; no initial weight is near it
+        if ctx.rank == writer:
+            flat[0] = marker
+        ctx.comm.barrier()
+        if ctx.rank != writer and float(flat[0]) == marker:
+            saw += 1
+        ctx.comm.barrier()
+    if ctx.is_leader:
+        flat[0] = first
+    return saw
 
 
 class FileLock(AbstractContextManager["FileLock"]):
@@ -203,15 +235,17 @@ class Hogwild(Strategy):
         refuse_multi_host(self.name)
         model = job.build_model()
         params = list(model.parameters())
-        map_shared(model, ctx)
+        _, seen = map_shared(model, ctx)
         lock = FileLock(shm_path(ctx).with_suffix(".lock")) if opts.lock else None
         optimizer = torch.optim.SGD(params, lr=job.config.lr)  # for checkpoints; never stepped
         writes: list[tuple[float, float, float]] = []
         waited = 0.0  # seconds spent acquiring the lock
+        share = 0  # samples per update (this rank's part of the global batch)
         rec = ctx.recorder
 
         def step(i: int, x: torch.Tensor, y: torch.Tensor) -> float:
-            nonlocal waited
+            nonlocal waited, share
+            share = len(x)
             read = time.monotonic()
             model.zero_grad(set_to_none=True)
             with rec.span("forward", step=i):
@@ -231,11 +265,14 @@ class Hogwild(Strategy):
             return float(loss.detach())
 
         # quiesce: a checkpoint reads the shared copy while no rank writes (a consistent state)
-        spec = LoopSpec(model=model, optimizer=optimizer, step_fn=step, quiesce=True)
+        # each rank trains on its own part of every global batch
+        spec = LoopSpec(model=model, optimizer=optimizer, step_fn=step, part=ctx.rank,
+                        parts=ctx.world, quiesce=True)
         result = run_loop(job, ctx, spec)
         if lock is not None:
             lock.close()
-        gathered = ctx.comm.gather_json({"writes": writes, "waited": waited})  # every rank is done
+        # every rank is done
+        gathered = ctx.comm.gather_json({"writes": writes, "waited": waited, "share": share, **seen})
         if gathered is not None:  # with the lock (a collective)
             everyone = [g["writes"] for g in gathered]
             write_s = sum(e - s for w in everyone for _, s, e in w)
@@ -249,5 +286,8 @@ class Hogwild(Strategy):
                 "interleaved_updates": interleaved(everyone),
                 "write_share": round(write_s / (wall * len(everyone)), 4) if wall > 0 else 0.0,
                 "lock_wait_s": round(sum(g["waited"] for g in gathered), 4),
+                "mapped_files": len({g["file"] for g in gathered}),
+                "shared_writes_seen": sum(g["saw_writes"] for g in gathered),
+                "samples_per_update": sorted({g["share"] for g in gathered}),
             }
         return result
