@@ -194,7 +194,8 @@ def parse_sweep(text: str) -> tuple[int, int]:
 
 def sweep(prof: Profile, cluster: Cluster, batch: int, scale: float, lo: int, hi: int) -> dict[str, Any]:
     """Best predicted samples/s per strategy for host counts LO, 2·LO, ... HI; the crossover."""
-    rows, hosts, crossover = [], lo, None
+    rows, hosts = [], lo
+    each: dict[str, int] = {}  # hybrid -> first rank count at which it beats allreduce
     while hosts <= hi:
         cl = cluster.with_hosts(hosts)
         best: dict[str, Candidate] = {}
@@ -214,11 +215,12 @@ def sweep(prof: Profile, cluster: Cluster, batch: int, scale: float, lo: int, hi
                 "best": top.label if top else "-",
             }
         )
-        hybrid = max((rate[s] for s in HYBRIDS if s in rate), default=0.0)
-        if crossover is None and "allreduce" in rate and hybrid > rate["allreduce"]:
-            crossover = cl.world
+        for h in HYBRIDS:
+            if h not in each and h in rate and "allreduce" in rate and rate[h] > rate["allreduce"]:
+                each[h] = cl.world
         hosts *= 2
-    return {"rows": rows, "crossover_ranks": crossover}
+    crossover = min(each.values(), default=None)
+    return {"rows": rows, "crossover_ranks": crossover, "crossover_by_hybrid": each}
 
 
 def run_sweep(prof: Profile, cluster: Cluster, batch: int, a: PlanArgs, console: Console) -> int:
@@ -234,8 +236,9 @@ def run_sweep(prof: Profile, cluster: Cluster, batch: int, a: PlanArgs, console:
         return 0
     console.print(show.sweep_table(result["rows"], shown))
     x = result["crossover_ranks"]
+    by = ", ".join(f"{h} at {n} ranks" for h, n in sorted(result["crossover_by_hybrid"].items()))
     console.print(
-        f"MP-DP crossover: a hybrid ({'/'.join(HYBRIDS)}) overtakes allreduce at {x} ranks"
+        f"MP-DP crossover: a hybrid overtakes allreduce at {x} ranks ({by})"
         if x
         else "MP-DP crossover: no hybrid overtakes allreduce in this range",
         highlight=False,
