@@ -171,7 +171,7 @@ def test_bsp_server_answers_pulls_after_the_step() -> None:
     _push(server, comm, 2, 1, [3.0, 4.0], need=1)
     assert torch.allclose(server.shard, torch.tensor([-1.0, -1.5]))  # 0 - 0.5 * mean
     assert comm.replies() == [(1, [1, 1, 0, 0, 0]), (2, [1, 1, 0, 0, 0])]
-    assert server.staleness == [0, 0]
+    assert server.staleness == {0: 2}
 
 
 def test_ssp_server_holds_a_fast_worker_at_the_bound() -> None:
@@ -182,7 +182,7 @@ def test_ssp_server_holds_a_fast_worker_at_the_bound() -> None:
     assert comm.replies() == []
     _push(server, comm, 2, 1, [1.0, 1.0], need=0)  # the slow one reaches clock 1
     assert sorted(d for d, _ in comm.replies()) == [1, 2]
-    assert server.staleness == [0, 1, 0] and max(server.staleness) <= 1
+    assert server.staleness == {0: 2, 1: 1} and max(server.staleness) <= 1
     assert server.version == 3
 
 
@@ -208,8 +208,20 @@ def test_server_pull_and_done() -> None:
 
 def test_server_busy_time_is_the_union_of_its_intervals() -> None:
     server, _ = _server(Async(2))
-    server.intervals += [(1.0, 2.0), (0.5, 1.5), (1.2, 1.4), (3.0, 3.5)]  # overlapping receives
+    for a, b in [(1.0, 2.0), (0.5, 1.5), (1.2, 1.4), (3.0, 3.5)]:  # overlapping receives
+        server.intervals.add(a, b)
     assert server.busy_s() == pytest.approx(2.0)
+
+
+def test_server_busy_clock_stays_bounded_and_exact_over_a_long_run() -> None:
+    from polytrain.strategies.ps.busy import COMPACT_AT, BusyClock
+
+    clock = BusyClock()
+    for i in range(10 * COMPACT_AT):  # two overlapping intervals per unit, then a gap of 0.5
+        clock.add(i + 0.0, i + 0.4)
+        clock.add(i + 0.2, i + 0.5)
+    assert len(clock) < COMPACT_AT
+    assert clock.seconds() == pytest.approx(10 * COMPACT_AT * 0.5)
 
 
 def test_sparse_pushes_are_lossless() -> None:

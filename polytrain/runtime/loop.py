@@ -194,7 +194,7 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
             spec.after_update(step, loss)
         if spec.reports:
             ctx.recorder.step(step, loss, samples=samples_at(step))
-        ctx.recorder.sample_resources()
+        ctx.recorder.sample_resources(step=step)
         if ctx.progress is not None:
             ctx.progress.update(step, loss)
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:

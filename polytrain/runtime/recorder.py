@@ -28,7 +28,7 @@ from typing import IO, Any
 
 FLUSH_EVERY_S = 0.05
 BUFFER = 4096  # events held before a write, whatever the time
-RESOURCES_EVERY_S = 1.0
+RESOURCES_EVERY_S = 0.5
 
 
 def current_rss_bytes() -> int:

@@ -21,6 +21,7 @@ change when S does.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,29 @@ from polytrain.strategies.ps.server import ParameterServer
 from polytrain.strategies.ps.sharding import ShardPlan
 
 
+def server_state(server: ParameterServer) -> dict[str, Any]:
+    """What a checkpoint keeps of a server: shard, optimizer, consistency and measurements."""
+    def counts(c: Counter[int]) -> torch.Tensor:
+        return torch.tensor(sorted(c.items()), dtype=torch.int64).reshape(-1, 2)
+
+    return {"shard": server.shard.clone(), "optimizer": server.optimizer.state_dict(),
+            "policy": server.policy.state(), "version": torch.tensor(server.version),
+            "read_step": torch.tensor(server.read_step), "read_version": torch.tensor(server.read_version),
+            "staleness": counts(server.staleness), "update_lag": counts(server.update_lag)}
+
+
+def load_server_state(server: ParameterServer, state: dict[str, Any]) -> None:
+    with torch.no_grad():
+        server.param.copy_(state["shard"])
+    server.optimizer.load_state_dict(state["optimizer"])
+    server.policy.load_state(state["policy"])
+    server.version = int(state["version"])
+    server.read_step = [int(v) for v in state["read_step"].tolist()]
+    server.read_version = [int(v) for v in state["read_version"].tolist()]
+    server.staleness = Counter({k: n for k, n in state["staleness"].tolist()})
+    server.update_lag = Counter({k: n for k, n in state["update_lag"].tolist()})
+
+
 def rank_files(ckpt: Path) -> int:
     return len(list(ckpt.glob("rank*.pt")))
 
@@ -44,7 +68,7 @@ def server_saver(job: Job, ctx: RankContext, server: ParameterServer, servers: l
     """The ``on_save`` of server ``ctx.rank``: write its state; server 0 seals the checkpoint."""
 
     def save(step: int) -> None:
-        state = {**server.state(), "sharding": sharding, "servers": torch.tensor(len(servers))}
+        state = {**server_state(server), "sharding": sharding, "servers": torch.tensor(len(servers))}
         ctx.checkpoints.write_rank(step, ctx.rank, state)
         mark = torch.tensor([step], dtype=torch.int64)
         if ctx.rank != servers[0]:
@@ -74,7 +98,7 @@ def restore_server(ctx: RankContext, server: ParameterServer, index: int, worker
     else:
         olds = [first] + [CheckpointStore.load_rank(ckpt, s) for s in range(1, old_servers)]
         state = reshard(olds, plan_of(kind, old_servers), plan, index)
-    server.load_state(state)
+    load_server_state(server, state)
     return CheckpointStore.step_of(ckpt)
 
 

@@ -62,6 +62,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -70,7 +71,8 @@ from torch import nn
 
 from polytrain.comm import Comm
 from polytrain.runtime.recorder import Recorder
-from polytrain.strategies.ps.consistency import Consistency, ProtocolError, histogram
+from polytrain.strategies.ps.busy import BusyClock
+from polytrain.strategies.ps.consistency import Consistency, ProtocolError
 from polytrain.strategies.ps.sharding import ShardPlan
 
 PUSH, PULL, DONE, SAVE = 1, 2, 3, 4
@@ -114,10 +116,10 @@ class ParameterServer:
         self.replies: dict[int, list[tuple[Any, torch.Tensor]]] = {}  # per worker: sends in flight
         self.replies_max = 0  # the most reply sends ever in flight at once
         self.done: set[int] = set()
-        self.staleness: list[int] = []
-        self.update_lag: list[int] = []
+        self.staleness: Counter[int] = Counter()  # histograms: bounded however long the run
+        self.update_lag: Counter[int] = Counter()
         self.wall_s = 0.0
-        self.intervals: list[tuple[float, float]] = []  # (start, end): receiving a push or handling
+        self.intervals = BusyClock()  # receiving a push or handling a message
         self.messages = 0
 
     @property
@@ -140,9 +142,9 @@ class ParameterServer:
             src, (kind, clock, need, reply, nnz), grad = msg
             self._settle(src)
             self._handle(src, kind, clock, need, reply, nnz, grad=grad)
-            self.intervals.append((t0, time.perf_counter()))
+            self.intervals.add(t0, time.perf_counter())
             if self.recorder is not None:
-                self.recorder.sample_resources(replies_in_flight=self.in_flight())
+                self.recorder.sample_resources(messages=self.messages, replies_in_flight=self.in_flight())
         for t in readers:
             t.join()
         for src in list(self.replies):
@@ -171,7 +173,7 @@ class ParameterServer:
                 if fields[0] == PUSH:
                     t0, start = time.perf_counter(), self.recorder.now() if self.recorder else 0.0
                     grad = self._receive_grad(src, fields[4])
-                    self.intervals.append((t0, time.perf_counter()))  # list.append: thread-safe
+                    self.intervals.add(t0, time.perf_counter())
                     if self.recorder is not None:
                         self.recorder.add_span("push_recv", "comm", start, self.recorder.now(),
                                                src=src, clock=fields[1])
@@ -220,8 +222,8 @@ class ParameterServer:
         dropped = self.policy.dropped
         update = self.policy.on_push(w, clock, grad)
         if self.policy.dropped == dropped:  # accepted: measure how stale it was
-            self.staleness.append(clock - 1 - self.read_step[w])
-            self.update_lag.append(self.version - self.read_version[w])
+            self.staleness[clock - 1 - self.read_step[w]] += 1
+            self.update_lag[self.version - self.read_version[w]] += 1
         if update is not None:
             self._apply(update)
 
@@ -268,34 +270,10 @@ class ParameterServer:
             self.replies.setdefault(rank, []).append((self.comm.isend(head, rank, op="ps_ack"), head))
         self.saves = {}
 
-    def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps of this server: shard, optimizer, consistency and counters."""
-        return {"shard": self.shard.clone(), "optimizer": self.optimizer.state_dict(),
-                "policy": self.policy.state(), "version": torch.tensor(self.version),
-                "read_step": torch.tensor(self.read_step), "read_version": torch.tensor(self.read_version),
-                "staleness": torch.tensor(self.staleness, dtype=torch.int64),
-                "update_lag": torch.tensor(self.update_lag, dtype=torch.int64)}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        with torch.no_grad():
-            self.param.copy_(state["shard"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.policy.load_state(state["policy"])
-        self.version = int(state["version"])
-        self.read_step = [int(v) for v in state["read_step"].tolist()]
-        self.read_version = [int(v) for v in state["read_version"].tolist()]
-        self.staleness = [int(v) for v in state["staleness"].tolist()]
-        self.update_lag = [int(v) for v in state["update_lag"].tolist()]
-
     def busy_s(self) -> float:
         """Wall time during which this server was receiving at least one push or handling a
         message (the union of those intervals): its load, as opposed to waiting for work."""
-        total, end = 0.0, float("-inf")
-        for a, b in sorted(self.intervals):
-            if b > end:
-                total += b - max(a, end)
-                end = b
-        return total
+        return self.intervals.seconds()
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -308,8 +286,8 @@ class ParameterServer:
             "replies_in_flight_max": self.replies_max,
             "dropped": self.policy.dropped,
             "accepted": list(self.policy.accepted),
-            "staleness": histogram(self.staleness),
-            "update_lag": histogram(self.update_lag),
+            "staleness": {str(k): n for k, n in sorted(self.staleness.items())},
+            "update_lag": {str(k): n for k, n in sorted(self.update_lag.items())},
         }
 
 

@@ -212,6 +212,7 @@ class Ps(Strategy):
             "server_bytes": [r["bytes"] for r in servers],
             "server_busy_s": [round(r["busy_s"], 6) for r in servers],
             "server_messages": [r["messages"] for r in servers],
+            "server_replies_in_flight_max": [r["replies_in_flight_max"] for r in servers],
             "staleness_hist": histogram(stale), "staleness_max": max(stale, default=0),
             "update_lag_hist": histogram(lag), "update_lag_max": max(lag, default=0),
             "dropped_gradients": max((r["dropped"] for r in servers), default=0),
