@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import sys
 import uuid
 from collections.abc import Iterator
@@ -24,16 +23,11 @@ from rich.console import Console
 from polytrain.config import JobConfig
 from polytrain.errors import RankFailure
 from polytrain.launch.prepare import prepare
+from polytrain.launch.records import free_port, read_error_record
 from polytrain.launch.rundir import new_run_dir, read_summary, write_config
 from polytrain.runtime.progress import FollowProgress
 
 SHUTDOWN_TIMEOUT_S = 10
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _quiet_elastic(debug: bool) -> None:
@@ -113,7 +107,7 @@ def launch(
         nproc_per_node=cfg.procs,
         run_id=uuid.uuid4().hex[:12],
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
         max_restarts=0,
         monitor_interval=0.1,
         local_addr="127.0.0.1",
@@ -127,14 +121,6 @@ def launch(
     except ChildFailedError as err:
         raise RankFailure(describe_failure(run_dir, err, cfg.debug)) from None
     return read_summary(run_dir)
-
-
-def _error_record(run_dir: Path, rank: int) -> dict[str, Any] | None:
-    path = run_dir / "ranks" / f"rank{rank}.error.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _last_step(run_dir: Path, rank: int) -> int:
@@ -156,7 +142,7 @@ def describe_failure(run_dir: Path, err: Any, debug: bool) -> str:
     lines = []
     for rank in ranks:
         failure = err.failures[rank]
-        record = _error_record(run_dir, rank)
+        record = read_error_record(run_dir, rank)
         if record is not None:
             what = f"failed at step {record['step'] + 1}: {record['error']}"
             if debug:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import torch
 
 from polytrain.config import JobConfig, to_toml
 from polytrain.errors import ConfigError
+from polytrain.launch.records import atomic_json, make_run_dir
 from polytrain.runtime.job import Job, RankContext
 
 TESTBED_ENV = "POLYTRAIN_TESTBED_RECORD"  # set by polytrain testbed on every host
@@ -19,35 +19,12 @@ TESTBED_ENV = "POLYTRAIN_TESTBED_RECORD"  # set by polytrain testbed on every ho
 
 def new_run_dir(cfg: JobConfig, base: Path = Path("runs")) -> Path:
     """``--out`` if given (it must not hold another run), else runs/<time>-<strategy>."""
-    if cfg.out:
-        out = Path(cfg.out)
-        if (out / "summary.json").exists() or (out / "config.toml").exists():
-            raise ConfigError(
-                f"--out {out} already holds a run; polytrain never overwrites one. "
-                f"Choose another --out, or continue it with --resume {out}."
-            )
-        out.mkdir(parents=True, exist_ok=True)
-        return out
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for i in range(1000):
-        out = base / (f"{stamp}-{cfg.strategy}" + (f"-{i}" if i else ""))
-        try:
-            out.mkdir(parents=True)
-            return out
-        except FileExistsError:
-            continue
-    raise ConfigError(f"Cannot create a run directory under {base}: too many runs this second.")
+    return make_run_dir(cfg.out, cfg.strategy, base, resume_hint=True)
 
 
 def write_config(run_dir: Path, cfg: JobConfig) -> None:
     resolved = cfg.model_copy(update={"out": str(run_dir)})
     (run_dir / "config.toml").write_text(to_toml(resolved))
-
-
-def _atomic_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=float))
-    tmp.replace(path)
 
 
 def build_summary(job: Job, ctx: RankContext, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -110,7 +87,7 @@ def write_results(
             f.write(json.dumps(e) + "\n")
     if model_state is not None:
         torch.save(model_state, run_dir / "model.pt")
-    _atomic_json(run_dir / "summary.json", build_summary(job, ctx, records))
+    atomic_json(run_dir / "summary.json", build_summary(job, ctx, records))
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:

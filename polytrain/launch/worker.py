@@ -9,12 +9,10 @@ can say which rank failed, where and why.
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import socket
 import sys
-import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
@@ -24,6 +22,7 @@ import torch.distributed as dist
 
 from polytrain.comm import Comm
 from polytrain.config import make_config
+from polytrain.launch.records import write_error_record
 from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.progress import RankProgress
@@ -146,26 +145,11 @@ def run_rank(payload: dict[str, Any]) -> None:
             ctx.progress.close()
         _finish(job, ctx, result)
     except BaseException as exc:
-        _write_error(run_dir, rank, recorder.last_step, exc)
+        write_error_record(run_dir, rank, exc, step=recorder.last_step)
         raise
     finally:
         recorder.close()
     dist.destroy_process_group()
-
-
-def _write_error(run_dir: Path, rank: int, step: int, exc: BaseException) -> None:
-    record = {
-        "rank": rank,
-        "step": step,
-        "error": f"{type(exc).__name__}: {exc}",
-        "traceback": "".join(traceback.format_exception(exc)),
-    }
-    try:
-        path = run_dir / "ranks" / f"rank{rank}.error.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1))
-    except OSError:
-        pass
 
 
 def _rank_record(ctx: RankContext, result: RankResult) -> dict[str, Any]:

@@ -9,7 +9,6 @@ way (2(n−1)/n = 1), so its β is comparable to the point-to-point one. About t
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import time
 from typing import Any
@@ -17,6 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from polytrain.launch.records import free_port
 
 SIZES = (4_096, 262_144, 2_097_152, 8_388_608)  # bytes
 
@@ -73,17 +74,11 @@ def _worker(rank: int, port: int, repeats: int, queue: Any) -> None:
     os._exit(0)  # why: a clean exit of a gloo child can abort in torch's teardown
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def measure_comm(repeats: int = 7, timeout_s: float = 60.0) -> dict[str, Any]:
     """``{"p2p": {alpha_s, bytes_per_s}, "allreduce": {...}, "samples": ...}`` of gloo on loopback."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, port, repeats, queue)) for r in range(2)]
     for p in procs:
         p.start()

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from contextlib import nullcontext
 from typing import Any
 
 from rich.console import Console
 
+from polytrain.launch.records import free_port
 from polytrain.rl.config import RLConfig, check_qnet, make_rl_config
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_config(cfg: RLConfig, console: Console | None = None, progress: bool = True,
@@ -30,7 +24,7 @@ def run_config(cfg: RLConfig, console: Console | None = None, progress: bool = T
     write_config(run_dir, cfg)
     console = console or Console(stderr=True)
     started = time.monotonic()
-    procs = start_processes(cfg, run_dir, _free_port())
+    procs = start_processes(cfg, run_dir, free_port())
     follow = FollowRL(run_dir / "ranks" / "rank0.jsonl", cfg, console) if progress else nullcontext()
     try:
         with follow:

@@ -192,12 +192,3 @@ class QLearner:
 
     def sync_target(self) -> None:
         self.target.load_state_dict(self.net.state_dict())
-
-
-def flat_params(net: nn.Module) -> torch.Tensor:
-    return torch.nn.utils.parameters_to_vector(net.parameters()).detach().clone()
-
-
-def load_flat(net: nn.Module, flat: torch.Tensor) -> None:
-    with torch.no_grad():
-        torch.nn.utils.vector_to_parameters(flat, net.parameters())

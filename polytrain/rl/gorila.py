@@ -27,13 +27,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from polytrain.rl.core import build_qnet, flat_params, load_flat
+from polytrain.rl.core import build_qnet
 from polytrain.rl.dqn import make_learner
 from polytrain.rl.learner import Publisher, ReplayClient, batch_tensors, learn_loop
 from polytrain.rl.monitor import Counters, Monitor
 from polytrain.rl.replay import Batch
 from polytrain.rl.roles import RoleContext
 from polytrain.rl.wire import Kind, Msg, send_msg, wind_down
+from polytrain.runtime.flat import flat_params, load_flat
 
 
 def _plan(ctx: RoleContext) -> Any:

@@ -18,17 +18,16 @@ Each rank writes ``ranks/rank{R}.result.json`` when it finishes; the parent asse
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import signal
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from polytrain.errors import RankFailure
+from polytrain.launch.records import atomic_json, read_error_record, write_error_record
 from polytrain.rl.config import RLConfig
 from polytrain.rl.roles import Ranks, layout_ranks
 
@@ -73,15 +72,9 @@ def _stop_all(procs: dict[int, Any]) -> None:
             p.join(timeout=2)
 
 
-def _error_text(run_dir: Path, rank: int) -> str | None:
-    try:
-        return str(json.loads((run_dir / "ranks" / f"rank{rank}.error.json").read_text())["error"])
-    except (OSError, ValueError, KeyError):
-        return None
-
-
 def _failure(run_dir: Path, ranks: Ranks, ex: Exit, debug: bool) -> RankFailure:
-    error = _error_text(run_dir, ex.rank)
+    record = read_error_record(run_dir, ex.rank)
+    error = record["error"] if record else None
     what = f"failed: {error}" if error else f"{ex.cause} without an error report (killed, or out of memory)"
     return RankFailure(
         f"The RL job failed: rank {ex.rank} ({ranks.describe(ex.rank)}) {what} at {ex.at_s:.1f} s. "
@@ -163,13 +156,9 @@ def rank_main(payload: dict[str, Any], rank: int) -> None:
     torch.set_num_threads(1)
     try:
         result = run_role(payload, rank, recorder)
-        tmp = run_dir / "ranks" / f"rank{rank}.result.tmp"
-        tmp.write_text(json.dumps(result, indent=1, default=float))
-        tmp.replace(run_dir / "ranks" / f"rank{rank}.result.json")
+        atomic_json(run_dir / "ranks" / f"rank{rank}.result.json", result)
     except BaseException as exc:
-        record = {"rank": rank, "error": f"{type(exc).__name__}: {exc}",
-                  "traceback": "".join(traceback.format_exception(exc))}
-        (run_dir / "ranks" / f"rank{rank}.error.json").write_text(json.dumps(record, indent=1))
+        write_error_record(run_dir, rank, exc)
         raise
     finally:
         recorder.close()

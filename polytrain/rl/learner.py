@@ -24,11 +24,11 @@ import numpy as np
 import torch
 
 from polytrain.rl.actor import Halted
-from polytrain.rl.core import flat_params
 from polytrain.rl.monitor import Counters, Monitor
 from polytrain.rl.replay import Batch, beta_at
 from polytrain.rl.roles import RoleContext
 from polytrain.rl.wire import OPS, Kind, Msg, Posted, isend_msg, nan_to_none, post_recv
+from polytrain.runtime.flat import flat_params
 
 
 class ReplayClient:

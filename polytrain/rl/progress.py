@@ -7,41 +7,31 @@ updates, live actors and the last greedy evaluation.
 
 from __future__ import annotations
 
-import json
-import threading
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from polytrain.rl.config import RLConfig
+from polytrain.runtime.progress import FollowEvents
 
 
 def _short(n: int) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e4 else str(n)
 
 
-class FollowRL:
+class FollowRL(FollowEvents):
+    interval_s = 0.25
+
     def __init__(self, path: Path, cfg: RLConfig, console: Console) -> None:
-        self.path = path
+        super().__init__(path, console)
         self.cfg = cfg
-        self.console = console
         info = cfg.info
         # returns lie in [low, target]: CartPole 0..475, Acrobot/MountainCar −max_steps..target
         self.low = min(0.0, -float(info.max_steps) if info.max_reward <= 0 else 0.0)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
         self.fields: dict[str, Any] = {"episodes": 0, "steps": 0, "updates": 0, "ret": "-", "ev": "-",
                                        "alive": "-"}
-
-    def __enter__(self) -> FollowRL:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
     def _progress(self) -> Progress:
         # compact: it must fit an 80-column terminal next to the bar
@@ -52,19 +42,17 @@ class FollowRL:
                        "· actors {task.fields[alive]} · greedy {task.fields[ev]}"),
             TimeElapsedColumn(), console=self.console, transient=False)
 
-    def _run(self) -> None:
-        label = self.cfg.algo
-        with self._progress() as progress:
-            task = progress.add_task(label, total=100.0, target=f"{self.cfg.target:g}", **self.fields)
-            offset = 0
-            while True:
-                stopping = self._stop.is_set()
-                offset = self._read(progress, task, offset)
-                if stopping:
-                    break
-                self._stop.wait(0.25)
+    def _add_task(self, progress: Progress) -> TaskID:
+        return progress.add_task(self.cfg.algo, total=100.0, target=f"{self.cfg.target:g}", **self.fields)
 
-    def _apply(self, ev: dict[str, Any]) -> float | None:
+    def _apply(self, progress: Progress, task: TaskID, ev: dict[str, Any]) -> None:
+        done = self._fill(ev)
+        progress.update(task, **self.fields)
+        if done is not None:
+            progress.update(task, completed=done)
+
+    def _fill(self, ev: dict[str, Any]) -> float | None:
+        """Update the text fields from one event; the bar's new fill (percent) if it changed."""
         if ev.get("event") == "progress":
             self.fields.update(episodes=_short(ev["episodes"]), steps=_short(ev["env_steps"]),
                                updates=_short(ev["updates"]), alive=ev["alive_actors"])
@@ -76,21 +64,3 @@ class FollowRL:
         elif ev.get("event") == "eval" and ev.get("mean_return") is not None:
             self.fields["ev"] = f"{ev['mean_return']:.0f}"
         return None
-
-    def _read(self, progress: Progress, task: Any, offset: int) -> int:
-        if not self.path.is_file():
-            return offset
-        with self.path.open() as f:
-            f.seek(offset)
-            for line in f:
-                if not line.endswith("\n"):
-                    break
-                offset += len(line)
-                try:
-                    done = self._apply(json.loads(line))
-                except (ValueError, KeyError):
-                    continue
-                progress.update(task, **self.fields)
-                if done is not None:
-                    progress.update(task, completed=done)
-        return offset

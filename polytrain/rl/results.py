@@ -11,43 +11,21 @@
 from __future__ import annotations
 
 import json
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from polytrain.errors import ConfigError
+from polytrain.launch.records import atomic_json, make_run_dir
 from polytrain.rl.config import RLConfig
 from polytrain.rl.launcher import Supervision
 from polytrain.rl.roles import Ranks, layout_ranks
 
 
 def new_run_dir(cfg: RLConfig, base: Path = Path("runs")) -> Path:
-    if cfg.out:
-        out = Path(cfg.out)
-        if (out / "summary.json").exists() or (out / "config.toml").exists():
-            raise ConfigError(f"--out {out} already holds a run; polytrain never overwrites one. "
-                              "Choose another --out.")
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"--out {out}: cannot create the run directory ({exc.strerror}). "
-                              "Choose a writable path.") from None
-        return out
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for i in range(1000):
-        out = base / (f"{stamp}-rl-{cfg.algo}" + (f"-{i}" if i else ""))
-        try:
-            out.mkdir(parents=True)
-            return out
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise ConfigError(f"Cannot create the run directory {out} ({exc.strerror}). Run from a "
-                              "writable directory or pass --out.") from None
-    raise ConfigError(f"Cannot create a run directory under {base}: too many runs this second.")
+    """``--out`` if given (it must not hold another run), else runs/<time>-rl-<algo>."""
+    return make_run_dir(cfg.out, f"rl-{cfg.algo}", base)
 
 
 def write_config(run_dir: Path, cfg: RLConfig) -> None:
@@ -177,6 +155,4 @@ def build_summary(cfg: RLConfig, run_dir: Path, sup: Supervision) -> dict[str, A
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    tmp = run_dir / "summary.tmp"
-    tmp.write_text(json.dumps(summary, indent=1, default=float))
-    tmp.replace(run_dir / "summary.json")
+    atomic_json(run_dir / "summary.json", summary)

@@ -11,10 +11,10 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 PARENT_PROGRESS_ENV = "POLYTRAIN_PARENT_PROGRESS"
 
@@ -51,18 +51,23 @@ class RankProgress:
             self._progress = None
 
 
-class FollowProgress:
-    """The launcher's bar: tails a rank's event file in a thread until stopped."""
+class FollowEvents:
+    """Tails a rank's JSON-lines event file in a thread and draws a rich bar until stopped.
 
-    def __init__(self, path: Path, total: int, description: str, console: Console) -> None:
+    Subclasses say which bar (:meth:`_progress`, :meth:`_add_task`) and what an event changes
+    (:meth:`_apply`); :meth:`_wants` skips lines cheaply before they are parsed. `train`'s bar
+    and the RL bar are both followers.
+    """
+
+    interval_s = 0.2
+
+    def __init__(self, path: Path, console: Console) -> None:
         self.path = path
-        self.total = total
-        self.description = description
         self.console = console
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> FollowProgress:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -70,37 +75,69 @@ class FollowProgress:
         self._stop.set()
         self._thread.join(timeout=5)
 
+    def _progress(self) -> Progress:
+        raise NotImplementedError
+
+    def _add_task(self, progress: Progress) -> TaskID:
+        raise NotImplementedError
+
+    def _wants(self, line: str) -> bool:
+        return True
+
+    def _apply(self, progress: Progress, task: TaskID, ev: dict[str, Any]) -> None:
+        raise NotImplementedError
+
     def _run(self) -> None:
-        with make_progress(self.console) as progress:
-            task = progress.add_task(self.description, total=self.total, loss="-")
+        with self._progress() as progress:
+            task = self._add_task(progress)
             offset = 0
             while True:
                 stopping = self._stop.is_set()
                 offset = self._read(progress, task, offset)
                 if stopping:
                     break
-                self._stop.wait(0.2)
+                self._stop.wait(self.interval_s)
 
-    def _read(self, progress: Progress, task: Any, offset: int) -> int:
+    def _read(self, progress: Progress, task: TaskID, offset: int) -> int:
         if not self.path.is_file():
             return offset
         with self.path.open() as f:
             f.seek(offset)
             for line in f:
                 if not line.endswith("\n"):
-                    break
+                    break  # a line still being written: read it whole next time
                 offset += len(line)
-                if '"event": "step"' not in line and '"event": "start"' not in line:
-                    continue  # spans and other events: nothing to draw
-                try:
-                    ev = json.loads(line)
-                except ValueError:
+                if not self._wants(line):
                     continue
-                if ev.get("event") == "step":
-                    progress.update(task, completed=ev["step"], loss=f"{ev['loss']:.4f}")
-                elif ev.get("event") == "start":
-                    progress.update(task, completed=ev.get("first_step", 1) - 1)
+                try:
+                    self._apply(progress, task, json.loads(line))
+                except (ValueError, KeyError, TypeError):
+                    continue
         return offset
+
+
+class FollowProgress(FollowEvents):
+    """The launcher's bar for `train`: steps done of ``total``, and the last loss."""
+
+    def __init__(self, path: Path, total: int, description: str, console: Console) -> None:
+        super().__init__(path, console)
+        self.total = total
+        self.description = description
+
+    def _progress(self) -> Progress:
+        return make_progress(self.console)
+
+    def _add_task(self, progress: Progress) -> TaskID:
+        return progress.add_task(self.description, total=self.total, loss="-")
+
+    def _wants(self, line: str) -> bool:
+        return '"event": "step"' in line or '"event": "start"' in line  # spans etc.: nothing to draw
+
+    def _apply(self, progress: Progress, task: TaskID, ev: dict[str, Any]) -> None:
+        if ev.get("event") == "step":
+            progress.update(task, completed=ev["step"], loss=f"{ev['loss']:.4f}")
+        elif ev.get("event") == "start":
+            progress.update(task, completed=ev.get("first_step", 1) - 1)
 
 
 def wait_for(path: Path, timeout: float) -> bool:

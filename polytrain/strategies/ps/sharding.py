@@ -32,6 +32,9 @@ import torch
 from torch import nn
 
 from polytrain.errors import ConfigError
+from polytrain.runtime.flat import flat_grads as flat_grads  # re-exported: the PS modules' vectors
+from polytrain.runtime.flat import flat_params as flat_params
+from polytrain.runtime.flat import load_flat as load_flat
 
 SHARDINGS = ("layer", "size")
 Sharding = Literal["layer", "size"]
@@ -210,23 +213,3 @@ def make_plan(kind: str, params: list[ParamInfo], servers: int) -> ShardPlan:
 
 def param_infos(model: nn.Module) -> list[ParamInfo]:
     return [ParamInfo(n, tuple(p.shape)) for n, p in model.named_parameters()]
-
-
-def flat_params(model: nn.Module) -> torch.Tensor:
-    """The model's flat parameter vector (N,), a copy."""
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def flat_grads(model: nn.Module) -> torch.Tensor:
-    """The model's flat gradient vector (N,); missing gradients count as zeros."""
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                      for p in model.parameters()])
-
-
-@torch.no_grad()
-def load_flat(model: nn.Module, flat: torch.Tensor) -> None:
-    """Copy a flat vector (N,) into the model's parameters."""
-    pos = 0
-    for p in model.parameters():
-        p.copy_(flat[pos : pos + p.numel()].view_as(p))
-        pos += p.numel()

@@ -1,0 +1,91 @@
+"""Files and ports that every launcher shares: `train`'s elastic launcher, the RL supervisor and
+the planner's measurement runs.
+
+* :func:`free_port` — a free TCP port on the loopback interface, for a local rendezvous;
+* :func:`make_run_dir` — a new run directory (``--out`` or ``runs/<time>-<label>``), never one
+  that holds a finished run;
+* :func:`write_error_record` / :func:`read_error_record` — ``ranks/rank{R}.error.json``, what a
+  failing rank writes before it exits so that its launcher can name the rank, step and cause;
+* :func:`atomic_json` — write a JSON file by rename, so a reader never sees half of it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from polytrain.errors import ConfigError
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port free on ``host`` now (the OS picks it; bound and released at once)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def make_run_dir(out: str | None, label: str, base: Path = Path("runs"), *,
+                 resume_hint: bool = False) -> Path:
+    """``out`` if given (it must not hold another run), else ``base/<time>-<label>[-i]``."""
+    if out:
+        path = Path(out)
+        if (path / "summary.json").exists() or (path / "config.toml").exists():
+            hint = f", or continue it with --resume {path}" if resume_hint else ""
+            raise ConfigError(f"--out {path} already holds a run; polytrain never overwrites one. "
+                              f"Choose another --out{hint}.")
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--out {path}: cannot create the run directory ({exc.strerror}). "
+                              "Choose a writable path.") from None
+        return path
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for i in range(1000):
+        path = base / (f"{stamp}-{label}" + (f"-{i}" if i else ""))
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise ConfigError(f"Cannot create the run directory {path} ({exc.strerror}). Run from a "
+                              "writable directory or pass --out.") from None
+    raise ConfigError(f"Cannot create a run directory under {base}: too many runs this second.")
+
+
+def atomic_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=float))
+    tmp.replace(path)
+
+
+def _error_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / "ranks" / f"rank{rank}.error.json"
+
+
+def write_error_record(run_dir: Path, rank: int, exc: BaseException, step: int | None = None) -> None:
+    """Best effort: a rank that cannot write its record still fails, and its launcher says so."""
+    record: dict[str, Any] = {"rank": rank, "error": f"{type(exc).__name__}: {exc}",
+                              "traceback": "".join(traceback.format_exception(exc))}
+    if step is not None:
+        record["step"] = step
+    try:
+        path = _error_path(run_dir, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1))
+    except OSError:
+        pass
+
+
+def read_error_record(run_dir: Path, rank: int) -> dict[str, Any] | None:
+    try:
+        record = json.loads(_error_path(run_dir, rank).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "error" in record else None
