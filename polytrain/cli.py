@@ -27,6 +27,8 @@ JOB_FLAGS: list[tuple[str, str, Any, str]] = [
     ("optimizer", "--optimizer", str, "sgd | momentum | adam; default adam"),
     ("momentum", "--momentum", float, "momentum for --optimizer momentum; default 0.9"),
     ("weight_decay", "--weight-decay", float, "L2 weight decay; default 0"),
+    ("loss", "--loss", str, "loss as pkg.module:fn(output, targets) (default: the task's "
+     "cross-entropy, or the loss the model returns)"),
     ("seed", "--seed", int, "seed of initialisation and data order; default 0"),
     ("eval_every", "--eval-every", int, "evaluate on the test split every N steps (0: at the end)"),
     ("checkpoint_every", "--checkpoint-every", int, "write a checkpoint every N steps (0: never)"),

@@ -53,6 +53,7 @@ class JobConfig(BaseModel):
     momentum: float = 0.9
     weight_decay: float = 0.0
     seed: int = 0
+    loss: str | None = None  # pkg.mod:fn, fn(output, targets) -> scalar; default: task loss
     options: dict[str, Any] = {}
     model_options: dict[str, Any] = {}
     data_options: dict[str, Any] = {}

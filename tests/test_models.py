@@ -230,7 +230,7 @@ def test_cnn_reaches_95_percent_on_digits_in_300_steps(one_thread):
         ("alexnet", {"width": 10}, "digits", {}, ["width=10", "multiple of 6"]),
         ("alexnet", {"stem": "imagenet"}, "digits", {}, ["ImageNet stem", "stem=small"]),
         ("seq2seq-lstm", {"hidden": 7}, "chars", CHARS, ["hidden=7", "multiple of 2"]),
-        ("mod:f", {"x": 1}, "digits", {}, ["options apply to zoo models only"]),
+
         ("a b:c", None, "digits", {}, ["'package.module:factory'"]),
     ],
 )

@@ -9,7 +9,8 @@ from typing import Any
 from polytrain.config import JobConfig, load_config, total_steps
 from polytrain.data import DataSpec, dataset_spec, validate_dataset_options
 from polytrain.errors import ConfigError
-from polytrain.models import is_user_model, load_user_model, validate_model
+from polytrain.models import is_user_model, validate_model
+from polytrain.models.contract import check_job
 from polytrain.runtime.supports import Request, refusal, requested
 from polytrain.strategies import Strategy, get_strategy_class, make_strategy, registry
 
@@ -66,15 +67,9 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
     check_supports(cfg, request, strategy)
     validate_dataset_options(cfg.dataset, cfg.data_options)
     spec = dataset_spec(cfg.dataset, cfg.data_options)
-    if is_user_model(cfg.model):
-        if cfg.model_options:
-            raise ConfigError(
-                f"--set model.* options ({', '.join(cfg.model_options)}) apply to zoo models only; "
-                f"'{cfg.model}' is your own factory: give it defaults or read your own settings."
-            )
-        load_user_model(cfg.model, spec)
-    else:
-        validate_model(cfg.model, spec, cfg.model_options)
+    validate_model(cfg.model, spec, cfg.model_options)
+    if is_user_model(cfg.model) or cfg.loss or ":" in cfg.dataset:
+        check_job(cfg.model, cfg.model_options, spec, cfg.loss, cfg.dataset, cfg.data_options)
     if cfg.slow_rank is not None and not 0 <= cfg.slow_rank < cfg.procs:
         raise ConfigError(
             f"slow_rank={cfg.slow_rank} is not a rank of this job (ranks 0..{cfg.procs - 1}). "

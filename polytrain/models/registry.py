@@ -51,9 +51,10 @@ def model_names() -> list[str]:
 
 
 class UserModelOptions(BaseModel):
-    """A user factory (``pkg.mod:factory``) takes no options from polytrain."""
+    """A user factory's keyword arguments (``--set model.KEY=VALUE``), checked when it is called
+    against the factory's own signature (see :mod:`polytrain.models.factory`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True)
 
 
 def is_user_model(name: str) -> bool:
@@ -83,19 +84,15 @@ def validate_model(name: str, spec: DataSpec, options: Mapping[str, Any] | BaseM
     """Check a model name, its options and its fit to ``spec`` without building it.
 
     A user target (``pkg.mod:factory``) is only checked for syntax here (importing it may have
-    side effects); it takes no options.
+    side effects); its options are checked against its signature when it is built.
     """
     if is_user_model(name):
         from polytrain.models.user import split_target
 
         split_target(name)
-        if options:
-            raise ConfigError(
-                f"Model options {sorted(options)} were given for the user model '{name}', but "
-                "options apply to zoo models only. Give your factory its settings yourself, or "
-                f"use a zoo model: {', '.join(model_names())}."
-            )
-        return UserModelOptions()
+        if isinstance(options, BaseModel):
+            options = options.model_dump()
+        return UserModelOptions(**dict(options or {}))
     if name not in MODELS:
         raise unknown("model", name, MODELS, fix="Or give your own as 'pkg.module:factory'.")
     entry = MODELS[name]
@@ -119,7 +116,7 @@ def build_model(
     if is_user_model(name):
         from polytrain.models.user import load_user_model
 
-        return load_user_model(name, spec)
+        return load_user_model(name, spec, opts.model_dump())
     return MODELS[name].factory(spec, opts)
 
 

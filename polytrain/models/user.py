@@ -1,77 +1,60 @@
-"""User models: ``--model pkg.module:factory``.
+"""User models: ``--model pkg.module:factory`` and ``--model torchvision:NAME``.
 
-``factory()`` or ``factory(spec)`` (spec is passed when the callable takes at least one positional
-parameter) returns an ``nn.Sequential``, any other ``nn.Module`` (wrapped as a one-child
-Sequential, so layer-wise strategies see it as a single layer), or a list/tuple of modules (the
-ordered layers). Every failure is a ConfigError that says what went wrong and how to fix it.
+The factory is called by parameter name (see :mod:`polytrain.models.factory`) and returns an
+``nn.Sequential`` (its children are the ordered layers), a list/tuple of modules (the layers), or
+any other ``nn.Module``. The last is held as a one-child :class:`UserModule`; pipeline and
+model-parallel strategies cut it into stages by tracing (:mod:`polytrain.models.trace`).
+
+A module whose ``forward`` takes the targets (a parameter named ``targets``, ``target``,
+``labels`` or ``y``, as nanoGPT and Hugging Face models do) receives them by that keyword; it may
+return ``(output, loss)`` or a dict with ``loss`` (see :mod:`polytrain.models.outputs`).
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import os
-import sys
-from collections.abc import Callable
-from types import ModuleType
+from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from polytrain.data import DataSpec
 from polytrain.errors import ConfigError
+from polytrain.models.factory import factory_kwargs
+from polytrain.targets import load_callable, split_target
+
+__all__ = ["UserModule", "as_sequential", "load_user_model", "split_target", "targets_keyword"]
 
 _EXPECTED = "an nn.Module (ideally an nn.Sequential of its layers) or a list/tuple of nn.Modules"
+TARGET_NAMES = ("targets", "target", "labels", "y")
 
 
-def split_target(target: str) -> tuple[str, str]:
-    """'pkg.mod:factory' -> ('pkg.mod', 'factory'), or a ConfigError explaining the syntax."""
-    module, sep, attr = target.partition(":")
-    valid = all(p.isidentifier() for p in module.split(".")) and all(
-        p.isidentifier() for p in attr.split(".")
-    )
-    if not sep or not valid:
-        raise ConfigError(
-            f"User model '{target}' must be written 'package.module:factory' (a module path, a "
-            "colon, then the callable's name), e.g. 'mynet:build'."
-        )
-    return module, attr
-
-
-def _import(module: str, target: str) -> ModuleType:
-    # A console script does not put the working directory on sys.path; `python -m` does. Users
-    # expect `--model mynet:build` to find ./mynet.py, so the cwd is appended (last: installed
-    # packages still win).
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
-    importlib.invalidate_caches()
+def targets_keyword(module: nn.Module) -> str | None:
+    """The name under which ``module.forward`` takes the targets, or None."""
     try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ConfigError(
-            f"Cannot import module '{module}' for user model '{target}': "
-            f"{type(exc).__name__}: {exc}. The module must be importable from the current "
-            f"directory ({cwd}) or PYTHONPATH."
-        ) from exc
-    except Exception as exc:  # the module itself raised while importing (SyntaxError, ...)
-        raise ConfigError(
-            f"Importing module '{module}' for user model '{target}' raised "
-            f"{type(exc).__name__}: {exc}. Fix the module so that it imports cleanly."
-        ) from exc
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    return next((n for n in TARGET_NAMES if n in params), None)
 
 
-def _takes_argument(factory: Callable[..., Any]) -> bool:
-    try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):  # builtins without a signature: call with nothing
-        return False
-    positional = (
-        inspect.Parameter.POSITIONAL_ONLY,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        inspect.Parameter.VAR_POSITIONAL,
-    )
-    return any(p.kind in positional for p in params)
+class UserModule(nn.Sequential):
+    """One user module as a one-layer Sequential (state_dict keys ``0.*``).
+
+    ``forward(x, targets)`` hands the targets on when the module's forward takes them.
+    """
+
+    def forward(self, x: Any, targets: torch.Tensor | None = None) -> Any:  # type: ignore[override]
+        inner = self[0]
+        key = targets_keyword(inner)
+        if targets is not None and key is not None:
+            return inner(x, **{key: targets})
+        return inner(x)
+
+    @property
+    def takes_targets(self) -> bool:
+        return targets_keyword(self[0]) is not None
 
 
 def as_sequential(result: object, target: str) -> nn.Sequential:
@@ -79,7 +62,7 @@ def as_sequential(result: object, target: str) -> nn.Sequential:
     if isinstance(result, nn.Sequential):
         return result
     if isinstance(result, nn.Module):
-        return nn.Sequential(result)
+        return UserModule(result)
     if isinstance(result, (list, tuple)) and result:
         for i, item in enumerate(result):
             if not isinstance(item, nn.Module):
@@ -93,30 +76,49 @@ def as_sequential(result: object, target: str) -> nn.Sequential:
     raise ConfigError(f"User model '{target}' returned {what}. Expected {_EXPECTED}.")
 
 
-def load_user_model(target: str, spec: DataSpec) -> nn.Sequential:
-    """Import ``pkg.mod:factory``, call it (with ``spec`` if it takes a parameter), wrap it."""
-    module_name, attr = split_target(target)
-    obj: Any = _import(module_name, target)
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            public = sorted(n for n in dir(obj) if not n.startswith("_"))[:20]
-            raise ConfigError(
-                f"Module '{module_name}' has no attribute '{attr}' (user model '{target}'). "
-                f"Names it defines: {', '.join(public) or 'none'}."
-            )
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ConfigError(
-            f"User model '{target}' names a {type(obj).__name__}, which is not callable. Point "
-            "it at a function or class that returns the model, e.g. 'mynet:build'."
-        )
-    args = (spec,) if _takes_argument(obj) else ()
+def _torchvision(name: str, spec: DataSpec, options: Mapping[str, Any]) -> nn.Module:
+    """``torchvision.models.NAME(num_classes=classes of the data, **options)``, untrained."""
     try:
-        result = obj(*args)
-    except Exception as exc:
-        called = f"{attr}(spec)" if args else f"{attr}()"
+        import torchvision.models as tvm
+    except Exception as exc:  # not installed, or built against another torch
         raise ConfigError(
-            f"User model factory {module_name}.{called} raised {type(exc).__name__}: {exc}. "
-            f"It was called with {'the dataset spec ' + repr(spec) if args else 'no arguments'}."
+            f"--model torchvision:{name} needs torchvision, which does not import here "
+            f"({type(exc).__name__}: {exc}). Install the torchvision build matching torch "
+            f"{torch.__version__}, or give the model as pkg.module:factory.") from exc
+    names = sorted(tvm.list_models(module=tvm))
+    if name not in names:
+        from polytrain.errors import unknown
+
+        raise unknown("torchvision model", name, names)
+    if spec.input_dtype != "float" or len(spec.input_shape) != 3 or spec.input_shape[0] != 3:
+        raise ConfigError(
+            f"torchvision:{name} takes (3, H, W) images; dataset '{spec.name}' gives "
+            f"{spec.input_shape} {spec.input_dtype}. Use e.g. --dataset synthetic-images "
+            "--set data.channels=3.")
+    model: nn.Module = tvm.get_model(name, weights=None, **{"num_classes": spec.num_classes,
+                                                             **dict(options)})
+    return model
+
+
+def _call(fn: Any, spec: DataSpec, options: Mapping[str, Any], target: str) -> object:
+    label = f"User model factory '{target}'"
+    kwargs = factory_kwargs(fn, spec, options, label)
+    try:
+        return fn(**kwargs)
+    except Exception as exc:
+        shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise ConfigError(
+            f"{label} raised {type(exc).__name__}: {exc}. It was called as "
+            f"{target.partition(':')[2]}({shown})."
         ) from exc
-    return as_sequential(result, target)
+
+
+def load_user_model(target: str, spec: DataSpec,
+                    options: Mapping[str, Any] | None = None) -> nn.Sequential:
+    """Import ``pkg.mod:factory``, call it by parameter name, and hold the result as layers."""
+    options = dict(options or {})
+    module, _, name = target.partition(":")
+    if module == "torchvision":
+        return as_sequential(_torchvision(name, spec, options), target)
+    fn = load_callable(target)
+    return as_sequential(_call(fn, spec, options, target), target)

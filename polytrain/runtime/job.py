@@ -16,6 +16,8 @@ from polytrain.comm import Comm
 from polytrain.config import JobConfig, total_steps
 from polytrain.data import Dataset, DataSpec, load_dataset, task_correct, task_loss
 from polytrain.models import resolve_model
+from polytrain.models.outputs import LossFn, loss_of, output_of
+from polytrain.models.user import UserModule
 from polytrain.runtime.batches import GlobalBatches
 from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.progress import RankProgress
@@ -23,7 +25,7 @@ from polytrain.runtime.recorder import Recorder
 
 # Fields that change what is computed: a checkpoint only resumes a job that agrees on all of them.
 FINGERPRINT_FIELDS = ("strategy", "model", "dataset", "batch_size", "lr", "optimizer", "momentum",
-                      "weight_decay", "seed", "options", "model_options", "data_options", "procs")
+                      "weight_decay", "seed", "loss", "options", "model_options", "data_options", "procs")
 
 
 def fingerprint(cfg: JobConfig, view: dict[str, Any] | None = None) -> str:
@@ -42,6 +44,9 @@ class Job:
 
     config: JobConfig
     dataset: Dataset
+    # Set by build_model: the model's forward takes the targets (nanoGPT's forward(idx, targets)).
+    takes_targets: bool = field(default=False, init=False)
+    _loss_fn: LossFn | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def from_config(cls, cfg: JobConfig) -> Job:
@@ -62,7 +67,9 @@ class Job:
     def build_model(self) -> nn.Sequential:
         """The model as an ordered list of layers, identically initialised on every rank."""
         torch.manual_seed(self.config.seed)
-        return resolve_model(self.config.model, self.spec, self.config.model_options)
+        model = resolve_model(self.config.model, self.spec, self.config.model_options)
+        self.takes_targets = isinstance(model, UserModule) and model.takes_targets
+        return model
 
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
         c = self.config
@@ -71,8 +78,26 @@ class Job:
         momentum = c.momentum if c.optimizer == "momentum" else 0.0
         return torch.optim.SGD(params, lr=c.lr, momentum=momentum, weight_decay=c.weight_decay)
 
-    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return task_loss(self.spec, out, y)
+    def loss(self, out: Any, y: torch.Tensor) -> torch.Tensor:
+        """The loss the model returned, else ``--loss`` on its output, else the task's loss."""
+        own = loss_of(out)
+        if own is not None:
+            return own
+        if self.config.loss is not None and self._loss_fn is None:
+            from polytrain.targets import load_callable
+
+            self._loss_fn = load_callable(self.config.loss, "loss function")
+        if self._loss_fn is not None:
+            return self._loss_fn(output_of(out), y)
+        return task_loss(self.spec, output_of(out), y)
+
+    def forward(self, forward: Any, x: torch.Tensor, y: torch.Tensor) -> Any:
+        """``forward(x)``, or ``forward(x, y)`` for a model whose forward takes the targets."""
+        return forward(x, y) if self.takes_targets else forward(x)
+
+    def forward_loss(self, forward: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The loss of one batch through ``forward`` (the model, DDP, ...)."""
+        return self.loss(self.forward(forward, x, y), y)
 
     def batches(self) -> GlobalBatches:
         return GlobalBatches(self.dataset.x_train, self.dataset.y_train, self.batch_size,
@@ -88,10 +113,11 @@ class Job:
         correct = counted = 0
         loss_sum = 0.0
         for i in range(0, x.shape[0], batch):
-            out = forward(x[i : i + batch])
-            c, n = task_correct(self.spec, out, y[i : i + batch])
+            xb, yb = x[i : i + batch], y[i : i + batch]
+            out = self.forward(forward, xb, yb) if hasattr(forward, "eval") else forward(xb)
+            c, n = task_correct(self.spec, output_of(out), yb)
             correct, counted = correct + c, counted + n
-            loss_sum += float(self.loss(out, y[i : i + batch])) * out.shape[0]
+            loss_sum += float(self.loss(out, yb)) * xb.shape[0]
         if was_training:
             forward.train()
         return {"accuracy": correct / max(counted, 1), "loss": loss_sum / max(x.shape[0], 1)}

@@ -90,7 +90,7 @@ def plain_step(job: Job, ctx: RankContext, forward: Callable[[torch.Tensor], tor
         x, y = x.to(ctx.device), y.to(ctx.device)
         optimizer.zero_grad(set_to_none=True)
         with rec.span("forward", step=i):
-            loss = job.loss(forward(x), y)
+            loss = job.forward_loss(forward, x, y)
         with rec.span("backward", step=i):
             loss.backward()
         if before_update is not None:

@@ -1,0 +1,163 @@
+"""User datasets: ``--dataset pkg.module:factory``.
+
+The factory is called by parameter name: ``seed`` (the job's seed) and any ``--set data.KEY=VALUE``
+options. It returns one of
+
+* a map-style ``torch.utils.data.Dataset`` of ``(x, y)`` samples (the training split), or a
+  tuple ``(train, test)`` of them;
+* tensors: ``(x, y)`` or ``(x_train, y_train, x_test, y_test)``;
+* a dict with ``train`` (and ``test``) datasets or ``x_train``/``y_train``/``x_test``/``y_test``
+  tensors, and optionally ``task`` ("classify" | "lm") and ``num_classes`` where the sample
+  cannot tell them.
+
+Samples are stacked into tensors once (every built-in dataset is in memory too), so each rank
+takes its part of each global batch as for any dataset: one seeded permutation per epoch, rank p
+of D the p-th slice of each global batch (DistributedSampler's semantics: no sample twice per
+epoch, the union over ranks is the whole batch). The task is inferred from a sample: integer
+scalar labels -> classify with max label + 1 classes; integer token inputs with labels of the
+same shape -> lm over max token + 1 symbols. Without a test split the evaluation uses the
+training split (its spec's ``test_size`` is then the training size).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from polytrain.data.base import Dataset, DataSpec
+from polytrain.errors import ConfigError
+from polytrain.targets import load_callable
+
+EXPECTED = ("a map-style torch Dataset of (x, y) samples, a tuple (train, test) of them, tensors "
+            "(x, y) or (x_train, y_train, x_test, y_test), or a dict of those")
+
+
+def is_user_dataset(name: str) -> bool:
+    return ":" in name
+
+
+def _stack(ds: Any, target: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every (x, y) sample of a map-style dataset as two tensors."""
+    try:
+        n = len(ds)
+    except TypeError:
+        raise ConfigError(f"Dataset '{target}' returned a {type(ds).__name__} for {split} without "
+                          f"len(): polytrain takes map-style datasets. Expected {EXPECTED}.") from None
+    if n == 0:
+        raise ConfigError(f"Dataset '{target}': the {split} split is empty.")
+    xs, ys = [], []
+    for i in range(n):
+        item = ds[i]
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise ConfigError(f"Dataset '{target}': {split}[{i}] is a {type(item).__name__}, "
+                              "not an (x, y) pair. Return (input, label) from __getitem__.")
+        xs.append(torch.as_tensor(item[0]))
+        ys.append(torch.as_tensor(item[1]))
+    try:
+        return torch.stack(xs), torch.stack(ys)
+    except RuntimeError as exc:
+        raise ConfigError(f"Dataset '{target}': {split} samples differ in shape ({exc}); every "
+                          "x must have one shape, and every y.") from None
+
+
+def _tensors(obj: Any, target: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(obj, (tuple, list)) and len(obj) == 2 and all(
+            isinstance(t, torch.Tensor) for t in obj):
+        return obj[0], obj[1]
+    return _stack(obj, target, split)
+
+
+def _splits(result: Any, target: str) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
+    """(x_train, y_train, x_test, y_test) (the test pair may be empty) and declared metadata."""
+    meta: dict[str, Any] = {}
+    train: Any
+    test: Any
+    if isinstance(result, Mapping):
+        meta = {k: result[k] for k in ("task", "num_classes") if k in result}
+        if "x_train" in result:
+            parts = [result.get(k) for k in ("x_train", "y_train", "x_test", "y_test")]
+            train, test = (parts[0], parts[1]), (parts[2], parts[3]) if parts[2] is not None else None
+        else:
+            train, test = result.get("train"), result.get("test")
+    elif isinstance(result, (tuple, list)) and len(result) == 4 and all(
+            isinstance(t, torch.Tensor) for t in result):
+        train, test = (result[0], result[1]), (result[2], result[3])
+    elif isinstance(result, (tuple, list)) and len(result) == 2 and not all(
+            isinstance(t, torch.Tensor) for t in result):
+        train, test = result
+    else:
+        train, test = result, None
+    if train is None:
+        raise ConfigError(f"Dataset '{target}' returned no training split. Expected {EXPECTED}.")
+    x, y = _tensors(train, target, "train")
+    xt, yt = _tensors(test, target, "test") if test is not None else (x[:0], y[:0])
+    return (x, y, xt, yt), meta
+
+
+def _spec(name: str, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor,
+          meta: dict[str, Any]) -> DataSpec:
+    floating = x.is_floating_point()
+    if y.is_floating_point():
+        raise ConfigError(f"Dataset '{name}': labels are {y.dtype}; polytrain's tasks take "
+                          "integer class ids (classify) or next-token ids (lm).")
+    lm = not floating and y.shape == x.shape and y.dim() == 2
+    task = meta.get("task", "lm" if lm else "classify")
+    if task not in ("classify", "lm"):
+        raise ConfigError(f"Dataset '{name}': task '{task}' is not one of classify, lm.")
+    if task == "classify" and y.dim() != 1:
+        raise ConfigError(f"Dataset '{name}': classify labels must be one class id per sample; "
+                          f"got labels of shape {tuple(y.shape[1:])} per sample.")
+    top = [int(y.max()), int(yt.max()) if yt.numel() else 0]
+    if task == "lm":
+        top += [int(x.max()), int(xt.max()) if xt.numel() else 0]
+    classes = int(meta.get("num_classes", max(top) + 1))
+    return DataSpec(name, task, tuple(x.shape[1:]), "float" if floating else "long", classes,
+                    int(x.shape[0]), int(xt.shape[0]) or int(x.shape[0]))
+
+
+def _kwargs(fn: Any, options: Mapping[str, Any], seed: int, target: str) -> dict[str, Any]:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    unknown = [k for k in options if k not in params and not var_kw]
+    if unknown:
+        raise ConfigError(f"Unknown data option '{unknown[0]}' for dataset '{target}'. Its "
+                          f"parameters: {', '.join(params) or 'none'}.")
+    kwargs = dict(options)
+    if "seed" in params and "seed" not in kwargs:
+        kwargs["seed"] = seed
+    return kwargs
+
+
+@functools.lru_cache(maxsize=4)
+def _load(target: str, options_json: str, seed: int) -> Dataset:
+    fn = load_callable(target, "user dataset")
+    kwargs = _kwargs(fn, json.loads(options_json), seed, target)
+    try:
+        result = fn(**kwargs)
+    except Exception as exc:
+        raise ConfigError(f"Dataset factory '{target}' raised {type(exc).__name__}: {exc} "
+                          f"(called with {kwargs}).") from exc
+    (x, y, xt, yt), meta = _splits(result, target)
+    if x.is_floating_point():
+        x, xt = x.float(), xt.float()
+    else:
+        x, xt = x.long(), xt.long()
+    y, yt = y.long(), yt.long()
+    spec = _spec(target, x, y, xt, yt, meta)
+    if xt.shape[0] == 0:  # no test split: evaluate on the training data (said in the summary)
+        xt, yt = x, y
+    return Dataset(spec, x, y, xt, yt)
+
+
+def load_user_dataset(target: str, options: Mapping[str, Any] | None, seed: int = 0) -> Dataset:
+    """Build (once per process) and return the user's dataset as in-memory tensors."""
+    return _load(target, json.dumps(dict(options or {}), sort_keys=True, default=str), seed)
+
