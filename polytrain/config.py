@@ -34,6 +34,9 @@ OPTIMIZERS = ("sgd", "momentum", "adam")
 # Straggler emulation works with every strategy: --set slow_rank=R --set slow_factor=F makes
 # rank R take F times as long for each unit of its work (it sleeps (F-1) x its compute time).
 STRAGGLER_KEYS = ("slow_rank", "slow_factor")
+# Options of the model whatever the strategy: --set split=PATHS|auto cuts a user's module into
+# traced stages (polytrain/models/trace.py), so it goes to model_options.
+MODEL_KEYS = ("split",)
 
 
 class JobConfig(BaseModel):
@@ -176,6 +179,9 @@ def apply_sets(data: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
         field = buckets.get(prefix, "options") if dot else "options"
         if key in STRAGGLER_KEYS:  # usable with every strategy, so a job field
             out[key] = parse_value(raw.strip())
+            continue
+        if key in MODEL_KEYS:
+            out["model_options"] = {**out.get("model_options", {}), key: raw.strip()}
             continue
         name = rest if dot and prefix in buckets else key
         if dot and prefix not in buckets:

@@ -43,7 +43,7 @@ BAD = [
     (["--procs", "3", "--batch-size", "64"], "multiple of 3"),
     (["--strategy", "single"], "exactly 1 process"),
     (["--model", "no_such_pkg.nets:make"], "no_such_pkg"),
-    (["--model", "json:dumps"], "factory json.dumps.*raised TypeError"),
+    (["--model", "json:dumps"], "factory .json:dumps. requires argument .obj."),
     (["--config", "/nonexistent/job.toml"], "Cannot read config file"),
     (["--set", "bucket=1"], "unknown option 'bucket'.*bucket_mb"),
     (["--set", "model.widht=3"], "widht"),

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import polytrain
+from polytrain.errors import ConfigError
 from tests.conftest import assert_same_params, load_model, step_losses
 
 pytestmark = pytest.mark.slow
@@ -40,3 +41,46 @@ def test_user_jobs_allreduce_equal_single(tmp_path: Path, case: str) -> None:
         assert a[s] == pytest.approx(b[s], rel=1e-5, abs=1e-6)
     assert ours["final_loss"] == pytest.approx(ref["final_loss"], rel=1e-5)
     assert ours["eval"]["loss"] == pytest.approx(ref["eval"]["loss"], rel=1e-4)
+
+
+RESNET = {"model": "userzoo.resnet:resnet18", "dataset": "synthetic-images",
+          "data_options": {"size": 16, "train": 256, "test": 64},
+          "model_options": {"width": 4}}
+UNTIED = {**GPT, "model": "userzoo.nanogpt:UntiedGPT",
+          "model_options": {**GPT["model_options"], "split": "transformer.h.1"}}
+
+
+def test_resnet18_allreduce_equals_single(tmp_path: Path) -> None:
+    """GroupNorm: data-parallel BatchNorm normalises each rank's part (as DDP does without
+    SyncBatchNorm), so only a per-sample norm makes W ranks equal one process."""
+    job = {**RESNET, "model_options": {"width": 4, "norm": "group"}}
+    train(tmp_path / "single", "single", 1, **job)
+    train(tmp_path / "ar", "allreduce", 2, **job)
+    assert_same_params(load_model(tmp_path / "ar"), load_model(tmp_path / "single"))
+
+
+def test_resnet18_gpipe_split_auto_equals_single_at_one_microbatch(tmp_path: Path) -> None:
+    """With M > 1 BatchNorm would see micro-batch statistics (as in GPipe); M = 1 is exact."""
+    job = {**RESNET, "model_options": {"width": 4, "split": "auto"}}
+    train(tmp_path / "single", "single", 1, **job)
+    train(tmp_path / "gp", "gpipe", 2, options={"microbatches": 1}, **job)
+    assert_same_params(load_model(tmp_path / "gp"), load_model(tmp_path / "single"))
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_traced_gpt_pipeline_equals_single_after_20_steps(tmp_path: Path, schedule: str) -> None:
+    common = {**UNTIED, "steps": 20, "batch_size": 8, "seed": 3, "optimizer": "sgd", "lr": 0.1}
+    polytrain.train(strategy="single", procs=1, out=str(tmp_path / "single"), **common)
+    polytrain.train(strategy=schedule, procs=2, out=str(tmp_path / "pp"),
+                    options={"microbatches": 4}, **common)
+    a, b = step_losses(tmp_path / "pp"), step_losses(tmp_path / "single")
+    assert len(a) == 20
+    for s in a:
+        assert a[s] == pytest.approx(b[s], abs=1e-5)
+
+
+def test_tied_gpt_split_refused_before_launch(tmp_path: Path) -> None:
+    job = {**GPT, "model_options": {**GPT["model_options"], "split": "transformer.h.1"}}
+    with pytest.raises(ConfigError, match="tied weights"):
+        train(tmp_path / "pp", "gpipe", 2, **job)
+    assert not (tmp_path / "pp").exists()

@@ -111,13 +111,31 @@ def validate_model(name: str, spec: DataSpec, options: Mapping[str, Any] | BaseM
 def build_model(
     name: str, spec: DataSpec, options: Mapping[str, Any] | BaseModel | None = None
 ) -> nn.Sequential:
-    """Build zoo model ``name`` for ``spec``; initialisation follows ``torch.manual_seed``."""
-    opts = validate_model(name, spec, options)
-    if is_user_model(name):
-        from polytrain.models.user import load_user_model
+    """Build zoo model ``name`` for ``spec``; initialisation follows ``torch.manual_seed``.
 
-        return load_user_model(name, spec, opts.model_dump())
-    return MODELS[name].factory(spec, opts)
+    The model option ``split`` (``--set split=PATHS|auto``) cuts a user's module into traced
+    stage segments (:mod:`polytrain.models.trace`)."""
+    if isinstance(options, BaseModel):
+        options = options.model_dump()
+    options = dict(options or {})
+    split = options.pop("split", None)
+    opts = validate_model(name, spec, options)
+    if not is_user_model(name):
+        if split is not None:
+            raise ConfigError(f"split={split!r} applies to your own modules; zoo model '{name}' "
+                              "is already a list of layers: use --set partition=... instead.")
+        return MODELS[name].factory(spec, opts)
+    from polytrain.models.user import UserModule, load_user_model
+
+    model = load_user_model(name, spec, opts.model_dump())
+    if split is None:
+        return model
+    if not isinstance(model, UserModule):
+        raise ConfigError(f"split={split!r}: '{name}' already returns its layers (an "
+                          "nn.Sequential or a list); use --set partition=... to place them.")
+    from polytrain.models.trace import split_model
+
+    return split_model(model[0], str(split))
 
 
 def resolve_model(

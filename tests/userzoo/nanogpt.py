@@ -109,3 +109,11 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
                                    ignore_index=-1)
         return logits, loss
+
+
+class UntiedGPT(GPT):
+    """The same GPT with the output head's weight a separate copy of the embedding's."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__(config)
+        self.lm_head.weight = nn.Parameter(self.transformer.wte.weight.detach().clone())
