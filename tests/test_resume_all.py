@@ -40,6 +40,7 @@ JOBS: dict[str, list[str]] = {
     # ssp and async apply each push on its own, in arrival order: plain SGD makes the result
     # independent of that order (up to float rounding); momentum would not be
     "ps-ssp": ["--procs", "3", *SGD, "--set", "consistency=ssp", "--set", "staleness=0"],
+    "distbelief": ["--procs", "4", *MLP, "--set", "stages=2", "--set", "consistency=bsp"],
     "sandblaster": ["--procs", "4", "--model", "mlp", "--set", "model.hidden=16", "--set", "servers=2",
                     "--set", "batch=job", "--set", "history=2", "--batch-size", "32", "--lr", "0.5",
                     "--eval-every", "2"],

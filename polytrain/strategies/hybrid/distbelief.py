@@ -32,6 +32,7 @@ from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.model.layerwise import build_stage, check_partition_text, plan
 from polytrain.strategies.pipeline.schedule import stage_orders
+from polytrain.strategies.ps.checkpoint import attach_server, restore_client, save_client
 from polytrain.strategies.ps.consistency import histogram, make_consistency
 from polytrain.strategies.ps.server import ParameterServer, PSClient, gather_shards
 from polytrain.strategies.ps.sharding import (
@@ -82,9 +83,7 @@ class DistBelief(Strategy):
     family = "hybrid"
     summary = "DistBelief/Downpour: model-parallel replicas sharing asynchronous parameter servers"
     Options = DistBeliefOptions
-    supports = Supports().without("its state lives on the parameter servers, which do not "
-                                  "checkpoint here", "checkpoint", "resume").without(
-        "only rank 0 sees the whole model, and only at the end", "eval")
+    supports = Supports().without("only rank 0 sees the whole model, and only at the end", "eval")
 
     @property
     def opts(self) -> DistBeliefOptions:
@@ -106,9 +105,6 @@ class DistBelief(Strategy):
                 f"replicas of {o.stages} ranks. Fix: --procs {fit} (or {fit + o.stages})."
             )
         check_divisible(cfg, lay.replicas, self.name)
-        if cfg.checkpoint_every:
-            raise ConfigError("Strategy 'distbelief' keeps its state on the servers and does not "
-                              "checkpoint (got --checkpoint-every). Drop the flag.")
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         o, lay = self.opts, Layout(self.opts, ctx.world)
@@ -146,7 +142,8 @@ def _train(job: Job, ctx: RankContext, stage: Any, client: PSClient, policy: Any
     batches = job.batches()
     actions = stage_orders("gpipe", stage.count, 1)[stage.index]
     loss = float("nan")
-    for step in range(1, job.steps + 1):
+    start = restore_client(ctx, stage.layers) if ctx.resume else 0  # checkpoints: ps/checkpoint.py
+    for step in range(start + 1, job.steps + 1):
         x, y = batches.shard(step, d, replicas)
         stage.layers.zero_grad(set_to_none=True)
         value = stage.run(actions, [x], [y], [x.shape[0]], step)
@@ -162,6 +159,8 @@ def _train(job: Job, ctx: RankContext, stage: Any, client: PSClient, policy: Any
         ctx.recorder.step(step, loss, samples=step * job.batch_size)
         if ctx.progress is not None:
             ctx.progress.update(step, loss)
+        if job.config.checkpoint_every and step % job.config.checkpoint_every == 0:
+            save_client(ctx, stage.layers, client, step)
     client.done()
     return loss, client.wait_s
 
@@ -175,6 +174,7 @@ def _serve(job: Job, ctx: RankContext, o: DistBeliefOptions, lay: Layout, plans:
     server = ParameterServer(ctx.comm, lay.stage_clients(p), plans[p].gather(flat_params(stage), i),
                              cfg.optimizer, policy, lr=cfg.lr, momentum=cfg.momentum,
                              weight_decay=cfg.weight_decay, recorder=ctx.recorder, straggle=ctx.straggle)
+    attach_server(job, ctx, server, list(range(lay.servers)))
     _start(job, ctx)
     server.serve()
     stats = {"role": "server", "rank": ctx.rank, **server.stats()}

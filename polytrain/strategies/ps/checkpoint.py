@@ -32,7 +32,7 @@ from polytrain.errors import CheckpointError
 from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.job import Job, RankContext
 from polytrain.runtime.loop import commit_checkpoint, newest_checkpoint
-from polytrain.strategies.ps.server import ParameterServer
+from polytrain.strategies.ps.server import ParameterServer, PSClient
 from polytrain.strategies.ps.sharding import ShardPlan
 
 
@@ -137,5 +137,33 @@ def restore_worker(ctx: RankContext, model: nn.Module, index: int, workers: int)
     old_servers = rank_files(ckpt) - workers
     state = CheckpointStore.load_rank(ckpt, old_servers + index)
     model.load_state_dict(state["model"])
+    torch.set_rng_state(state["rng"])
+    return CheckpointStore.step_of(ckpt)
+
+
+def attach_server(job: Job, ctx: RankContext, server: ParameterServer, servers: list[int],
+                  sharding: str = "size") -> int:
+    """For strategies that reuse the server with a fixed layout (distbelief): write checkpoints
+    when the clients ask (``servers``: every server rank, the first seals), and on resume load
+    this rank's own file. Returns the step to continue from."""
+    server.on_save = server_saver(job, ctx, server, servers, sharding)
+    if not ctx.resume:
+        return 0
+    ckpt = newest_checkpoint(ctx)
+    load_server_state(server, CheckpointStore.load_rank(ckpt, ctx.rank))
+    return CheckpointStore.step_of(ckpt)
+
+
+def save_client(ctx: RankContext, module: nn.Module, client: PSClient, step: int) -> None:
+    """A client rank's part of the checkpoint at ``step``: its file, then SAVE to its servers."""
+    ctx.checkpoints.write_rank(step, ctx.rank, worker_state(ctx, module))
+    client.save(step)
+
+
+def restore_client(ctx: RankContext, module: nn.Module) -> int:
+    """Load a client rank's own file (parameters, RNG); returns the step to continue from."""
+    ckpt = newest_checkpoint(ctx)
+    state = CheckpointStore.load_rank(ckpt, ctx.rank)
+    module.load_state_dict(state["model"])
     torch.set_rng_state(state["rng"])
     return CheckpointStore.step_of(ckpt)
