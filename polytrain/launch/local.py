@@ -25,6 +25,7 @@ from polytrain.errors import RankFailure
 from polytrain.launch.prepare import prepare
 from polytrain.launch.records import free_port, read_error_record
 from polytrain.launch.rundir import new_run_dir, read_summary, write_config
+from polytrain.launch.stores import LOOPBACK, stores_bound_to
 from polytrain.runtime.progress import FollowProgress
 
 SHUTDOWN_TIMEOUT_S = 10
@@ -116,7 +117,8 @@ def launch(
     rank0 = run_dir / "ranks" / "rank0.jsonl"
     label = f"{cfg.strategy} ×{cfg.procs}"
     try:
-        with FollowProgress(rank0, prepared.steps, label, console), rank_environment(cfg.procs):
+        with FollowProgress(rank0, prepared.steps, label, console), rank_environment(cfg.procs), \
+                stores_bound_to(LOOPBACK):
             elastic_launch(lc, sys.executable)("-m", "polytrain.launch.rank_main", str(payload_path))
     except ChildFailedError as err:
         raise RankFailure(describe_failure(run_dir, err, cfg.debug)) from None

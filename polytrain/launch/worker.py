@@ -23,6 +23,7 @@ import torch.distributed as dist
 from polytrain.comm import Comm
 from polytrain.config import make_config
 from polytrain.launch.records import write_error_record
+from polytrain.launch.stores import bind_address, tcp_store
 from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.progress import RankProgress
@@ -60,7 +61,7 @@ def init_distributed(backend: str, rank: int, world: int, timeout_s: float) -> N
     port = int(os.environ["MASTER_PORT"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(addr, port, world, is_master=(rank == 0 and not agent_store), timeout=timeout)
+    store = tcp_store(addr, port, world, rank == 0 and not agent_store, timeout, bind=bind_address(addr))
     generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefixed = dist.PrefixStore(f"polytrain/gen{generation}", store)
     dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world, timeout=timeout)

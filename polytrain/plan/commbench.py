@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from polytrain.launch.records import free_port
+from polytrain.launch.stores import LOOPBACK, tcp_store
 
 SIZES = (4_096, 262_144, 2_097_152, 8_388_608)  # bytes
 
@@ -43,7 +45,8 @@ def _time(fn: Any, repeats: int) -> float:
 
 def _worker(rank: int, port: int, repeats: int, queue: Any) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    store = tcp_store(LOOPBACK, port, 2, rank == 0, timedelta(seconds=60), bind=LOOPBACK)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     p2p, ar = [], []
     for size in SIZES:
         t = torch.zeros(size // 4)

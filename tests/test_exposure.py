@@ -1,0 +1,107 @@
+"""A local run listens on loopback only: every listening TCP socket of the launcher and its ranks
+(the c10d rendezvous and agent stores, rank 0's store, gloo's pairs) is bound to 127.0.0.1/::1.
+Read from /proc while the job runs, as an operator's ``ss -ltnp`` would."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from polytrain.launch.stores import BIND_ENV, bind_address, listening_fd
+
+ROOT = Path(__file__).resolve().parent.parent
+LISTEN = "0A"
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def _tree(root: int) -> set[int]:
+    seen, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in seen:
+            seen.add(pid)
+            todo += _children(pid)
+    return seen
+
+
+def _socket_inodes(pids: set[int]) -> set[str]:
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue  # the process ended meanwhile
+    return inodes
+
+
+def _address(hex_addr: str) -> str:
+    raw = bytes.fromhex(hex_addr)
+    if len(raw) == 4:
+        return str(ipaddress.IPv4Address(raw[::-1]))
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+    return str(ipaddress.IPv6Address(words))
+
+
+def _listening(inodes: set[str]) -> set[tuple[str, int]]:
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == LISTEN and f[9] in inodes:
+                addr, port = f[1].split(":")
+                found.add((_address(addr), int(port, 16)))
+    return found
+
+
+@pytest.mark.slow
+def test_a_local_run_listens_on_loopback_only(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "polytrain", "train", "--procs", "2", "--steps", "150",
+                             "--no-report", "--out", str(tmp_path / "run")], env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen: set[tuple[str, int]] = set()
+    try:
+        while proc.poll() is None:
+            seen |= _listening(_socket_inodes(_tree(proc.pid)))
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    assert len(seen) >= 2, f"too few listening sockets seen to judge: {seen}"
+    exposed = {(a, p) for a, p in seen if not ipaddress.ip_address(a).is_loopback}
+    assert not exposed, f"sockets listening beyond loopback: {sorted(exposed)} (all: {sorted(seen)})"
+
+
+def test_rank0_store_binds_loopback_or_the_master_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(BIND_ENV, raising=False)
+    assert bind_address("127.0.0.1") == "127.0.0.1"
+    assert bind_address("localhost") == "127.0.0.1"
+    assert bind_address("10.1.2.3") == "10.1.2.3"  # a multi-host master: its own address, not *
+    monkeypatch.setenv(BIND_ENV, "192.0.2.7")
+    assert bind_address("127.0.0.1") == "192.0.2.7"
+
+
+def test_listening_fd_is_bound_where_asked() -> None:
+    fd = listening_fd("127.0.0.1", 0)
+    with socket.socket(fileno=fd) as s:
+        assert s.getsockname()[0] == "127.0.0.1"
