@@ -1,15 +1,16 @@
 """polytrain's gpipe/1f1b against PyTorch's own ``torch.distributed.pipelining`` (ScheduleGPipe,
 Schedule1F1B): same model, initial weights, partition, micro-batches, data, optimizer and processes.
-Target: polytrain's throughput / PyTorch's >= 1.0. Throughput counts the training steps only
-(process start-up excluded on both sides); each side's clock starts after a barrier.
+Target: polytrain's throughput / PyTorch's >= 1.0.
 
-    python benchmarks/pipeline_torch.py [--steps 30] [--microbatches 4] [--repeats 3]
+    python benchmarks/pipeline_torch.py [--steps 40] [--warmup 5] [--microbatches 4] [--repeats 5]
                                          [--schedules gpipe,1f1b] [--launcher 0|1] [--name NAME]
-                                         [--torch-heap system|keep]
 
-polytrain's stages keep freed memory in the heap (`polytrain.strategies.pipeline.heap`); PyTorch's
-ranks run with glibc's defaults unless ``--torch-heap keep`` gives them the same setting — the
-like-for-like comparison of the two runtimes.
+Equal settings on both sides: the same process settings (polytrain's stages keep freed memory in
+the heap, freeze setup's objects out of the garbage collector and pause it during the loop; the
+PyTorch ranks get exactly the same three settings), the same warm-up exclusion (each side's
+throughput is rank 0's, from the end of step ``--warmup`` to the end of the last step, so
+PyTorch's first-step shape inference and polytrain's first step are both outside the timer), and
+the same number of repeats, the two sides alternating within each pair.
 
 Both runtimes run this file under the same plain torchrun (``--worker gpipe`` for PyTorch's,
 ``--worker polytrain-gpipe`` for polytrain's executor without its launcher); the same job through
@@ -34,7 +35,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from harness import write_results  # noqa: E402
+from harness import fmt_spread, write_results  # noqa: E402
 
 MODEL_OPTIONS = {"depth": 3, "hidden": 1024}
 COUNTS = (2, 2)
@@ -45,14 +46,15 @@ BATCH, LR, SEED = 256, 0.01, 0
 TEARDOWN_CRASHES: list[str] = []
 
 
-def worker(schedule_name: str, steps: int, microbatches: int) -> None:
-    """One rank of the PyTorch pipeline (run by torchrun). ``TORCH_HEAP=keep``: with the heap
-    setting polytrain's stages use (`polytrain.strategies.pipeline.heap`), for a like-for-like
-    comparison of the runtimes alone."""
-    if os.environ.get("TORCH_HEAP") == "keep":
-        from polytrain.strategies.pipeline.heap import keep_heap
+def worker(schedule_name: str, steps: int, microbatches: int, warmup: int) -> None:
+    """One rank of the PyTorch pipeline (run by torchrun), with the process settings polytrain's
+    stages use: the heap kept (`polytrain.strategies.pipeline.heap`), setup's objects frozen, the
+    collector paused during the loop."""
+    import gc
 
-        keep_heap()
+    from polytrain.strategies.pipeline.heap import keep_heap
+
+    keep_heap()
     import torch
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
@@ -74,9 +76,13 @@ def worker(schedule_name: str, steps: int, microbatches: int) -> None:
     schedule = cls(stage, n_microbatches=microbatches, loss_fn=lambda out, y: task_loss(data.spec, out, y))
     optimizer = torch.optim.SGD(module.parameters(), lr=LR, momentum=0.9)
     batches = GlobalBatches(data.x_train, data.y_train, BATCH, SEED)
+    gc.freeze()
+    gc.disable()
     dist.barrier()
     t0, c0 = time.perf_counter(), time.process_time()
     for step in range(1, steps + 1):
+        if step == warmup + 1:
+            t0 = time.perf_counter()
         x, y = batches.shard(step)
         optimizer.zero_grad(set_to_none=True)
         if rank == 0:
@@ -86,9 +92,11 @@ def worker(schedule_name: str, steps: int, microbatches: int) -> None:
         else:
             schedule.step()
         optimizer.step()
+    t1 = time.perf_counter()
     cpu = time.process_time() - c0
+    gc.enable()
     dist.barrier()
-    _report(steps * BATCH / (time.perf_counter() - t0), cpu)
+    _report((steps - warmup) * BATCH / (t1 - t0), cpu)
 
 
 def _report(samples_per_s: float, cpu_s: float) -> None:
@@ -103,7 +111,7 @@ def _report(samples_per_s: float, cpu_s: float) -> None:
     dist.destroy_process_group()
 
 
-def polytrain_worker(schedule_name: str, steps: int, microbatches: int) -> None:
+def polytrain_worker(schedule_name: str, steps: int, microbatches: int, warmup: int) -> None:
     """One rank of polytrain's pipeline under the same torchrun, without polytrain's launcher."""
     import tempfile
 
@@ -150,17 +158,18 @@ def polytrain_worker(schedule_name: str, steps: int, microbatches: int) -> None:
         checkpoints=CheckpointStore(tmp / "checkpoints", "bench"),
     )
     c0 = time.process_time()
-    result = make_strategy(cfg.strategy, cfg.options).run(Job.from_config(cfg), ctx)
-    _report(steps * BATCH / result.wall_s, time.process_time() - c0)
+    make_strategy(cfg.strategy, cfg.options).run(Job.from_config(cfg), ctx)
+    ends = {e["step"]: e["t"] for e in ctx.recorder.events if e["event"] == "step"}
+    _report((steps - warmup) * BATCH / (ends[steps] - ends[warmup]), time.process_time() - c0)
 
 
-def torchrun_side(worker_name: str, steps: int, microbatches: int, torch_heap: str) -> float:
+def torchrun_side(worker_name: str, steps: int, microbatches: int, warmup: int) -> float:
     """samples/s of ``--worker worker_name`` on 2 ranks under plain torchrun."""
     # faulthandler: a rank that aborts at exit prints every thread's Python stack (kept below)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCH_HEAP": torch_heap, "PYTHONFAULTHANDLER": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(Path(__file__).resolve()), "--worker", worker_name, "--steps", str(steps),
-           "--microbatches", str(microbatches)]  # fmt: skip
+           "--microbatches", str(microbatches), "--warmup", str(warmup)]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
     if not lines:
@@ -194,7 +203,7 @@ def compare(schedule: str, args: argparse.Namespace, root: Path) -> dict[str, An
         pair = [("ours", f"polytrain-{schedule}"), ("theirs", schedule)]
         for side, worker_name in pair if i % 2 == 0 else pair[::-1]:
             (ours if side == "ours" else theirs).append(
-                torchrun_side(worker_name, args.steps, args.microbatches, args.torch_heap))
+                torchrun_side(worker_name, args.steps, args.microbatches, args.warmup))
         if args.launcher:
             launched.append(launcher_side(schedule, args.steps, args.microbatches, root))
     med = statistics.median
@@ -203,72 +212,52 @@ def compare(schedule: str, args: argparse.Namespace, root: Path) -> dict[str, An
         "schedule": schedule,
         "P": 2,
         "M": args.microbatches,
-        "torch_heap": args.torch_heap,
-        "polytrain_samples_per_s": med(ours),
-        "torch_pipelining_samples_per_s": med(theirs),
-        "ratio": med(ours) / med(theirs),
-        "ratio_best": max(ours) / max(theirs),
-        "paired_ratio_median": med(paired),
-        "paired_ratio_range": f"{paired[0]:.3f}-{paired[-1]:.3f}",
+        "polytrain samples/s": fmt_spread(ours, 0),
+        "torch.pipelining samples/s": fmt_spread(theirs, 0),
+        "ratio of medians": med(ours) / med(theirs),
+        "paired ratio": fmt_spread(paired, 3),
         "pairs_at_or_above_1": f"{sum(r >= 1.0 for r in paired)}/{len(paired)}",
         "polytrain_train_samples_per_s": med(launched) if launched else float("nan"),
         "polytrain_runs": ours,
         "torch_runs": theirs,
         "polytrain_train_runs": launched,
         "teardown_crashes": TEARDOWN_CRASHES[crashes_before:],
-        "load_avg": os.getloadavg()[0],
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--worker", choices=["gpipe", "1f1b", "polytrain-gpipe", "polytrain-1f1b"])
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=5, help="steps outside the timer on both sides")
     ap.add_argument("--microbatches", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--schedules", default="gpipe,1f1b")
-    ap.add_argument("--launcher", type=int, default=1, help="also time polytrain.train (0: skip)")
+    ap.add_argument("--launcher", type=int, default=0, help="also time polytrain.train (1: do)")
     ap.add_argument("--name", default="pipeline_torch", help="results file name")
-    ap.add_argument("--torch-heap", choices=["system", "keep"], default="system",
-                    help="keep: PyTorch's ranks get the heap setting polytrain's stages use")
     args = ap.parse_args()
     if args.worker:
         name = args.worker.removeprefix("polytrain-")
         run = polytrain_worker if args.worker.startswith("polytrain-") else worker
-        run(name, args.steps, args.microbatches)
+        run(name, args.steps, args.microbatches, args.warmup)
         return
     with tempfile.TemporaryDirectory() as tmp:
         rows = [compare(schedule, args, Path(tmp)) for schedule in args.schedules.split(",")]
     notes = (
-        "mlp depth 3 width 1024 cut 2,2, global batch 256, SGD momentum, 2 ranks on gloo; medians of "
-        f"{args.repeats} interleaved runs of {args.steps} steps (order alternating). polytrain and "
-        "torch.distributed.pipelining "
-        "run under the same plain torchrun (the runtimes alone); ratio = polytrain / torch (medians), "
-        "ratio_best: of each side's best run; paired_ratio: polytrain / torch within each interleaved "
-        "pair (median, range, and how many pairs reached 1.0). polytrain_train: the same job through "
-        "polytrain.train "
-        "(its own launcher), for reference. Throughput counts the training loop only. polytrain's "
-        "stages keep freed memory in the heap (--set heap=keep, the default); torch_heap: PyTorch's "
-        "ranks with glibc's defaults (system) or the same setting (keep)."
+        f"mlp depth 3 width 1024 cut 2,2, global batch 256, SGD momentum, 2 ranks on gloo; {args.repeats} "
+        f"pairs of runs of {args.steps} steps, the order alternating within each pair; throughput: rank "
+        f"0, steps {args.warmup + 1}..{args.steps} (the first {args.warmup} outside the timer on both "
+        "sides). Both under the same plain torchrun with the same process settings (heap kept, setup "
+        "frozen out of the collector, collector paused in the loop). Median (min–max) of the runs; "
+        "paired ratio: polytrain / torch within each pair. polytrain_train: the same job through "
+        "polytrain.train (its own launcher, timer over all steps), for reference only. Measured on the "
+        "shared 2-vCPU development machine with other jobs running (load average in the JSON)."
     )
     write_results(
         args.name,
         rows,
-        [
-            "schedule",
-            "P",
-            "M",
-            "torch_heap",
-            "polytrain_samples_per_s",
-            "torch_pipelining_samples_per_s",
-            "ratio",
-            "ratio_best",
-            "paired_ratio_median",
-            "paired_ratio_range",
-            "pairs_at_or_above_1",
-            "polytrain_train_samples_per_s",
-            "load_avg",
-        ],
+        ["schedule", "P", "M", "polytrain samples/s", "torch.pipelining samples/s", "ratio of medians",
+         "paired ratio", "pairs_at_or_above_1", "polytrain_train_samples_per_s"],
         notes,
     )
 
