@@ -146,3 +146,17 @@ def test_ps_resumes_with_more_servers_by_resharding(tmp_path: Path) -> None:
     assert len(list((part / "checkpoints" / "step-00000006").glob("rank*.pt"))) == 4
     r = run_cli("train", "--resume", str(part), "--procs", "5", "--set", "servers=2")
     assert r.returncode == 2 and "belongs to another job" in r.stderr  # 3 workers instead of 2
+
+
+def test_readme_support_matrix_matches_the_declarations() -> None:
+    from tests.conftest import ROOT
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("### What each strategy honours", 1)[1].split("\n### ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = [c.startswith("yes") for c in cells[1:]]
+    features = ["checkpoint", "resume", "eval", "compression", "torchrun", "testbed"]
+    assert rows == {n: [c.declared().honours(f) for f in features] for n, c in registry().items()}
