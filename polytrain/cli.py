@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     from polytrain.rl.cli import add_rl_parser
 
     add_rl_parser(sub)
+    from polytrain.aco.cli import add_aco_parser
+
+    add_aco_parser(sub)
     sub.add_parser("strategies", help="list the strategies")
     sub.add_parser("models", help="list the model zoo with parameter counts")
     sub.add_parser("datasets", help="list the built-in datasets")
@@ -335,6 +338,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from polytrain.rl.cli import run_rl
 
             return run_rl(args, console)
+        if args.command == "aco":
+            from polytrain.aco.cli import run_aco_cli
+
+            return run_aco_cli(args, console)
         if args.command == "report":
             return cmd_report(args, console)
         if args.command == "schedule":

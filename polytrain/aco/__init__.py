@@ -1,0 +1,1 @@
+"""ACO-DP: data-parallel ant colony optimisation for the travelling salesman problem."""
