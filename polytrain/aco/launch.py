@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from rich.console import Console
 
 from polytrain.aco.config import ACOConfig
 from polytrain.aco.progress import ACOProgress, FollowIterations
-from polytrain.aco.results import IterationLog, build_summary, new_run_dir, write_run
+from polytrain.aco.results import IterationLog, build_summary, write_run
 from polytrain.aco.run import RankOutcome, Runner
 from polytrain.aco.tsp import Instance, load_instance
 from polytrain.errors import ConfigError, RankFailure
@@ -54,7 +53,9 @@ def run_aco(cfg: ACOConfig, console: Console | None = None, plots: bool = True,
             progress: bool = True) -> dict[str, Any]:
     """Validate, run, write the run directory; returns the summary."""
     cfg, inst = prepare(cfg)
-    run_dir = new_run_dir(cfg)
+    from polytrain.launch.records import make_run_dir
+
+    run_dir = make_run_dir(cfg.out, f"aco-{cfg.variant}")
     cfg = ACOConfig(**{**cfg.to_dict(), "out": str(run_dir)})
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     label = f"aco {cfg.variant} {inst.name} ×{cfg.procs}"
@@ -84,11 +85,11 @@ def _launch_ranks(cfg: ACOConfig, run_dir: Path, plots: bool) -> None:
 
     from polytrain.launch.local import (
         SHUTDOWN_TIMEOUT_S,
-        _free_port,
         _quiet_elastic,
         describe_failure,
         rank_environment,
     )
+    from polytrain.launch.records import free_port
 
     payload = run_dir / "ranks" / "launch.json"
     payload.parent.mkdir(parents=True, exist_ok=True)
@@ -96,7 +97,7 @@ def _launch_ranks(cfg: ACOConfig, run_dir: Path, plots: bool) -> None:
                                    "rank_logs": True}))
     _quiet_elastic(False)
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=cfg.procs, run_id=uuid.uuid4().hex[:12],
-                      rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0,
+                      rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0,
                       monitor_interval=0.1, local_addr="127.0.0.1", shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     try:
         with rank_environment(cfg.procs):
@@ -132,9 +133,9 @@ def rank_main(payload: dict[str, Any]) -> None:
                       bool(payload.get("plots", True)))
         comm.barrier()
     except BaseException as exc:
-        record = {"rank": rank, "step": len(log.rows), "error": f"{type(exc).__name__}: {exc}",
-                  "traceback": "".join(traceback.format_exception(exc))}
-        (run_dir / "ranks" / f"rank{rank}.error.json").write_text(json.dumps(record, indent=1))
+        from polytrain.launch.records import write_error_record
+
+        write_error_record(run_dir, rank, exc, step=len(log.rows))
         raise
     finally:
         log.close()

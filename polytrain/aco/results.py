@@ -5,7 +5,6 @@ best tour over the cities), ``length_vs_iterations.png`` and ``length_vs_time.pn
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -13,26 +12,6 @@ from matplotlib.figure import Figure
 
 from polytrain.aco.config import ACOConfig
 from polytrain.aco.tsp import Instance
-from polytrain.errors import ConfigError
-
-
-def new_run_dir(cfg: ACOConfig, base: Path = Path("runs")) -> Path:
-    if cfg.out:
-        out = Path(cfg.out)
-        if (out / "summary.json").exists() or (out / "config.json").exists():
-            raise ConfigError(f"--out {out} already holds a run; polytrain never overwrites one. "
-                              "Fix: choose another --out.")
-        out.mkdir(parents=True, exist_ok=True)
-        return out
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for i in range(1000):
-        out = base / (f"{stamp}-aco-{cfg.variant}" + (f"-{i}" if i else ""))
-        try:
-            out.mkdir(parents=True)
-            return out
-        except FileExistsError:
-            continue
-    raise ConfigError(f"Cannot create a run directory under {base}: too many runs this second.")
 
 
 class IterationLog:
