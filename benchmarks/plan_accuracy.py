@@ -2,10 +2,10 @@
 
 Each scenario is a model on N emulated hosts (one rank per host) with NIC rate R; each of its
 strategies is trained for ``--steps`` steps with ``polytrain testbed``; the measurement is the
-median step time of rank 0 over the steps after the first two (from metrics.jsonl). Predictions come
-from `polytrain.plan.predict.estimate_for` — the estimator `polytrain plan` ranks with — on a
-profile of each model measured once at the start (1 thread, as testbed ranks run) and the testbed's
-cluster (hosts, rate, all ranks sharing this machine's cores).
+median step time of the first training rank over the steps after the first two (metrics.jsonl).
+Predictions come from `polytrain.plan.predict.estimate_for` — the estimator `polytrain plan` ranks
+with — on the profile each model's first run cached (`plan.predict.cached_profile`: rank 0, one
+thread, as testbed ranks run) and the testbed's cluster (hosts, rate, ranks sharing the cores).
 
 Calibration: the even-numbered scenarios (at most half) fit four numbers — a compute scale, an
 extra per-message latency, the effective number of cores the ranks share (the machine is shared
@@ -252,7 +252,7 @@ def fit(rows: list[dict[str, Any]], profiles: dict[str, Any]) -> tuple[float, ..
     |log(pred/meas)| on ``rows``."""
     best: tuple[float, ...] = (math.inf, 1.0, 0.0, 2.0, 0.0)
     for cores in (1.0, 1.5, 2.0):
-        for scale in [0.6 + 0.1 * i for i in range(17)]:
+        for scale in [0.2 * 1.12**i for i in range(25)]:
             for alpha in (0.0, 2e-4, 5e-4, 1e-3, 2e-3):
                 for overhead in (0.0, 5e-4, 1e-3, 2e-3, 4e-3):
                     predict(rows, profiles, scale, alpha, cores, overhead)
@@ -301,17 +301,13 @@ def stats(errors: list[float]) -> dict[str, float]:
 def analyse(raw: dict[str, Any]) -> None:
     from harness import write_results
 
-    from polytrain.plan.predict import process_base_bytes
-    from polytrain.plan.profile import measure_profile
+    from polytrain.plan.predict import cached_profile
 
     rows = [r for r in raw["runs"] if "measured_step_s" in r]
     failed = [r for r in raw["runs"] if "measured_step_s" not in r]
     profiles = {}
-    for m in sorted({r["model"] for r in rows}):
-        prof = measure_profile(
-            _config({"model": m, "strategy": "single", "hosts": 1, "options": {}}), repeats=5
-        )
-        profiles[m] = type(prof)(**{**prof.__dict__, "base_memory_bytes": process_base_bytes()})
+    for m in sorted({r["model"] for r in rows}):  # the profile the runs themselves cached (same load)
+        profiles[m] = cached_profile(_config({"model": m, "strategy": "single", "hosts": 1, "options": {}}))
     calib = {i for i in range(len(SCENARIOS)) if i % 2 == 0}
     held = set(range(len(SCENARIOS))) - calib
     scale, alpha, cores, overhead = fit([r for r in rows if r["scenario"] in calib], profiles)
