@@ -11,14 +11,16 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 FAULTY = '''
 import os
 import torch
 from torch import nn
-
-pytestmark = pytest.mark.slow  # every test here starts processes
 
 class Boom(nn.Module):
     def __init__(self):
