@@ -29,6 +29,7 @@ from polytrain.plan.partition import Partition, balanced, uniform
 from polytrain.plan.profile import Profile, measure_profile
 
 PIPES = ("gpipe", "1f1b", "pipedream", "spectrain", "layerwise")
+MODELLED = ("single", "allreduce", "local-sgd", "ps", "owt", "tensor", "mesh", *PIPES)
 
 
 def cache_dir() -> Path:
@@ -164,6 +165,8 @@ def _mesh(o: dict[str, Any], world: int, scene: Scene) -> Estimate:
 
 def predict_run(cfg: JobConfig, world: int, testbed: dict[str, Any] | None = None) -> dict[str, Any]:
     """``{"step_s", "samples_per_s", "peak_memory_bytes", ...}`` or ``{"modelled": False, "why"}``."""
+    if cfg.strategy not in MODELLED:  # before profiling: nothing to measure for it
+        return {"modelled": False, "why": f"the planner does not model '{cfg.strategy}' yet"}
     try:
         scene = Scene(cached_profile(cfg), run_cluster(world, testbed), cfg.batch_size)
         e = estimate_for(cfg, world, scene)
