@@ -160,3 +160,10 @@ def test_readme_support_matrix_matches_the_declarations() -> None:
             rows[cells[0].strip("`")] = [c.startswith("yes") for c in cells[1:]]
     features = ["checkpoint", "resume", "eval", "compression", "torchrun", "testbed"]
     assert rows == {n: [c.declared().honours(f) for f in features] for n, c in registry().items()}
+
+
+def test_distbelief_refuses_staleness_without_ssp_as_ps_does() -> None:
+    base = {"strategy": "distbelief", "procs": 4, "model": "mlp"}
+    with pytest.raises(ConfigError, match="staleness=1 applies to consistency=ssp only"):
+        prepare(make_config({**base, "options": {"stages": 2, "staleness": 1}}))
+    prepare(make_config({**base, "options": {"stages": 2, "staleness": 1, "consistency": "ssp"}}))

@@ -50,7 +50,7 @@ class DistBeliefOptions(BaseModel):
     stages: int = Field(2, ge=1, description="model-parallel ranks per replica")
     servers: int = Field(1, ge=1, description="parameter servers per stage")
     consistency: Literal["async", "ssp", "bsp"] = "async"
-    staleness: int = Field(2, ge=0, description="ssp: clocks a replica may run ahead")
+    staleness: int | None = Field(None, ge=0, description="ssp: clocks a replica may run ahead (default 2)")
     partition: str = "uniform"
 
     @field_validator("partition", mode="before")
@@ -105,12 +105,16 @@ class DistBelief(Strategy):
                 f"replicas of {o.stages} ranks. Fix: --procs {fit} (or {fit + o.stages})."
             )
         check_divisible(cfg, lay.replicas, self.name)
+        if o.staleness is not None and o.consistency != "ssp":  # as ps: never silently ignored
+            raise ConfigError(f"Option staleness={o.staleness} applies to consistency=ssp only "
+                              f"(got consistency={o.consistency}). Drop it or --set consistency=ssp.")
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         o, lay = self.opts, Layout(self.opts, ctx.world)
         groups = [[s] for s in range(lay.servers)] + [lay.replica_ranks(d) for d in range(lay.replicas)]
         replica_comm = new_groups(ctx.comm, groups)
-        policy = make_consistency(o.consistency, lay.replicas, staleness=o.staleness)
+        policy = make_consistency(o.consistency, lay.replicas,
+                                  staleness=2 if o.staleness is None else o.staleness)
         plans = _stage_plans(job, o, lay)
         if ctx.rank < lay.servers:
             return _serve(job, ctx, o, lay, plans, policy)
