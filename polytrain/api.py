@@ -21,18 +21,41 @@ from polytrain.config import JobConfig, load_config
 from polytrain.errors import ConfigError
 from polytrain.launch.prepare import resume_config
 
+REPORT_ENV = "POLYTRAIN_REPORT"  # "0": the API writes no plots/report.md (the test suite's default)
+
+
+def _script_module() -> str | None:
+    """The calling script's module name (its file's stem), importable from its folder.
+
+    A factory defined in the script (``__main__``) is imported by the ranks as this module, as
+    multiprocessing's spawn and accelerate's launchers do: the script's top level runs again on
+    import, so its training call must sit under ``if __name__ == "__main__":``.
+    """
+    import sys
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or Path(path).suffix != ".py" or not Path(path).stem.isidentifier():
+        return None
+    folder = str(Path(path).resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return Path(path).stem
+
 
 def model_reference(model: str | Callable[..., Any]) -> str:
-    """A model given as a function becomes 'module:name' (ranks import it by that name)."""
+    """A model given as a function or class becomes 'module:name' (ranks import it by that name);
+    one defined in the calling script is found through the script's file."""
     if isinstance(model, str):
         return model
     module, name = getattr(model, "__module__", None), getattr(model, "__qualname__", "")
-    if not module or "<" in name or module == "__main__":
+    if module == "__main__":
+        module = _script_module()
+    if not module or "<" in name:
         raise ConfigError(
-            f"The model factory {model!r} must be a module-level function of an importable "
-            "module (not a lambda, a nested function or a function defined in __main__), because "
-            "every rank imports it by name. Move it to a module, e.g. my_pkg/nets.py, and pass "
-            "model=my_pkg.nets.make_model or model='my_pkg.nets:make_model'."
+            f"The model factory {model!r} must be a module-level function or class (not a lambda "
+            "or a nested function) of a module or of the script you run, because every rank "
+            "imports it by name. Define it at the top level, or pass model='my_pkg.nets:make'."
         )
     return f"{module}:{name}"
 
@@ -45,16 +68,32 @@ def _config(config: str | Path | None, sets: Sequence[str] | None, kw: dict[str,
 
 def train(*, config: str | Path | None = None, sets: Sequence[str] | None = None,
           resume: str | Path | None = None, console: Console | None = None,
-          **options: Any) -> dict[str, Any]:
-    """Run one job (keyword arguments are JobConfig fields) and return its summary.json."""
+          report: bool | None = None, **options: Any) -> dict[str, Any]:
+    """Run one job (keyword arguments are JobConfig fields) and return its summary.json.
+
+    The run directory is the CLI's, report included (plots, timeline, report.md) unless
+    ``report=False`` (default: on, or the environment's ``POLYTRAIN_REPORT=0``)."""
     from polytrain.launch.local import launch
 
     if resume is not None:
         run_dir = Path(resume)
         cfg = resume_config(run_dir, options, list(sets or []))
         _check_checkpoints(run_dir, cfg, console or Console(stderr=True))
-        return launch(cfg, resume=True, run_dir=run_dir, console=console)
-    return launch(_config(config, sets, options), console=console)
+        summary = launch(cfg, resume=True, run_dir=run_dir, console=console)
+    else:
+        summary = launch(_config(config, sets, options), console=console)
+    _write_report(summary, report)
+    return summary
+
+
+def _write_report(summary: dict[str, Any], report: bool | None) -> None:
+    if report is None:
+        report = os.environ.get(REPORT_ENV, "1") != "0"
+    out = (summary.get("config") or {}).get("out")
+    if report and out:
+        from polytrain.report import write_report
+
+        write_report(Path(out))
 
 
 def _check_checkpoints(run_dir: Path, cfg: JobConfig, console: Console) -> None:

@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     from polytrain.aco.cli import add_aco_parser
 
     add_aco_parser(sub)
-    sub.add_parser("strategies", help="list the strategies")
+    p = sub.add_parser("strategies", help="list the strategies, or one strategy's options")
+    p.add_argument("name", nargs="?", help="a strategy id: print its options (type, default, meaning)")
     sub.add_parser("models", help="list the model zoo with parameter counts")
     sub.add_parser("datasets", help="list the built-in datasets")
     return parser
@@ -229,7 +230,7 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
                                       no_report=args.no_report))
     from polytrain.report import format_summary
 
-    summary = api.train(config=args.config, sets=args.sets, resume=args.resume,
+    summary = api.train(config=args.config, sets=args.sets, resume=args.resume, report=False,
                         console=Console(stderr=True), **_overrides(args))
     run_dir = summary["config"]["out"]
     console.print(format_summary(summary, run_dir))
@@ -271,6 +272,28 @@ def cmd_testbed(args: argparse.Namespace, job: list[str], console: Console) -> i
     from polytrain.launch.testbed_job import run_testbed
 
     return run_testbed(args.hosts, args.nic, args.latency, args.loss, args.procs_per_host, job, console)
+
+
+def cmd_strategy(name: str, console: Console) -> int:
+    from rich.table import Table
+
+    from polytrain.strategies.describe import describe_strategy
+
+    d = describe_strategy(name)
+    console.print(f"[bold]{d['name']}[/] ({d['family']}): {escape(d['summary'])}", highlight=False)
+    if d["doc"]:
+        console.print(escape(d["doc"]), highlight=False)
+    for title, rows in ((f"{name} options (--set KEY=VALUE)", d["options"]),
+                        ("every strategy (--set KEY=VALUE)", d["common"])):
+        table = Table(title=title)
+        for col in ("option", "type", "default", "meaning"):
+            table.add_column(col)
+        for row in rows:
+            table.add_row(*(escape(str(c)) for c in row))
+        if not rows:
+            table.add_row("(none)", "", "", "")
+        console.print(table)
+    return 0
 
 
 def cmd_strategies(console: Console) -> int:
@@ -348,6 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_schedule(args, console)
         if args.command in ("profile", "plan"):
             return (cmd_profile if args.command == "profile" else cmd_plan)(args, console)
+        if args.command == "strategies" and args.name:
+            return cmd_strategy(args.name, console)
         simple = {"strategies": cmd_strategies, "models": cmd_models, "datasets": cmd_datasets}
         return simple[args.command](console)
     except PolytrainError as e:

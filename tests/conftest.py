@@ -17,6 +17,7 @@ import torch
 
 os.environ.setdefault("POLYTRAIN_CHECK_COLLECTIVES", "1")
 os.environ.setdefault("TORCH_DISTRIBUTED_DEBUG", "INFO")
+os.environ.setdefault("POLYTRAIN_REPORT", "0")  # the API's plots cost seconds per run; CLI tests ask
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -84,3 +84,54 @@ def test_tied_gpt_split_refused_before_launch(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="tied weights"):
         train(tmp_path / "pp", "gpipe", 2, **job)
     assert not (tmp_path / "pp").exists()
+
+
+SCRIPT = '''
+import sys
+from torch import nn
+import polytrain
+
+
+def make(num_classes: int = 10, width: int = 64) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU(), nn.Linear(width, num_classes))
+
+
+if __name__ == "__main__":
+    polytrain.train(strategy="allreduce", procs=2, model=make, model_options={"width": 16},
+                    steps=12, batch_size=32, out=sys.argv[1], report=True)
+'''
+
+
+def test_script_factory_report_and_plain_progress(tmp_path: Path) -> None:
+    """A factory defined in the calling script; the run directory holds the CLI's report; with
+    output that is not a terminal, progress is plain lines whose loss is the summary's."""
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    (tmp_path / "my_train.py").write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "POLYTRAIN_PROGRESS_S": "0.2"}
+    r = subprocess.run([sys.executable, "my_train.py", str(tmp_path / "run")], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    lines = re.findall(r"allreduce ×2 step (\d+)/12 loss ([\d.]+) samples/s [\d.]+", r.stderr)
+    assert lines and lines[-1][0] == "12"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert float(lines[-1][1]) == pytest.approx(summary["final_loss"], abs=1e-4)
+    assert (tmp_path / "run" / "report.md").is_file()
+    assert summary["config"]["model"] == "my_train:make"
+
+
+def test_strategies_name_prints_options() -> None:
+    from tests.conftest import run_cli
+
+    r = run_cli("strategies", "gpipe")
+    assert r.returncode == 0, r.stderr
+    for word in ("microbatches", "int", "4", "micro-batches M per mini-batch", "split"):
+        assert word in r.stdout
+    r = run_cli("strategies", "gpip")
+    assert r.returncode == 2 and "Did you mean 'gpipe'" in r.stderr

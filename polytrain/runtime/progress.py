@@ -3,11 +3,21 @@
 Launched locally, the launcher draws the bar in the user's terminal by following rank 0's event
 stream (``ranks/rank0.jsonl``), so worker output stays in the rank logs. Under plain ``torchrun``
 there is no such parent: rank 0 draws the bar itself on stderr.
+
+When the launcher's output is not a terminal (CI, nohup, a cluster scheduler's log) a bar would
+print nothing useful until the end, so the follower prints one plain line every
+``POLYTRAIN_PROGRESS_S`` seconds (default 10) and one at the end::
+
+    gpipe ×2 step 120/300 loss 0.4321 samples/s 1234.5 elapsed 12.3s
+
+The loss is the mean over the ranks that report a loss of their latest step's loss, the quantity
+the summary's ``final_loss`` averages too; samples/s is rank 0's samples over its elapsed time.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -17,6 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 PARENT_PROGRESS_ENV = "POLYTRAIN_PARENT_PROGRESS"
+PLAIN_EVERY_ENV = "POLYTRAIN_PROGRESS_S"
 
 
 def make_progress(console: Console | None = None) -> Progress:
@@ -138,6 +149,67 @@ class FollowProgress(FollowEvents):
             progress.update(task, completed=ev["step"], loss=f"{ev['loss']:.4f}")
         elif ev.get("event") == "start":
             progress.update(task, completed=ev.get("first_step", 1) - 1)
+
+    def _run(self) -> None:
+        if self.console.is_terminal:
+            super()._run()
+            return
+        plain = PlainLines(self.path.parent, self.total, self.description)
+        every = float(os.environ.get(PLAIN_EVERY_ENV, "10"))
+        last = time.monotonic()
+        while True:
+            stopping = self._stop.is_set()
+            plain.read()
+            if stopping or time.monotonic() - last >= every:
+                line = plain.line()
+                if line:
+                    self.console.print(line, highlight=False, markup=False, soft_wrap=True)
+                last = time.monotonic()
+            if stopping:
+                break
+            self._stop.wait(min(self.interval_s * 5, every))
+
+
+class PlainLines:
+    """Every rank's step events (``rank*.jsonl`` in ``ranks``) folded into one plain line."""
+
+    def __init__(self, ranks: Path, total: int, description: str) -> None:
+        self.ranks, self.total, self.description = ranks, total, description
+        self.offsets: dict[Path, int] = {}
+        self.latest: dict[int, dict[str, Any]] = {}  # rank -> its newest step event
+        self.shown = -1
+
+    def read(self) -> None:
+        for path in sorted(self.ranks.glob("rank*.jsonl")):
+            with path.open() as f:
+                f.seek(self.offsets.get(path, 0))
+                for line in f:
+                    if not line.endswith("\n"):
+                        break
+                    self.offsets[path] = self.offsets.get(path, 0) + len(line)
+                    if '"event": "step"' in line:
+                        try:
+                            ev = json.loads(line)
+                            self.latest[int(ev["rank"])] = ev
+                        except (ValueError, KeyError, TypeError):
+                            continue
+
+    def line(self) -> str | None:
+        """The current line, or None when no step is newer than the last line printed."""
+        if 0 not in self.latest:
+            return None
+        head = self.latest[0]
+        step = int(head["step"])
+        if step == self.shown:
+            return None
+        self.shown = step
+        losses = [float(e["loss"]) for e in self.latest.values()
+                  if e.get("step") == step and e.get("loss") is not None]
+        loss = f"{sum(losses) / len(losses):.4f}" if losses else "-"
+        t = float(head.get("t", 0.0))
+        rate = f"{head['samples'] / t:.1f}" if t > 0 and head.get("samples") else "-"
+        return (f"{self.description} step {step}/{self.total} loss {loss} samples/s {rate} "
+                f"elapsed {t:.1f}s")
 
 
 def wait_for(path: Path, timeout: float) -> bool:
