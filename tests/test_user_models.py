@@ -153,3 +153,17 @@ def test_user_dataset_output_vs_labels_checked_before_launch():
     bad = cfg.model_copy(update={"model": f"{Z}:make"})  # 64 inputs, 10 classes: wrong on blobs
     with pytest.raises(ConfigError, match="failed on a sample batch x \\(2, 8\\)"):
         prepare(bad)
+
+
+def test_torchvision_by_name():
+    try:
+        import torchvision  # noqa: F401
+    except Exception as exc:  # the registry's wheels do not load against this CPU torch build
+        with pytest.raises(ConfigError, match="needs torchvision, which does not import here"):
+            build_model("torchvision:resnet18", dataset_spec("synthetic-images", {"size": 32}))
+        pytest.skip(f"torchvision does not import here ({type(exc).__name__}: {exc})")
+    spec = dataset_spec("synthetic-images", {"size": 32, "classes": 7})
+    net = build_model("torchvision:resnet18", spec)
+    assert net(torch.zeros(2, 3, 32, 32)).shape == (2, 7)
+    with pytest.raises(ConfigError, match="Unknown torchvision model"):
+        build_model("torchvision:resnet1800", spec)
