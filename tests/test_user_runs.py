@@ -135,3 +135,16 @@ def test_strategies_name_prints_options() -> None:
         assert word in r.stdout
     r = run_cli("strategies", "gpip")
     assert r.returncode == 2 and "Did you mean 'gpipe'" in r.stderr
+
+
+def test_tensor_parallel_user_gpt_equals_single(tmp_path: Path) -> None:
+    """The tied nanoGPT-style GPT: MLPs split by the derived plan or the user's; the tied
+    embedding/head and the attention stay replicated."""
+    train(tmp_path / "single", "single", 1, **GPT)
+    user = "transformer.h.*.mlp.c_fc:colwise,transformer.h.*.mlp.c_proj:rowwise"
+    for name, plan in (("auto", "auto"), ("user", user)):
+        train(tmp_path / name, "tensor", 2, options={"tp_plan": plan}, **GPT)
+        assert_same_params(load_model(tmp_path / name), load_model(tmp_path / "single"))
+        a, b = step_losses(tmp_path / name), step_losses(tmp_path / "single")
+        for s in a:
+            assert a[s] == pytest.approx(b[s], rel=1e-5, abs=1e-6)

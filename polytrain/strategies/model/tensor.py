@@ -12,14 +12,37 @@ from the shards at the end (booked as ``gather_model`` bytes).
 
 from __future__ import annotations
 
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
+from polytrain.models.gpt import CausalSelfAttention
 from polytrain.models.registry import is_user_model
+from polytrain.models.user import UserModule
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.strategies.base import Strategy
-from polytrain.strategies.model.megatron import check_heads, shard_transformer
+from polytrain.strategies.model.megatron import ShardDims, check_heads, shard_transformer
+from polytrain.strategies.model.tp_plan import apply_plan, derive_plan, parse_plan, unchunk
 from polytrain.strategies.model.wire import Evaluating, Wire, gather_state
+
+
+class TensorOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tp_plan: str = Field("auto", description=(
+        "auto: gpt-mini's Megatron split, or a plan derived for standard MLP blocks; or "
+        "MODULE_PATTERN:colwise|rowwise,... (as DTensor's parallelize_module)"))
+
+
+def shard_model(model: nn.Module, wire: Wire, tp_plan: str) -> tuple[ShardDims, ShardDims]:
+    """gpt-mini blocks by Megatron's split; any other model by ``tp_plan`` (derived for 'auto')."""
+    if tp_plan == "auto" and any(isinstance(m, CausalSelfAttention) for m in model.modules()):
+        return shard_transformer(model, wire), {}
+    root, prefix = (model[0], "0.") if isinstance(model, UserModule) else (model, "")
+    plan = derive_plan(root) if tp_plan == "auto" else parse_plan(tp_plan)
+    dims, chunked = apply_plan(root, plan, wire)
+    return ({prefix + k: v for k, v in dims.items()}, {prefix + k: v for k, v in chunked.items()})
 
 TRANSFORMERS = ("gpt-mini",)
 
@@ -39,6 +62,7 @@ class Tensor(Strategy):
     name = "tensor"
     family = "model"
     summary = "Megatron tensor parallelism: heads and MLP columns split, f/g all-reduces"
+    Options = TensorOptions
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_transformer(cfg, world, self.name)
@@ -47,13 +71,16 @@ class Tensor(Strategy):
         model = job.build_model().to(ctx.device)
         full_shapes = {k: v.shape for k, v in model.state_dict().items()}
         wire = Wire(ctx.comm, ctx.recorder)
-        dims = shard_transformer(model, wire)
+        opts: TensorOptions = self.options  # type: ignore[assignment]
+        dims, chunked = shard_model(model, wire, opts.tp_plan)
         optimizer = job.make_optimizer(model.parameters())
         step = plain_step(job, ctx, model, optimizer)
         spec = LoopSpec(model=model, optimizer=optimizer, step_fn=step, replicated=False,
                         eval_model=Evaluating(model, wire))
         result = run_loop(job, ctx, spec)
         full = gather_state(wire, model.state_dict(), dims, full_shapes)
+        for key, chunks in chunked.items():
+            full[key] = unchunk(full[key], ctx.world, chunks)
         result.model_state = full if ctx.is_leader else None
         steps = max(result.steps, 1)
         result.strategy_metrics.update({
