@@ -217,6 +217,7 @@ def test_cli_single_process_writes_the_run_directory(tmp_path: Path, capsys: pyt
     assert "--rho 2 is out of range" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # long (seconds of training/sampling), not multi-process
 def test_berlin52_mmas_2opt_reaches_the_optimum(tmp_path: Path) -> None:
     s = run_aco(ACOConfig.from_dict({"tsp": str(DATA / "berlin52.tsp"), "iterations": 40,
                                      "target_gap": 0.0, "out": str(tmp_path / "r")}), progress=False)

@@ -193,6 +193,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow  # long (seconds of training/sampling), not multi-process
 def test_cnn_reaches_95_percent_on_digits_in_300_steps(one_thread):
     data = load_dataset("digits")
     torch.manual_seed(0)

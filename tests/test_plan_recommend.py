@@ -157,6 +157,7 @@ def test_json_schema_fields() -> None:
         json.dumps(row)
 
 
+@pytest.mark.slow  # long (seconds of training/sampling), not multi-process
 def test_sweep_finds_where_a_hybrid_overtakes_dp() -> None:
     # on a slow network the VGG shape's big FC layer makes owt/mesh beat DP as workers grow
     result = sweep(vgg_like(256), Cluster.parse("hosts=2,nic=100mbit,latency=100us"), 256, 1.0, 2, 64)

@@ -19,6 +19,7 @@ def _internal_nodes_are_exact(tree: SumTree | MinTree) -> None:
         assert tree.tree[node] == both, f"node {node} is not exactly combine(children)"
 
 
+@pytest.mark.slow  # long (seconds of training/sampling), not multi-process
 def test_sampling_frequencies_match_priorities() -> None:
     """Chi-square goodness of fit (fixed seed): P(leaf) = p / Σp, empty leaves never drawn."""
     priorities = np.array([1.0, 2.0, 3.0, 4.0, 0.0, 10.0, 0.5])  # capacity 7 -> 8 leaves
