@@ -44,3 +44,19 @@ def test_island_colonies_exchange_pheromone_and_best_tour(tmp_path: Path) -> Non
     assert per_rank[0]["bytes_by_op"]["pheromone"] == 3 * tau  # ring all-reduce, W=2: 2·(W−1)/W
     assert per_rank[0]["best_length"] == per_rank[1]["best_length"]  # both adopted the best
     assert [r["iteration"] for r in rows] == list(range(1, 11))
+
+
+def test_plain_torchrun_runs_island_colonies(tmp_path: Path) -> None:
+    """``torchrun -m polytrain aco``: the world size is torchrun's (here --exchange needs it)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "tr"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "polytrain", "aco", "--tsp", "random:20:1", "--iterations", "6", "--exchange", "3",
+           "--ants", "6", "--no-plots", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["procs"] == 2 and s["exchanges"] == 2 and sorted(s["best_tour"]) == list(range(20))
+    assert s["bytes_sent"] > 0

@@ -12,6 +12,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from polytrain.errors import ConfigError
+
 # ACOConfig field -> (flag, type, help)
 ACO_FLAGS: list[tuple[str, str, Any, str]] = [
     ("tsp", "--tsp", str, "TSPLIB file (EUC_2D, CEIL_2D, ATT, GEO, EXPLICIT) or random:N[:SEED]"),
@@ -81,7 +83,16 @@ def run_aco_cli(args: argparse.Namespace, console: Console) -> int:
     from polytrain.aco.config import ACOConfig
     from polytrain.aco.launch import run_aco, run_under_torchrun
 
-    cfg = ACOConfig.from_dict({f: getattr(args, f) for f, *_ in ACO_FLAGS if getattr(args, f) is not None})
+    data = {f: getattr(args, f) for f, *_ in ACO_FLAGS if getattr(args, f) is not None}
+    if api.under_torchrun():  # the world size is torchrun's (validated as --procs)
+        import os
+
+        world = int(os.environ["WORLD_SIZE"])
+        if data.get("procs", world) != world:
+            raise ConfigError(f"--procs {data['procs']} disagrees with torchrun's world size {world}. "
+                              "Under torchrun, leave --procs out.")
+        data["procs"] = world
+    cfg = ACOConfig.from_dict(data)
     if api.under_torchrun():
         from polytrain.launch.worker import exit_now
 
