@@ -4,6 +4,7 @@ Run by benchmarks/aco_peers.py in a separate virtual environment holding the pee
 not polytrain dependencies; scikit-opt also installs a top-level ``tests`` package that would
 shadow polytrain's):
 
+    python3 -m venv .venv-peers && .venv-peers/bin/pip install scikit-opt acopy   # once
     .venv-peers/bin/python benchmarks/aco_peer_run.py sko|acopy MATRIX.json ANTS iters|time VALUE SEED
 
 scikit-opt 0.6.6's ACA_TSP uses ``numpy.int``, removed in NumPy 1.24; the alias is restored

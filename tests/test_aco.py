@@ -153,11 +153,11 @@ def test_two_opt_reaches_a_local_optimum() -> None:
     out = two_opt(tours, inst.dist, torch.arange(40).expand(40, 40)[~torch.eye(40, dtype=torch.bool)]
                   .view(40, 39))  # full neighbour lists: plain 2-opt
     assert _is_perm(out, 40)
-    d = inst.dist
+    d = inst.dist.tolist()
     for t in out.tolist():
         for i, j in itertools.combinations(range(40), 2):
             a, b, c, e = t[i], t[(i + 1) % 40], t[j], t[(j + 1) % 40]
-            assert d[a, c] + d[b, e] - d[a, b] - d[c, e] >= -1e-9
+            assert d[a][c] + d[b][e] - d[a][b] - d[c][e] >= -1e-9
     before = inst.dist[tours, tours.roll(-1, 1)].sum(1)
     assert bool((inst.dist[out, out.roll(-1, 1)].sum(1) <= before).all())
 
