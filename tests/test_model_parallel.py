@@ -11,6 +11,7 @@ import polytrain
 from polytrain.config import load_config
 from polytrain.errors import ConfigError
 from polytrain.strategies import make_strategy
+from polytrain.strategies.pipeline.wire import HEADER
 from tests.conftest import assert_same_params, load_model, step_losses
 from tests.test_model_parallel_refs import ALEXNET, MLP, single_reference
 
@@ -61,8 +62,8 @@ def test_layerwise_equals_single_and_reports_utilisation(tmp_path_factory: pytes
     assert len(m["utilisation_per_rank"]) == 2
     assert all(0 < u < 1 for u in m["utilisation_per_rank"])
     ops = [rec["bytes_by_op"] for rec in summary["per_rank"]]
-    # activations flow 0 -> 1, gradients 1 -> 0: (B, 32) float32 per step
-    hop = 3 * MLP["batch_size"] * 32 * 4
+    # activations flow 0 -> 1, gradients 1 -> 0: (B, 32) float32 per step (the executor's wire)
+    hop = 3 * (MLP["batch_size"] * 32 * 4 + HEADER)  # + the trailer of each message
     assert ops[0]["activation"] == ops[1]["gradient"] == hop
     assert "gradient" not in ops[0] and "activation" not in ops[1]
 

@@ -1,15 +1,16 @@
 """``distbelief``: model-parallel replicas sharing parameter servers (Dean et al. 2012, Downpour
 SGD; 000 §V, 004 §2). Reuses the ``ps`` server and client (:mod:`polytrain.strategies.ps.server`)
-and the ``layerwise`` stages.
+and the pipeline executor (`polytrain.strategies.pipeline.flush`, as ``layerwise``).
 
     polytrain train --strategy distbelief --procs 6 --set stages=2 --model mlp   # 2 servers,
                                                           # 2 replicas × 2 stages
 
 Ranks: first the servers, ``servers`` per stage (stage p's are p·k … p·k+k−1), then the replicas,
 each ``stages`` consecutive ranks (replica d, stage p at S + d·P + p). A replica trains like
-``layerwise`` on part d of every global batch (D replicas); after its backward each stage rank
-pushes its stage's gradient to that stage's servers and pulls the stage's parameters — it never
-talks to the other stages' servers, so a model partition only exchanges its own parameters.
+``layerwise`` (a pipeline with one micro-batch) on part d of every global batch (D replicas); at
+the flush each stage rank pushes its stage's gradient to that stage's servers and pulls the
+stage's parameters — it never talks to the other stages' servers, so a model partition only
+exchanges its own parameters.
 ``consistency``: ``async`` (Downpour, default: every push applied at once, no waiting), ``ssp``
 (bounded staleness) or ``bsp`` (the servers wait for all replicas: equals single-process training).
 At the end the servers send their shards to rank 0, which evaluates the whole model.
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from polytrain.comm import new_groups
@@ -30,8 +30,8 @@ from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
-from polytrain.strategies.model.layerwise import build_stage, check_partition_text, plan
-from polytrain.strategies.pipeline.schedule import stage_orders
+from polytrain.strategies.model.layerwise import check_partition_text, plan
+from polytrain.strategies.pipeline.flush import FlushPipeline
 from polytrain.strategies.ps.checkpoint import attach_server, restore_client, save_client
 from polytrain.strategies.ps.consistency import histogram, make_consistency
 from polytrain.strategies.ps.server import ParameterServer, PSClient, gather_shards
@@ -119,10 +119,11 @@ class DistBelief(Strategy):
         if ctx.rank < lay.servers:
             return _serve(job, ctx, o, lay, plans, policy)
         d, p = divmod(ctx.rank - lay.servers, lay.stages)
-        sp = build_stage(job, ctx, replica_comm, o.partition)
+        pipe = FlushPipeline(job, ctx, lay.replica_ranks(d), replica_comm, o.partition, "gpipe", 1,
+                             job.batch_size // lay.replicas, optimizer=False)
         client = PSClient(ctx.comm, plans[p], lay.stage_servers(p), sparse=False)
         _start(job, ctx)
-        loss, wait = _train(job, ctx, sp.stage, client, policy, d, lay.replicas)
+        loss, wait = _train(job, ctx, pipe, client, policy, d, lay.replicas)
         ctx.comm.gather_json({"role": "worker", "rank": ctx.rank, "wait_s": wait})
         return RankResult(steps=job.steps, samples=job.steps * job.batch_size, wall_s=ctx.recorder.now(),
                           final_loss=loss)
@@ -140,31 +141,26 @@ def _start(job: Job, ctx: RankContext) -> None:
     ctx.recorder.emit("start", first_step=1, steps=job.steps)
 
 
-def _train(job: Job, ctx: RankContext, stage: Any, client: PSClient, policy: Any, d: int,
+def _train(job: Job, ctx: RankContext, pipe: FlushPipeline, client: PSClient, policy: Any, d: int,
            replicas: int) -> tuple[float, float]:
-    """A replica's stage: layerwise step, push the stage gradient, pull the stage parameters."""
+    """A replica's stage: one flush step, push the stage gradient, pull the stage parameters."""
     batches = job.batches()
-    actions = stage_orders("gpipe", stage.count, 1)[stage.index]
     loss = float("nan")
-    start = restore_client(ctx, stage.layers) if ctx.resume else 0  # checkpoints: ps/checkpoint.py
+    start = restore_client(ctx, pipe.module) if ctx.resume else 0  # checkpoints: ps/checkpoint.py
     for step in range(start + 1, job.steps + 1):
         x, y = batches.shard(step, d, replicas)
-        stage.layers.zero_grad(set_to_none=True)
-        value = stage.run(actions, [x], [y], [x.shape[0]], step)
+        loss = pipe.run(step, x, y)  # every stage learns the loss (it travels with the gradients)
         fetch = step < job.steps
-        client.push(flat_grads(stage.layers), step, policy.need(step) if fetch else None)
+        client.push(flat_grads(pipe.module), step, policy.need(step) if fetch else None)
         if fetch:
             with ctx.recorder.span("pull_wait", cat="comm"):
                 flat, _, _ = client.wait()
-            load_flat(stage.layers, flat)
-        t = torch.tensor([value])
-        stage.comm.broadcast(t, stage.count - 1, op="loss")
-        loss = float(t)
+            load_flat(pipe.module, flat)
         ctx.recorder.step(step, loss, samples=step * job.batch_size)
         if ctx.progress is not None:
             ctx.progress.update(step, loss)
         if job.config.checkpoint_every and step % job.config.checkpoint_every == 0:
-            save_client(ctx, stage.layers, client, step)
+            save_client(ctx, pipe.module, client, step)
     client.done()
     return loss, client.wait_s
 

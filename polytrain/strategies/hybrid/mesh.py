@@ -5,11 +5,13 @@ pipelines) or ``dp × tp`` (replicated tensor-parallel groups).
     polytrain train --strategy mesh --procs 4 --set dp=2 --set tp=2 --model gpt-mini --dataset chars
 
 Replica d trains on part d of D of every global batch. Inside a replica the model is cut into
-consecutive stages run with a flush schedule (``schedule``, ``microbatches``; the machinery of
-``layerwise``) or split Megatron-style over a tensor group (that of ``tensor``). After backward
-the ranks holding the same piece in every replica all-reduce its gradients (mean over D) —
-``dp_allreduce`` bytes — so every replica applies the update single-process training applies to
-the whole batch. The rank layout is :class:`~polytrain.strategies.hybrid.layout.Layout`.
+consecutive stages run with a flush schedule (``schedule``, ``microbatches``, ``partition``)
+through the pipeline executor (`polytrain.strategies.pipeline.flush`, as ``layerwise`` and the
+``gpipe``/``1f1b`` strategies), or split Megatron-style over a tensor group (that of ``tensor``;
+the pipeline options do not apply there and are refused). At the flush the ranks holding the
+same piece in every replica all-reduce its gradients (mean over D) — ``dp_allreduce`` bytes — so
+every replica applies the update single-process training applies to the whole batch. The rank
+layout is :class:`~polytrain.strategies.hybrid.layout.Layout`.
 """
 
 from __future__ import annotations
@@ -27,9 +29,8 @@ from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.hybrid.layout import Layout
-from polytrain.strategies.model.layerwise import build_stage, check_partition_text, stage_step, utilisation
+from polytrain.strategies.model.layerwise import check_partition_text, utilisation
 from polytrain.strategies.model.megatron import shard_transformer
-from polytrain.strategies.model.stages import Pipelined
 from polytrain.strategies.model.tensor import check_transformer
 from polytrain.strategies.model.wire import (
     Evaluating,
@@ -37,6 +38,9 @@ from polytrain.strategies.model.wire import (
     all_reduce_grads,
     gather_state,
 )
+from polytrain.strategies.pipeline.flush import FlushPipeline, Pipelined
+
+PIPELINE_OPTIONS = {"schedule", "microbatches", "partition"}
 
 
 class MeshOptions(BaseModel):
@@ -92,13 +96,23 @@ class Mesh(Strategy):
         check_divisible(cfg, layout.dp, self.name)
         if layout.tp > 1:
             check_transformer(cfg, layout.tp, self.name)
+            given = sorted(set(self.opts.model_fields_set) & PIPELINE_OPTIONS)
+            if given:
+                raise ConfigError(
+                    f"Strategy 'mesh' with tp={layout.tp} runs tensor-parallel replicas, which have "
+                    f"no pipeline; {', '.join(given)} only apply to dp × pp. Rule: schedule, "
+                    "microbatches and partition need tp=1. Fix: drop "
+                    f"{' '.join('--set ' + g + '=…' for g in given)}, or use pp instead of tp."
+                )
+            return
         per_replica = cfg.batch_size // layout.dp
         mb = self.opts.microbatches or layout.pp
-        if layout.pp > 1 and mb > per_replica:
+        if per_replica % mb:
+            fit = layout.dp * mb * max(1, per_replica // mb)
             raise ConfigError(
-                f"Strategy 'mesh' splits each replica's {per_replica} samples into {mb} "
-                f"micro-batches. Rule: microbatches <= batch_size / dp. Fix: --set "
-                f"microbatches={per_replica} or a larger --batch-size."
+                f"Strategy 'mesh' splits each replica's {per_replica} samples into {mb} equal "
+                f"micro-batches. Rule: microbatches divides batch_size / dp. Fix: --set "
+                f"microbatches=<a divisor of {per_replica}> or --batch-size {fit}."
             )
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
@@ -109,7 +123,8 @@ class Mesh(Strategy):
         if layout.tp > 1:
             result = self._tensor(job, ctx, groups["tp"], dp, d)
         else:
-            result = self._pipeline(job, ctx, groups["pp"], dp, d, layout)
+            ranks = layout.pp_groups()[d]
+            result = self._pipeline(job, ctx, ranks, groups["pp"], dp, d, layout)
         result.strategy_metrics.update({"layout": layout.to_json(),
                                         "replica": d if ctx.is_leader else None})
         return result
@@ -131,20 +146,19 @@ class Mesh(Strategy):
             result.model_state = None
         return result
 
-    def _pipeline(self, job: Job, ctx: RankContext, pp_comm: GroupComm, dp: Wire, d: int,
-                  layout: Layout) -> RankResult:
-        sp = build_stage(job, ctx, pp_comm, self.opts.partition)
-        params = list(sp.stage.layers.parameters())
-        optimizer = job.make_optimizer(params)
+    def _pipeline(self, job: Job, ctx: RankContext, ranks: list[int], pp_comm: GroupComm,
+                  dp: Wire, d: int, layout: Layout) -> RankResult:
         mb = self.opts.microbatches or layout.pp
-        step = stage_step(sp, optimizer, self.opts.schedule, mb,
-                          after_backward=_sync(sp.stage.layers, dp))
-        spec = LoopSpec(model=sp.stage.layers, optimizer=optimizer, step_fn=step, part=d,
-                        parts=dp.size, replicated=False, eval_model=Pipelined(sp.stage))
+        pipe = FlushPipeline(job, ctx, ranks, pp_comm, self.opts.partition, self.opts.schedule, mb,
+                             job.batch_size // layout.dp)
+        assert pipe.optimizer is not None
+        step = pipe.train_step(before_update=_sync(pipe.module, dp))
+        spec = LoopSpec(model=pipe.module, optimizer=pipe.optimizer, step_fn=step, part=d,
+                        parts=dp.size, replicated=False, eval_model=Pipelined(pipe))
         result = run_loop(job, ctx, spec)
-        result.model_state = sp.gather() if d == 0 else None
+        result.model_state = pipe.gather() if d == 0 else None
         util = utilisation(ctx, result.wall_s)
-        result.strategy_metrics.update({"partition": sp.partition.to_json(), "microbatches": mb,
+        result.strategy_metrics.update({"partition": pipe.partition.to_json(), "microbatches": mb,
                                         "schedule": self.opts.schedule})
         if util is not None:
             result.strategy_metrics["utilisation_per_rank"] = util

@@ -82,13 +82,14 @@ class FlushWeights:
 
     updates_per_backward = False
 
-    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        # optimizer None: the caller updates elsewhere (distbelief's parameter servers)
         self.module, self.optimizer = module, optimizer
         self.version = 0
         self.replicas: GroupComm | None = None  # set by the shell when this stage is replicated
 
     def begin_segment(self, order: list[Action]) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
+        self.module.zero_grad(set_to_none=True)
 
     def forward_params(self, mb: int, tag: float) -> Params | None:
         return None
@@ -110,6 +111,7 @@ class FlushWeights:
     def end_segment(self) -> None:
         if self.replicas is not None:
             sync_gradients(self.replicas, self.module)
+        assert self.optimizer is not None, "a flush without an optimizer updates elsewhere"
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
@@ -139,6 +141,7 @@ class StashedWeights(FlushWeights):
         self, module: nn.Module, optimizer: torch.optim.Optimizer, stage: int, vertical_sync: bool = False
     ) -> None:
         super().__init__(module, optimizer)
+        self.optimizer: torch.optim.Optimizer = optimizer
         self.stage, self.vertical_sync = stage, vertical_sync
         self.versions: dict[int, Params] = {}
         self.used: dict[int, int] = {}  # in-flight micro-batch -> version its forward used

@@ -38,7 +38,7 @@ outbox first sees the work completed (polled between actions): an upper bound.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -244,3 +244,21 @@ def recv_state(comm: Comm, into: Mapping[str, torch.Tensor], keys: list[str], sr
         comm.recv(buf, src, op="model_gather")
         if buf is not target:
             target.copy_(buf)
+
+
+def gather_stages(comm: Comm, index: int, state: Mapping[str, torch.Tensor],
+                  keys_by_stage: Sequence[Sequence[str]], shapes: Mapping[str, torch.Size],
+                  dtypes: Mapping[str, torch.dtype]) -> dict[str, torch.Tensor] | None:
+    """Every stage's parameters at stage 0 of ``comm`` (group rank = stage; p2p, ``gather_model``
+    bytes); None elsewhere."""
+    if index != 0:
+        for key in keys_by_stage[index]:
+            comm.send(state[key].detach().contiguous(), 0, op="gather_model")
+        return None
+    full = {k: state[k].detach().clone() for k in keys_by_stage[0]}
+    for s in range(1, len(keys_by_stage)):
+        for key in keys_by_stage[s]:
+            buf = torch.empty(shapes[key], dtype=dtypes[key])
+            comm.recv(buf, s, op="gather_model")
+            full[key] = buf
+    return full
