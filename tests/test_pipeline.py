@@ -136,6 +136,42 @@ def test_outbox_reuses_buffers_of_completed_sends() -> None:
     assert [(t.tolist(), mb) for t, _, mb in got] == [([1.0] * 4, 0), ([2.0] * 4, 1)]
 
 
+class _GlooLikeWork:
+    """A send that, as on gloo, reports itself incomplete until waited on."""
+
+    def __init__(self) -> None:
+        self.waited = False
+
+    def is_completed(self) -> bool:
+        return self.waited
+
+    def wait(self) -> None:
+        self.waited = True
+
+
+class _GlooLikeComm(_LoopComm):
+    def isend(self, buf: torch.Tensor, dst: int, op: str = "send") -> _GlooLikeWork:  # type: ignore[override]
+        self.sent.append(buf.clone())
+        return _GlooLikeWork()
+
+
+def test_outbox_keeps_only_unacknowledged_sends_when_polling_never_completes() -> None:
+    comm = _GlooLikeComm([])
+    out = Outbox(comm, Recorder(0), 0)  # type: ignore[arg-type]
+    for mb in range(1000):  # a long stream: the peer acknowledges all but the last 3 messages
+        out.send(torch.full((4,), float(mb)), 1, "activation", 0.0, mb, mb, ack=mb)
+        out.poll()  # gloo: never completes anything
+        out.acknowledged(1, max(0, mb - 2))
+    assert out.outstanding == 3 and out.peak_outstanding == 4
+    assert sum(len(v) for v in out._free.values()) <= 4  # buffers recycled, not one per message
+    out.acknowledged(2, 10_000)  # another peer's ack frees nothing of this channel
+    assert out.outstanding == 3
+    out.drain()
+    assert out.outstanding == 0 and len(comm.sent) == 1000
+    acks = [int(b[-HEADER:].view(torch.float64)[2]) for b in comm.sent[:3]]
+    assert acks == [0, 1, 2]  # the ack travels in the trailer
+
+
 def test_keep_heap_sets_glibc_thresholds() -> None:
     import platform
 

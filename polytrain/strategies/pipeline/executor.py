@@ -209,6 +209,7 @@ class StageExecutor:
         """The next message of ``inbox``; the wait counts once this segment's compute has begun."""
         start = self.ctx.recorder.now()
         got = inbox.take(mb, step)
+        self.outbox.acknowledged(inbox.peer, inbox.acked)
         if start >= window.start:
             window.wait += self.ctx.recorder.now() - start
         return got
@@ -234,7 +235,8 @@ class StageExecutor:
         self.flight[mb] = (inp, out)
         if self.grads:
             dst = peer(self.spec.next_ranks, mb)
-            self.outbox.send(out, dst, "activation", self.weights.out_tag(mb, tag), mb, step)
+            self.outbox.send(out, dst, "activation", self.weights.out_tag(mb, tag), mb, step,
+                             ack=self.grads[dst].taken)
 
     def _backward(self, mb: int, feed: Feed, window: Window) -> float:
         step = feed.step(mb)
@@ -255,7 +257,8 @@ class StageExecutor:
         self.meter.release(mb)
         if self.acts:
             g = inp.grad if inp.grad is not None else torch.zeros_like(inp)
-            self.outbox.send(g, peer(self.spec.prev_ranks, mb), "gradient", loss, mb, step)
+            src = peer(self.spec.prev_ranks, mb)
+            self.outbox.send(g, src, "gradient", loss, mb, step, ack=self.acts[src].taken)
         if self.weights.updates_per_backward:  # after the send: the previous stage need not wait
             with self._compute("optimizer", mb, step, window):
                 self.weights.after_backward(mb)
@@ -305,6 +308,7 @@ class StageExecutor:
             "peak_activation_bytes": m.peak_activation,
             "peak_memory_bytes": m.peak_total,
             "peak_in_flight": m.peak_in_flight,
+            "peak_outstanding_sends": self.outbox.peak_outstanding,
         }
 
 

@@ -126,7 +126,8 @@ def summarise(records: list[dict[str, Any]], head: dict[str, Any]) -> dict[str, 
             out["op_s_per_stage"] = [op_seconds(r["ops"]) for r in lanes]
     if len(lanes) > len(records):
         out["busy_s_per_rank"] = [r["busy_s"] for r in lanes]
-    per_stage = ("busy_s", "peak_memory_bytes", "peak_activation_bytes", "peak_in_flight")
+    per_stage = ("busy_s", "peak_memory_bytes", "peak_activation_bytes", "peak_in_flight",
+                 "peak_outstanding_sends")
     for key in per_stage:
         out[f"{key}_per_stage"] = [r[key] for r in records]
     for key in (

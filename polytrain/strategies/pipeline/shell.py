@@ -291,6 +291,7 @@ class PipelineRun:
     def _finish_step(self, step: int, loss: float) -> None:
         self.loss = loss
         self.ctx.recorder.step(step, loss, samples=step * self.job.batch_size)
+        self.ctx.recorder.sample_resources(step=step, outstanding_sends=self.executor.outbox.outstanding)
         if self.ctx.progress is not None:
             self.ctx.progress.update(step, loss)
 

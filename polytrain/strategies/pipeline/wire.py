@@ -1,14 +1,15 @@
 """Point-to-point messages between pipeline stages, all through the accounted ``ctx.comm``.
 
 Message format. Every activation (stage s -> s+1) and gradient (s+1 -> s) travels as one uint8
-buffer: the tensor's raw bytes followed by a 16-byte trailer of two float64 — ``tag`` and the
-micro-batch index. The trailer carries what the receiver needs besides the tensor: on
+buffer: the tensor's raw bytes followed by a 24-byte trailer of three float64 — ``tag``, the
+micro-batch index and ``ack``. The trailer carries what the receiver needs besides the tensor: on
 activations the input stage's weight version (PipeDream's vertical sync), on gradients the
 micro-batch's loss (so every stage learns each loss without a separate message or a collective).
 The micro-batch index lets the receiver check the FIFO order (a mismatch is a bug, reported
-loudly, never trained on). Raw bytes keep any dtype exact. The cost is one copy of the tensor at
-the sender and 16 bytes per message; the receiver views the buffer without a copy, and since the
-tensor starts the buffer it is as aligned as any fresh tensor (64 bytes).
+loudly, never trained on). ``ack`` is how many messages the sender has taken from the receiver so
+far (the reverse channel): see Bounded sends below. Raw bytes keep any dtype exact. The cost is
+one copy of the tensor at the sender and 24 bytes per message; the receiver views the buffer
+without a copy, and since the tensor starts the buffer it is as aligned as any fresh tensor (64 bytes).
 
 Buffers are reused. A fresh 256 KiB buffer per message costs more than its copy: the allocator
 hands large blocks back to the OS and the next one page-faults in again, on the same cores the
@@ -32,7 +33,16 @@ Shapes are never exchanged: every rank derives them from one dry forward on a sa
 Overlap. An `Inbox` keeps several ``irecv`` posted ahead on its channel, so the next message lands
 while the stage computes; an `Outbox` sends with ``isend`` and only waits at the end of a segment.
 gloo gives no completion callback for point-to-point work, so a ``send`` span ends when the
-outbox first sees the work completed (polled between actions): an upper bound.
+outbox first sees the work completed (polled between actions, or acknowledged): an upper bound.
+
+Bounded sends. On gloo a send's ``is_completed()`` stays False until ``wait()``, so polling alone
+never frees anything, and a stream schedule (pipedream, spectrain: one segment spans many steps)
+would keep every send buffer of the segment. Waiting on an arbitrary old send could deadlock
+(the peer may not have posted its receive yet). So every message carries ``ack``: the number of
+messages its sender has taken from the receiver. A send whose index is below the peer's latest
+ack has been received, so its ``wait()`` returns at once: the outbox waits on those, recycles
+their buffers, and keeps only the sends the peer has not yet taken — bounded by the schedule's
+messages in flight, not by the length of the run (``peak_outstanding_sends`` in the metrics).
 """
 
 from __future__ import annotations
@@ -48,7 +58,7 @@ from polytrain.comm import Comm
 from polytrain.plan.profile import TensorMeta
 from polytrain.runtime.recorder import Recorder
 
-HEADER = 16  # bytes of the trailer: float64 tag, float64 micro-batch index
+HEADER = 24  # bytes of the trailer: float64 tag, micro-batch index, ack
 POOL = 16  # buffers an outbox keeps per size, and an inbox tracks for reuse
 
 
@@ -68,21 +78,28 @@ class Frame:
     def key(self) -> tuple[tuple[int, ...], torch.dtype, torch.device]:
         return tuple(self.payload.shape), self.payload.dtype, self.buf.device
 
-    def fill(self, t: torch.Tensor, tag: float, mb: int) -> torch.Tensor:
+    def fill(self, t: torch.Tensor, tag: float, mb: int, ack: int = 0) -> torch.Tensor:
         """Write ``t`` and the trailer; returns the buffer to send."""
         self.payload.copy_(t.detach())
         if self.trailer is not None:
-            self.trailer[0], self.trailer[1] = tag, float(mb)
+            self.trailer[0], self.trailer[1], self.trailer[2] = tag, float(mb), float(ack)
         else:
-            self.buf[-HEADER:].copy_(torch.tensor([tag, float(mb)], dtype=torch.float64).view(torch.uint8))
+            trailer = torch.tensor([tag, float(mb), float(ack)], dtype=torch.float64)
+            self.buf[-HEADER:].copy_(trailer.view(torch.uint8))
         return self.buf
+
+    def ack(self) -> int:
+        """The trailer's ack: messages the sender had taken from this frame's receiver."""
+        if self.trailer is not None:
+            return int(self.trailer[2])
+        return int(self.buf[-HEADER:].clone().view(torch.float64)[2])
 
     def read(self) -> tuple[torch.Tensor, float, int]:
         """(a fresh leaf tensor viewing the payload, tag, micro-batch index)."""
         if self.trailer is not None:
             tag, mb = float(self.trailer[0]), float(self.trailer[1])
         else:
-            tag, mb = self.buf[-HEADER:].clone().view(torch.float64).tolist()  # clone: aligned
+            tag, mb, _ = self.buf[-HEADER:].clone().view(torch.float64).tolist()  # clone: aligned
         # detach: a leaf of its own (the stage may set requires_grad on it), same storage, no copy
         return self.payload.detach(), tag, int(mb)
 
@@ -98,19 +115,20 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def pack(t: torch.Tensor, tag: float, mb: int, into: torch.Tensor | None = None) -> torch.Tensor:
-    """``t`` as (t.nbytes + HEADER,) uint8: the tensor's bytes, then [tag, mb] as float64.
+def pack(t: torch.Tensor, tag: float, mb: int, into: torch.Tensor | None = None,
+         ack: int = 0) -> torch.Tensor:
+    """``t`` as (t.nbytes + HEADER,) uint8: the tensor's bytes, then [tag, mb, ack] as float64.
     ``into``: a buffer of that size to fill (reuse) instead of a new one."""
     n = t.numel() * t.element_size()
     buf = torch.empty(n + HEADER, dtype=torch.uint8, device=t.device) if into is None else into
     buf[:n].view(t.dtype).view(t.shape).copy_(t.detach())
-    buf[n:].copy_(torch.tensor([tag, float(mb)], dtype=torch.float64).view(torch.uint8))
+    buf[n:].copy_(torch.tensor([tag, float(mb), float(ack)], dtype=torch.float64).view(torch.uint8))
     return buf
 
 
 def unpack(buf: torch.Tensor, meta: TensorMeta) -> tuple[torch.Tensor, float, int]:
     """(tensor of ``meta``'s shape viewing ``buf``, tag, micro-batch index)."""
-    tag, mb = buf[-HEADER:].clone().view(torch.float64).tolist()  # clone: 8-byte aligned
+    tag, mb, _ = buf[-HEADER:].clone().view(torch.float64).tolist()  # clone: 8-byte aligned
     # detach: a leaf of its own (the stage may set requires_grad on it), same storage, no copy
     tensor = buf[:-HEADER].view(meta.dtype).view(meta.shape).detach()
     return tensor, tag, int(mb)
@@ -142,6 +160,8 @@ class Inbox:
         self.comm, self.rec, self.peer, self.meta, self.op, self.stage = comm, rec, peer, meta, op, stage
         self.device, self.ahead = device, max(1, ahead)
         self.left = 0  # messages expected on this channel and not yet posted
+        self.taken = 0  # messages taken so far (the ack this rank sends back to ``peer``)
+        self.acked = 0  # the peer's latest ack: messages it has taken from this rank
         self._posted: deque[tuple[Any, Frame]] = deque()
         self._lent: deque[tuple[Frame, int]] = deque()  # taken frames, their buffer's users then
 
@@ -175,6 +195,8 @@ class Inbox:
             work.wait()
         self._lent.append((frame, _users(frame.buf)))
         tensor, tag, got = frame.read()
+        self.taken += 1
+        self.acked = max(self.acked, frame.ack())
         self._post()
         if got != mb:
             raise RuntimeError(
@@ -185,38 +207,56 @@ class Inbox:
 
 
 class Outbox:
-    """Asynchronous sends; a buffer stays referenced until its send completes."""
+    """Asynchronous sends; a buffer stays referenced until its send completes or is acknowledged
+    (see Bounded sends in the module docstring)."""
 
     def __init__(self, comm: Comm, rec: Recorder, stage: int) -> None:
         self.comm, self.rec, self.stage = comm, rec, stage
-        self._pending: list[tuple[Any, Frame, float, dict[str, Any]]] = []
+        # (work, frame, start, span fields, peer, index of the send on its channel)
+        self._pending: list[tuple[Any, Frame, float, dict[str, Any], int, int]] = []
         self._free: dict[tuple[Any, ...], list[Frame]] = {}  # frames of completed sends
+        self._sent: dict[int, int] = {}  # peer -> sends so far
+        self.peak_outstanding = 0
 
-    def send(self, t: torch.Tensor, peer: int, op: str, tag: float, mb: int, step: int) -> None:
+    @property
+    def outstanding(self) -> int:
+        return len(self._pending)
+
+    def send(self, t: torch.Tensor, peer: int, op: str, tag: float, mb: int, step: int,
+             ack: int = 0) -> None:
+        """Send ``t`` to ``peer``; ``ack``: the messages this rank has taken from ``peer``."""
         spare = self._free.get((tuple(t.shape), t.dtype, t.device))
         frame = spare.pop() if spare else Frame(tuple(t.shape), t.dtype, t.device)
-        buf = frame.fill(t, tag, mb)
+        buf = frame.fill(t, tag, mb, ack)
         start = self.rec.now()
         fields = {"stage": self.stage, "mb": mb, "step": step, "peer": peer, "kind": op}
-        self._pending.append((self.comm.isend(buf, peer, op=op), frame, start, fields))
+        index = self._sent.get(peer, 0)
+        self._sent[peer] = index + 1
+        self._pending.append((self.comm.isend(buf, peer, op=op), frame, start, fields, peer, index))
+        self.peak_outstanding = max(self.peak_outstanding, len(self._pending))
+
+    def acknowledged(self, peer: int, taken: int) -> None:
+        """``peer`` has taken ``taken`` of this rank's messages: wait on those (at once) and recycle."""
+        self._finish(lambda work, p, i: p == peer and i < taken, wait=True)
 
     def poll(self) -> None:
         """Close the spans of sends that have completed and drop their buffers."""
+        self._finish(lambda work, p, i: bool(work.is_completed()), wait=False)
+
+    def drain(self) -> None:
+        self._finish(lambda work, p, i: True, wait=True)
+
+    def _finish(self, done: Any, wait: bool) -> None:
         still = []
-        for work, frame, start, fields in self._pending:
-            if work.is_completed():
+        for work, frame, start, fields, peer, index in self._pending:
+            if done(work, peer, index):
+                if wait:
+                    work.wait()
                 self.rec.add_span("send", "comm", start, self.rec.now(), **fields)
                 self._recycle(frame)
             else:
-                still.append((work, frame, start, fields))
+                still.append((work, frame, start, fields, peer, index))
         self._pending = still
-
-    def drain(self) -> None:
-        for work, frame, start, fields in self._pending:
-            work.wait()
-            self.rec.add_span("send", "comm", start, self.rec.now(), **fields)
-            self._recycle(frame)
-        self._pending = []
 
     def _recycle(self, frame: Frame) -> None:
         free = self._free.setdefault(frame.key(), [])
