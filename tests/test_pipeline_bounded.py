@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.test_bounded_state import after_warm_up, resources, slope
 
 from tests.conftest import run_cli
+from tests.test_bounded_state import after_warm_up, resources, slope
 
 
 @pytest.mark.slow
