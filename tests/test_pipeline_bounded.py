@@ -20,7 +20,7 @@ from tests.test_bounded_state import after_warm_up, resources, slope
 @pytest.mark.slow
 def test_long_pipedream_run_keeps_outstanding_sends_and_rss_flat(tmp_path: Path) -> None:
     run = tmp_path / "pipedream"
-    steps = 3000
+    steps = 2000
     r = run_cli("train", "--strategy", "pipedream", "--procs", "2", "--model", "mlp",
                 "--set", "model.hidden=16", "--batch-size", "8", "--optimizer", "sgd",
                 "--lr", "0.01", "--steps", str(steps), "--out", str(run), "--no-report")

@@ -63,6 +63,7 @@ class StageSpec:
     checkpoint: str = "never"
     loss_scale: float = 1.0  # 1/M: M micro-batch means sum to the mini-batch mean's gradient
     trace_versions: bool = False  # emit a "version" event per F and B (tests of weight stashing)
+    record_ops: bool = True  # keep each action's seconds in the window (flush segments: bounded)
 
 
 def peer(ranks: tuple[int, ...], mb: int) -> int:
@@ -188,6 +189,8 @@ class StageExecutor:
         end = rec.now()
         window.start, window.end = min(window.start, start), max(window.end, end)
         window.busy += end - start
+        if not self.spec.record_ops:  # a stream's segment may be the whole run: keep nothing per op
+            return
         if name == "optimizer" and window.ops:
             window.ops[-1][2] += end - start
         else:

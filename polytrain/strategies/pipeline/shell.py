@@ -155,6 +155,7 @@ def setup_stage(job: Job, ctx: RankContext, opts: PipelineOptions, plan: RunPlan
         checkpoint=plan.checkpoint,
         loss_scale=1.0 / plan.per_step,
         trace_versions=plan.trace_versions,
+        record_ops=not plan.stream,
     )
     return Stage(partition, stage, replica, module, model if ctx.is_leader else None, spec, info, group)
 
@@ -272,9 +273,10 @@ class PipelineRun:
 
         def done(mb: int, loss: float) -> None:
             step = feed.step(mb)
-            losses[step].append(loss)
             if self.plan.stream:  # an update follows every backward: the step is complete
                 self._finish_step(step, loss)
+            else:
+                losses[step].append(loss)
 
         with _collector_paused(not self.plan.stream):
             self.windows.append(self.executor.run(order, feed, done))
