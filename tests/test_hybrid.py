@@ -80,3 +80,16 @@ def test_distbelief_refuses_ranks_that_do_not_form_replicas() -> None:
     cfg = load_config(overrides={"strategy": "distbelief", "model": "mlp", "dataset": "digits"})
     with pytest.raises(ConfigError, match=r"the other 3 of --procs 5 .* --procs 4 \(or 6\)"):
         make_strategy("distbelief", {"stages": 2}).check(cfg, 5)
+
+
+def test_mesh_refuses_pipeline_options_it_cannot_honour() -> None:
+    gpt = load_config(overrides={"strategy": "mesh", "model": "gpt-mini", "dataset": "chars",
+                                 "batch_size": 8})
+    make_strategy("mesh", {"dp": 2, "tp": 2}).check(gpt, 4)  # defaults: nothing asked
+    with pytest.raises(ConfigError, match=r"tp=2 .* microbatches, schedule only apply to dp × pp"):
+        make_strategy("mesh", {"dp": 2, "tp": 2, "schedule": "gpipe", "microbatches": 2}).check(gpt, 4)
+    mlp = load_config(overrides={"strategy": "mesh", "model": "mlp", "dataset": "digits",
+                                 "batch_size": 12})
+    make_strategy("mesh", {"dp": 2, "pp": 2, "microbatches": 3}).check(mlp, 4)
+    with pytest.raises(ConfigError, match=r"6 samples into 4 equal micro-batches.*divides"):
+        make_strategy("mesh", {"dp": 2, "pp": 2, "microbatches": 4}).check(mlp, 4)

@@ -31,8 +31,8 @@ def test_long_pipedream_run_keeps_outstanding_sends_and_rss_flat(tmp_path: Path)
         points = after_warm_up(samples, "step")
         assert len(points) >= 3, f"rank {rank}: too few samples {samples}"
         per_step = slope(points)
-        # one send buffer kept per message would be ≥ 8·16·4 + 24 bytes a step
-        assert per_step < 100, f"rank {rank}: RSS grows {per_step:.0f} bytes per step: {points}"
+        # one buffer kept per message: ≥ 2 · (8·16·4 + 24) bytes a step (the exact check: outstanding)
+        assert per_step < 400, f"rank {rank}: RSS grows {per_step:.0f} bytes per step: {points}"
         assert max(s["outstanding_sends"] for s in samples) <= 4
     summary = json.loads((run / "summary.json").read_text())
     peaks = summary["strategy_metrics"]["peak_outstanding_sends_per_stage"]
