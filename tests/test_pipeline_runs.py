@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import polytrain
+from polytrain.strategies.pipeline.wire import HEADER
 from tests.conftest import assert_same_params, load_model, step_losses
 
 pytestmark = pytest.mark.slow
@@ -74,8 +75,8 @@ def test_flush_pipelines_equal_single(
     assert m["bubble_fraction_theory"] == pytest.approx((procs - 1) / (microbatches + procs - 1))
     assert len(m["busy_s_per_stage"]) == procs and all(b > 0 for b in m["busy_s_per_stage"])
     assert all(b > 0 for b in m["peak_memory_bytes_per_stage"])
-    # bytes are measured: each micro-batch crosses each cut once each way, with a 16-byte header
-    message = 16 + (32 // microbatches) * HIDDEN * 4
+    # bytes are measured: each micro-batch crosses each cut once each way, with a HEADER-byte trailer
+    message = HEADER + (32 // microbatches) * HIDDEN * 4
     for rank in summary["per_rank"][: procs - 1]:
         assert rank["bytes_by_op"]["activation"] == COMMON["steps"] * microbatches * message
     assert summary["per_rank"][-1]["bytes_by_op"]["gradient"] == COMMON["steps"] * microbatches * message
@@ -185,7 +186,7 @@ def test_replicated_stages_equal_single(
     for rank, r in enumerate(summary["per_rank"]):
         assert ("replica_allreduce" in r["bytes_by_op"]) == (rank in replicated)
     # each replica runs half of the micro-batches: the cut carries every micro-batch once
-    message = 16 + (32 // 4) * HIDDEN * 4
+    message = HEADER + (32 // 4) * HIDDEN * 4
     senders = [0, 1] if partition.startswith("2x2") else [0]
     sent = sum(summary["per_rank"][r]["bytes_by_op"]["activation"] for r in senders)
     assert sent == COMMON["steps"] * 4 * message
