@@ -1,0 +1,95 @@
+"""Explicit ring all-reduce: the schedule as plain data, and ring == dist.all_reduce over gloo."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from polytrain.comm import Comm
+from polytrain.comm.ring import chunk_bounds, ring_all_reduce, ring_schedule
+
+
+def test_schedule_simulated_sums_every_chunk() -> None:
+    """Replaying the schedule on W lists of chunk contents yields the full sum everywhere."""
+    for world in (2, 3, 4, 5, 8):
+        held = [[{r} for _ in range(world)] for r in range(world)]  # held[rank][chunk] = ranks summed
+        plans = [ring_schedule(r, world) for r in range(world)]
+        assert all(len(p) == 2 * (world - 1) for p in plans)
+        for i in range(2 * (world - 1)):
+            msgs = [(p[i], set(held[r][p[i].send_chunk])) for r, p in enumerate(plans)]
+            for r in range(world):
+                phase, payload = msgs[(r - 1) % world]
+                assert phase.send_chunk == plans[r][i].recv_chunk
+                mine = held[r][phase.send_chunk]
+                held[r][phase.send_chunk] = mine | payload if phase.kind == "reduce-scatter" else payload
+        assert all(c == set(range(world)) for row in held for c in row)
+
+
+def test_chunks_cover_the_tensor_and_may_be_empty() -> None:
+    assert chunk_bounds(2, 5) == [(0, 0), (0, 0), (0, 1), (1, 1), (1, 2)]
+    assert chunk_bounds(10, 3) == [(0, 3), (3, 6), (6, 10)]
+    with pytest.raises(ValueError, match="world size >= 2"):
+        ring_schedule(0, 1)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+SIZES = [(1,), (4,), (7,), (33, 3), (1001,)]
+
+
+def _check(comm: Comm, group: object, shape: tuple[int, ...], dtype: torch.dtype, seg: int) -> None:
+    gen = torch.Generator().manual_seed(1000 * comm.rank + sum(shape))
+    if dtype.is_floating_point:
+        t = torch.randn(shape, generator=gen, dtype=dtype) * 1e3
+    else:
+        t = torch.randint(-(2**40), 2**40, shape, generator=gen, dtype=dtype)
+    want = t.clone()
+    dist.all_reduce(want, group=group)
+    before = comm.by_op().get("ring", 0)
+    stats = ring_all_reduce(t, comm, segment_elems=seg)
+    if dtype.is_floating_point:
+        torch.testing.assert_close(t, want, rtol=1e-5, atol=1e-3)
+    else:
+        assert torch.equal(t, want), (comm.world, shape)
+    w, n = comm.world, t.numel()
+    assert len(stats.phases) == 2 * (w - 1)
+    assert [p.phase.kind for p in stats.phases] == ["reduce-scatter"] * (w - 1) + ["all-gather"] * (w - 1)
+    assert comm.by_op().get("ring", 0) - before == stats.bytes_sent
+    sizes = [b - a for a, b in chunk_bounds(n, w)]
+    expect = sum(sizes[p.phase.send_chunk] for p in stats.phases) * t.element_size()
+    assert stats.bytes_sent == expect
+    if n % w == 0:
+        assert stats.bytes_sent == 2 * (w - 1) * n * t.element_size() // w
+
+
+def _worker(rank: int, port: int, world: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    groups = {w: dist.new_group(list(range(w))) for w in range(2, world + 1)}
+    for w, group in groups.items():
+        if rank >= w:
+            continue
+        comm = Comm(rank, w, group=group)
+        for shape in SIZES:
+            for dtype in (torch.float32, torch.int64):
+                _check(comm, group, shape, dtype, 16)  # 1001 elements: many segments per chunk
+        # a non-contiguous tensor is summed in place too
+        t = torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (rank + 1)
+        ring_all_reduce(t, comm)
+        assert torch.equal(t, torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (w * (w + 1) / 2))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ring_equals_builtin_all_reduce_w2_to_w5() -> None:
+    mp.spawn(_worker, args=(_port(), 5), nprocs=5, join=True)
