@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train one job (no arguments: CNN on digits, 2 processes)")
     _add_job_flags(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--bind", metavar="ADDR",
+                   help="interface the job's c10d stores listen on (default 127.0.0.1 on one "
+                        "machine; under torchrun: rank 0's store, default MASTER_ADDR's own)")
     p.add_argument("--cluster", help="with --strategy auto: plan for this cluster (see `polytrain plan`)")
     p = sub.add_parser("compare", help="run several strategies on the same job, one table")
     p.add_argument("--strategies", required=True, help="comma-separated ids, e.g. single,allreduce")
@@ -221,6 +224,11 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
     from polytrain import api
 
     _resolve_auto(args)
+    if args.bind:
+        from polytrain.launch.stores import BIND_ENV, check_bindable
+
+        check_bindable(args.bind)
+        os.environ[BIND_ENV] = args.bind  # read by the launcher and by rank 0's store
     if api.under_torchrun():
         from polytrain.launch.torchrun import train_under_torchrun
         from polytrain.launch.worker import exit_now

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from polytrain.launch.stores import BIND_ENV, bind_address, listening_fd
+from polytrain.errors import ConfigError
+from polytrain.launch.run import split_bind
+from polytrain.launch.stores import BIND_ENV, bind_address, check_bindable, listening_fd
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTEN = "0A"
@@ -71,12 +73,11 @@ def _listening(inodes: set[str]) -> set[tuple[str, int]]:
     return found
 
 
-@pytest.mark.slow
-def test_a_local_run_listens_on_loopback_only(tmp_path: Path) -> None:
+def _exposed_while_running(cmd: list[str], cwd: Path) -> tuple[set[tuple[str, int]], set[tuple[str, int]]]:
+    """Run ``cmd`` to its end, polling its process tree's listening sockets; (all, non-loopback)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "polytrain", "train", "--procs", "2", "--steps", "150",
-                             "--no-report", "--out", str(tmp_path / "run")], env=env, cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
     seen: set[tuple[str, int]] = set()
     try:
         while proc.poll() is None:
@@ -88,8 +89,38 @@ def test_a_local_run_listens_on_loopback_only(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-2000:]
     assert len(seen) >= 2, f"too few listening sockets seen to judge: {seen}"
-    exposed = {(a, p) for a, p in seen if not ipaddress.ip_address(a).is_loopback}
+    return seen, {(a, p) for a, p in seen if not ipaddress.ip_address(a).is_loopback}
+
+
+@pytest.mark.slow
+def test_a_local_run_listens_on_loopback_only(tmp_path: Path) -> None:
+    seen, exposed = _exposed_while_running(
+        [sys.executable, "-m", "polytrain", "train", "--procs", "2", "--steps", "150", "--no-report",
+         "--out", str(tmp_path / "run")], tmp_path)
     assert not exposed, f"sockets listening beyond loopback: {sorted(exposed)} (all: {sorted(seen)})"
+
+
+@pytest.mark.slow
+def test_torchrun_through_polytrain_run_binds_its_stores(tmp_path: Path) -> None:
+    """``python -m polytrain.launch.run --bind ADDR`` is torchrun whose agent stores (which plain
+    torchrun binds to every interface) listen on ADDR only."""
+    seen, exposed = _exposed_while_running(
+        [sys.executable, "-m", "polytrain.launch.run", "--bind", "127.0.0.1", "--standalone",
+         "--nproc-per-node", "2", "-m", "polytrain", "train", "--model", "mlp", "--steps", "150",
+         "--no-report", "--out", str(tmp_path / "run")], tmp_path)
+    assert not exposed, f"sockets listening beyond loopback: {sorted(exposed)} (all: {sorted(seen)})"
+
+
+def test_bind_refuses_what_this_host_cannot_listen_on() -> None:
+    with pytest.raises(ConfigError, match="not an IP address"):
+        check_bindable("eth0")
+    with pytest.raises(ConfigError, match="cannot listen there"):
+        check_bindable("192.0.2.254")  # TEST-NET-1: never an address of this host
+    check_bindable("127.0.0.1")
+    assert split_bind(["--bind", "10.0.0.1", "--standalone", "-m", "x"]) == (
+        "10.0.0.1", ["--standalone", "-m", "x"])
+    assert split_bind(["--bind=::1", "a"]) == ("::1", ["a"])
+    assert split_bind(["a"])[0] == "127.0.0.1"
 
 
 def test_rank0_store_binds_loopback_or_the_master_address(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,7 +25,7 @@ from polytrain.errors import RankFailure
 from polytrain.launch.prepare import prepare
 from polytrain.launch.records import free_port, read_error_record
 from polytrain.launch.rundir import new_run_dir, read_summary, write_config
-from polytrain.launch.stores import LOOPBACK, stores_bound_to
+from polytrain.launch.stores import BIND_ENV, LOOPBACK, stores_bound_to
 from polytrain.runtime.progress import FollowProgress
 
 SHUTDOWN_TIMEOUT_S = 10
@@ -102,23 +102,24 @@ def launch(
     payload_path.write_text(json.dumps(payload, indent=1))
     if cfg.debug:
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "INFO"  # DETAIL crashes DDP on torch 2.13/CPU
+    bind = os.environ.get(BIND_ENV, LOOPBACK)  # `--bind`; one machine: loopback
     lc = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=cfg.procs,
         run_id=uuid.uuid4().hex[:12],
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        rdzv_endpoint=f"{bind}:{free_port()}",
         max_restarts=0,
         monitor_interval=0.1,
-        local_addr="127.0.0.1",
+        local_addr=bind,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
     )
     rank0 = run_dir / "ranks" / "rank0.jsonl"
     label = f"{cfg.strategy} ×{cfg.procs}"
     try:
         with FollowProgress(rank0, prepared.steps, label, console), rank_environment(cfg.procs), \
-                stores_bound_to(LOOPBACK):
+                stores_bound_to(bind):
             elastic_launch(lc, sys.executable)("-m", "polytrain.launch.rank_main", str(payload_path))
     except ChildFailedError as err:
         raise RankFailure(describe_failure(run_dir, err, cfg.debug)) from None

@@ -7,10 +7,11 @@ A run on one machine needs none of that, so polytrain binds its stores where the
 
 * local runs (``polytrain train``/``compare``, RL, the planner's measurements): the launcher's
   rendezvous and agent stores and rank 0's store listen on 127.0.0.1 only;
-* ``torchrun`` across hosts: torchrun's agent hosts the stores (polytrain does not own them; bind
-  them with ``--rdzv-endpoint`` on a trusted interface); a rank 0 store polytrain creates itself
-  binds ``POLYTRAIN_BIND`` if set, loopback if ``MASTER_ADDR`` is a loopback address, else
-  ``MASTER_ADDR``'s own address.
+* ``torchrun`` across hosts: torchrun's agent hosts the stores and binds them to every
+  interface; ``python -m polytrain.launch.run --bind ADDR ...`` is torchrun with its stores bound
+  to ``ADDR`` (see :mod:`polytrain.launch.run`); a rank 0 store polytrain creates itself binds
+  ``POLYTRAIN_BIND`` (``polytrain train --bind ADDR``) if set, loopback if ``MASTER_ADDR`` is a
+  loopback address, else ``MASTER_ADDR``'s own address.
 
 The bind works by handing the store an already-listening socket (``master_listen_fd``).
 """
@@ -27,6 +28,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from polytrain.errors import ConfigError
+
 BIND_ENV = "POLYTRAIN_BIND"
 LOOPBACK = "127.0.0.1"
 
@@ -39,6 +42,24 @@ def listening_fd(addr: str, port: int) -> int:
     sock.bind((addr, port))
     sock.listen(512)
     return sock.detach()
+
+
+def check_bindable(addr: str) -> None:
+    """Refuse, before any process starts, an address this host cannot listen on."""
+    try:
+        ipaddress.ip_address(addr)
+    except ValueError:
+        raise ConfigError(
+            f"--bind {addr!r} is not an IP address. Give an address of this host's trusted "
+            "network interface (e.g. 10.0.0.5), or 127.0.0.1 for a run on one machine."
+        ) from None
+    try:
+        os.close(listening_fd(addr, 0))
+    except OSError as e:
+        raise ConfigError(
+            f"--bind {addr}: this host cannot listen there ({e.strerror or e}). Give one of this "
+            "host's own addresses (see `ip -brief addr`), or 127.0.0.1 for one machine."
+        ) from None
 
 
 def bind_address(master_addr: str) -> str:

@@ -1,0 +1,50 @@
+"""``torchrun`` with its stores bound to one interface:
+``python -m polytrain.launch.run --bind ADDR [torchrun arguments]``.
+
+Plain torchrun's agent hosts the c10d rendezvous store on the ``--rdzv-endpoint`` host and binds
+it to every interface (``*:port``). This wrapper runs torchrun's own ``main`` with every
+TCPStore server it starts bound to ``ADDR`` (an address of this host on the cluster's trusted
+network, or 127.0.0.1 for ``--standalone``), and sets ``POLYTRAIN_BIND`` so a store rank 0
+creates itself binds there too. ``ADDR`` defaults to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from polytrain.errors import ConfigError
+from polytrain.launch.stores import BIND_ENV, LOOPBACK, check_bindable, stores_bound_to
+
+
+def split_bind(argv: list[str]) -> tuple[str, list[str]]:
+    """``--bind ADDR`` (or ``--bind=ADDR``) taken out of ``argv``; the rest is torchrun's."""
+    addr, rest, i = LOOPBACK, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--bind" and i + 1 < len(argv):
+            addr, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--bind="):
+            addr = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+        i += 1
+    return addr, rest
+
+
+def main(argv: list[str]) -> None:
+    from torch.distributed.run import main as torchrun_main
+
+    addr, rest = split_bind(argv)
+    try:
+        check_bindable(addr)
+    except ConfigError as err:
+        raise SystemExit(f"error: {err}") from None
+    os.environ[BIND_ENV] = addr
+    with stores_bound_to(addr):
+        torchrun_main(rest)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
