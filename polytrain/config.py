@@ -93,15 +93,45 @@ class JobConfig(BaseModel):
     @field_validator("eval_every", "checkpoint_every", "weight_decay")
     @classmethod
     def _non_negative(cls, v: float) -> float:
-        if v < 0:
-            raise ValueError(f"must be 0 (off) or positive (got {v})")
+        if not v >= 0 or not math.isfinite(v):
+            raise ValueError(f"must be 0 (off) or a finite positive number (got {v})")
+        return v
+
+    @field_validator("momentum")
+    @classmethod
+    def _momentum(cls, v: float) -> float:
+        if not 0.0 <= v < 1.0:
+            raise ValueError(f"momentum must be in [0, 1) (got {v}); 0.9 is the usual value")
+        return v
+
+    @field_validator("epochs")
+    @classmethod
+    def _epochs(cls, v: float | None) -> float | None:
+        if v is not None and (not v > 0 or not math.isfinite(v)):
+            raise ValueError(f"must be a finite positive number of epochs (got {v})")
+        return v
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v: int) -> int:
+        if not 0 <= v < 2**63:
+            raise ValueError(f"a seed is an integer in [0, 2**63) (got {v})")
+        return v
+
+    @field_validator("options", "model_options", "data_options")
+    @classmethod
+    def _finite_options(cls, v: dict[str, Any]) -> dict[str, Any]:
+        bad = [k for k, x in v.items() if isinstance(x, float) and not math.isfinite(x)]
+        if bad:
+            raise ValueError(f"option(s) {', '.join(bad)} must be finite numbers "
+                             f"(got {', '.join(repr(v[k]) for k in bad)})")
         return v
 
     @field_validator("slow_factor")
     @classmethod
     def _slow(cls, v: float) -> float:
-        if not v >= 1.0:
-            raise ValueError(f"a straggler's slow-down factor must be at least 1 (got {v})")
+        if not v >= 1.0 or not math.isfinite(v):
+            raise ValueError(f"a straggler's slow-down factor must be a finite number >= 1 (got {v})")
         return v
 
     @field_validator("keep_checkpoints")

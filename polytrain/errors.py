@@ -17,6 +17,10 @@ class RankFailure(PolytrainError):
     """One or more ranks of a running job failed; the message says which, where and why."""
 
 
+class DivergedError(PolytrainError):
+    """Training produced a non-finite loss or non-finite parameters; the job stops."""
+
+
 class CheckpointError(PolytrainError):
     """A checkpoint is missing, corrupt or belongs to another job."""
 

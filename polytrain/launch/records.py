@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from polytrain.errors import ConfigError
+from polytrain.runtime.jsonsafe import json_safe
 
 LOOPBACK = "127.0.0.1"
 
@@ -61,7 +62,7 @@ def make_run_dir(out: str | None, label: str, base: Path = Path("runs"), *,
 
 def atomic_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=float))
+    tmp.write_text(json.dumps(json_safe(data), indent=1, default=float))
     tmp.replace(path)
 
 

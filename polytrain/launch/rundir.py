@@ -13,6 +13,7 @@ from polytrain.config import JobConfig, to_toml
 from polytrain.errors import ConfigError
 from polytrain.launch.records import atomic_json, make_run_dir
 from polytrain.runtime.job import Job, RankContext
+from polytrain.runtime.jsonsafe import json_safe
 
 TESTBED_ENV = "POLYTRAIN_TESTBED_RECORD"  # set by polytrain testbed on every host
 
@@ -84,7 +85,7 @@ def write_results(
     events.sort(key=lambda e: (e["t"], e["rank"]))
     with (run_dir / "metrics.jsonl").open("w") as f:
         for e in events:
-            f.write(json.dumps(e) + "\n")
+            f.write(json.dumps(json_safe(e)) + "\n")
     if model_state is not None:
         torch.save(model_state, run_dir / "model.pt")
     atomic_json(run_dir / "summary.json", build_summary(job, ctx, records))

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from polytrain.runtime.checkpoint import CheckpointStore
+from polytrain.runtime.divergence import check_finite
 from polytrain.runtime.job import Job, RankContext, RankResult
 
 StepFn = Callable[[int, torch.Tensor, torch.Tensor], float]
@@ -192,6 +193,7 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
         loss = run_step(step)
         if spec.after_update is not None:
             spec.after_update(step, loss)
+        check_finite(step, loss, spec.model)  # before this step's record and checkpoint
         if spec.reports:
             ctx.recorder.step(step, loss, samples=samples_at(step))
         ctx.recorder.sample_resources(step=step)

@@ -26,6 +26,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from polytrain.runtime.jsonsafe import json_safe
+
 FLUSH_EVERY_S = 0.05
 BUFFER = 4096  # events held before a write, whatever the time
 RESOURCES_EVERY_S = 0.5
@@ -115,7 +117,7 @@ class Recorder:
             return
         pending, self._pending = self._pending, []
         if pending:
-            self._file.write("".join(json.dumps(self._as_event(e)) + "\n" for e in pending))
+            self._file.write("".join(json.dumps(json_safe(self._as_event(e))) + "\n" for e in pending))
         self._file.flush()
         self._flushed_at = time.perf_counter()
 

@@ -1,0 +1,75 @@
+"""Divergence is never silent: every numeric option is checked for finiteness and range before
+launch, a run whose parameters go non-finite stops with the step named, keeps its last good
+checkpoint and fails; JSON written by polytrain always parses (null, never NaN)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import polytrain
+from polytrain.config import load_config
+from polytrain.errors import ConfigError, RankFailure
+from polytrain.launch.records import atomic_json
+from polytrain.runtime.checkpoint import CheckpointStore
+from polytrain.runtime.jsonsafe import json_safe
+
+BAD = [("lr", v) for v in (math.nan, math.inf, 0.0, -1.0)] + \
+      [("momentum", v) for v in (math.nan, math.inf, -0.1, 1.0)] + \
+      [("weight_decay", v) for v in (math.nan, math.inf, -1.0)] + \
+      [("timeout_s", v) for v in (math.nan, math.inf, 0.0, -5.0)] + \
+      [("epochs", v) for v in (math.nan, math.inf, 0.0, -1.0)] + \
+      [("slow_factor", v) for v in (math.nan, math.inf, 0.5)] + \
+      [("steps", v) for v in (0, -1)] + [("batch_size", v) for v in (0, -4)] + \
+      [("procs", v) for v in (0, -2)] + [("eval_every", -1), ("checkpoint_every", -1),
+                                         ("keep_checkpoints", 0), ("seed", -1)]
+
+
+@pytest.mark.parametrize(("field", "value"), BAD)
+def test_every_numeric_option_is_checked_before_launch(field: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=field):
+        load_config(overrides={field: value})
+
+
+@pytest.mark.parametrize("bucket", ["servers", "model.width", "data.noise"])
+def test_non_finite_strategy_model_and_data_options_are_refused(bucket: str) -> None:
+    with pytest.raises(ConfigError, match="must be finite"):
+        load_config(sets=[f"{bucket}=nan"])
+    with pytest.raises(ConfigError, match="must be finite"):
+        load_config(sets=[f"{bucket}=inf"])
+
+
+def test_json_written_by_polytrain_parses_strictly(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    atomic_json(path, {"loss": math.nan, "per_rank": [{"x": math.inf}], "ok": 1.5})
+    data = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"bare {c} in JSON"))
+    assert data == {"loss": None, "per_rank": [{"x": None}], "ok": 1.5}
+    assert json_safe((1.0, -math.inf)) == [1.0, None]
+
+
+@pytest.mark.slow
+def test_a_diverging_run_stops_names_the_step_and_keeps_the_last_good_checkpoint(
+        tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with pytest.raises(RankFailure, match=r"diverged at step (\d+)") as err:
+        polytrain.train(strategy="single", procs=1, model="mlp", optimizer="sgd", lr=1e3, steps=30,
+                        checkpoint_every=1, out=str(out))
+    step = int(str(err.value).split("diverged at step ")[1].split(":")[0])
+    assert 1 < step < 30
+    store = CheckpointStore(out / "checkpoints", "")
+    latest = out / "checkpoints" / (out / "checkpoints" / "LATEST").read_text().strip()
+    assert store.step_of(latest) == step - 1  # the step that diverged wrote nothing
+    state = store.load_rank(latest, 0)
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    for line in (out / "ranks" / "rank0.jsonl").read_text().splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c} in metrics"))
+
+
+@pytest.mark.slow
+def test_divergence_on_two_ranks_fails_the_launch(tmp_path: Path) -> None:
+    with pytest.raises(RankFailure, match=r"rank \d failed at step (\d+): DivergedError: training diverged at step \1"):
+        polytrain.train(model="mlp", optimizer="sgd", lr=1e30, steps=20, out=str(tmp_path / "r"))
