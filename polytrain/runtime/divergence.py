@@ -1,10 +1,11 @@
 """Divergence stops a run: a non-finite loss or parameter after a step is an error.
 
 Checked by the shared loop after every step's update and before that step's checkpoint, so the
-newest checkpoint is always the last good state. The parameter check is one fused norm over
-this rank's parameters: one ``isfinite`` reduction per tensor, one host sync. In synchronous data parallelism a NaN on one rank reaches every
-rank's averaged gradient, so every rank stops at the same step; in any strategy the first rank
-that fails stops the job (the launcher stops the others and names the rank and the step).
+newest checkpoint is always the last good state. The parameter check is one ``isfinite``
+reduction per tensor of this rank's parameters and one host sync. In synchronous data
+parallelism a NaN on one rank reaches every rank's averaged gradient, so every rank stops at
+the same step; in any strategy the first rank that fails stops the job (the launcher stops
+the others and names the rank and the step).
 A NaN loss alone is not checked: ranks without a loss of their own (pipeline stages before the
 last, servers) report NaN as "no loss here"; their parameters are checked instead.
 """
