@@ -184,6 +184,8 @@ def run_one(
 
 
 def measure(steps: int, only: set[int] | None) -> list[dict[str, Any]]:
+    from harness import command_line, git_commit
+
     rows = json.loads(RAW.read_text())["runs"] if RAW.exists() and only else []
     for i, (model, hosts, nic, strategies) in enumerate(SCENARIOS):
         if only is not None and i not in only:
@@ -193,7 +195,8 @@ def measure(steps: int, only: set[int] | None) -> list[dict[str, Any]]:
             row = {"scenario": i, **run_one(model, hosts, nic, strategy, opts, steps)}
             print(json.dumps({k: v for k, v in row.items() if k != "step_times"}), flush=True)
             rows.append(row)
-            RAW.write_text(json.dumps({"steps": steps, "runs": rows}, indent=1))
+            RAW.write_text(json.dumps({"steps": steps, "commit": git_commit(), "command": command_line(),
+                                       "runs": rows}, indent=1))
     return rows
 
 
