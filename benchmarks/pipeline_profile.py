@@ -152,7 +152,7 @@ def worker(schedule_name: str, blocks: int, block_steps: int, microbatches: int)
     def ours_step(step: int) -> None:
         run._segment([step], ours_batches)
 
-    from polytrain.strategies.pipeline import wire
+    from polytrain.strategies.pipeline import activations_wire as wire
 
     orig_track, orig_pack, orig_unpack = ex.meter.track, wire.pack, wire.unpack
 

@@ -11,7 +11,7 @@ import polytrain
 from polytrain.config import load_config
 from polytrain.errors import ConfigError
 from polytrain.strategies import make_strategy
-from polytrain.strategies.pipeline.wire import HEADER
+from polytrain.strategies.pipeline.activations_wire import HEADER
 from tests.conftest import assert_same_params, load_model, step_losses
 from tests.test_model_parallel_refs import ALEXNET, MLP, single_reference
 

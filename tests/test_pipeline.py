@@ -24,6 +24,7 @@ from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.recorder import Recorder
 from polytrain.strategies import make_strategy
+from polytrain.strategies.pipeline.activations_wire import HEADER, Frame, Inbox, Outbox, pack, unpack
 from polytrain.strategies.pipeline.heap import keep_heap
 from polytrain.strategies.pipeline.metrics import (
     bubble_fraction,
@@ -38,7 +39,6 @@ from polytrain.strategies.pipeline.weights import (
     backward_distances,
     predict,
 )
-from polytrain.strategies.pipeline.wire import HEADER, Frame, Inbox, Outbox, pack, unpack
 
 COMMON: dict[str, Any] = {
     "model": "mlp",

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import polytrain
-from polytrain.strategies.pipeline.wire import HEADER
+from polytrain.strategies.pipeline.activations_wire import HEADER
 from tests.conftest import assert_same_params, load_model, step_losses
 
 pytestmark = pytest.mark.slow

@@ -171,7 +171,7 @@ def test_unwritable_run_directory_is_a_config_error() -> None:
 
 
 def test_wire_message_packs_ints_and_floats_into_one_padded_payload() -> None:
-    from polytrain.rl.wire import HEADER, Kind, Msg, _tensors, _unpack
+    from polytrain.rl.protocol import HEADER, Kind, Msg, _tensors, _unpack
 
     ids = torch.tensor([0, 7, 2**31 - 1])
     floats = torch.tensor([1.5, -2.0, float("inf")])

@@ -116,9 +116,9 @@ def test_replay_server_stores_an_add_at_the_actors_or_the_max_priority(initial: 
     import torch
 
     from polytrain.rl.config import make_rl_config
+    from polytrain.rl.protocol import Kind, Msg
     from polytrain.rl.replay_server import ReplayServer
     from polytrain.rl.roles import RoleContext, layout_ranks
-    from polytrain.rl.wire import Kind, Msg
     from polytrain.runtime.recorder import Recorder
 
     cfg = make_rl_config({"algo": "apex", "actors": 2, "initial_priority": initial, "alpha": 1.0})

@@ -20,8 +20,8 @@ import torch
 
 from polytrain.rl.acting import EpisodeRunner
 from polytrain.rl.core import build_qnet, double_dqn_td, epsilon_ladder
+from polytrain.rl.protocol import OPS, Kind, Msg, isend_msg, recv_msg, send_msg
 from polytrain.rl.roles import RoleContext
-from polytrain.rl.wire import OPS, Kind, Msg, isend_msg, recv_msg, send_msg
 from polytrain.runtime.flat import load_flat
 
 

@@ -17,9 +17,9 @@ from typing import Any
 from polytrain.rl.dqn import make_learner
 from polytrain.rl.learner import Publisher, ReplayClient, batch_tensors, learn_loop
 from polytrain.rl.monitor import Counters, Monitor
+from polytrain.rl.protocol import wind_down
 from polytrain.rl.replay import Batch
 from polytrain.rl.roles import RoleContext
-from polytrain.rl.wire import wind_down
 
 
 def run_apex_learner(ctx: RoleContext) -> dict[str, Any]:

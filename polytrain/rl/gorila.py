@@ -31,9 +31,9 @@ from polytrain.rl.core import build_qnet
 from polytrain.rl.dqn import make_learner
 from polytrain.rl.learner import Publisher, ReplayClient, batch_tensors, learn_loop
 from polytrain.rl.monitor import Counters, Monitor
+from polytrain.rl.protocol import Kind, Msg, send_msg, wind_down
 from polytrain.rl.replay import Batch
 from polytrain.rl.roles import RoleContext
-from polytrain.rl.wire import Kind, Msg, send_msg, wind_down
 from polytrain.runtime.flat import flat_params, load_flat
 
 

@@ -6,7 +6,7 @@ So this launcher spawns the ranks itself (``multiprocessing`` spawn, one process
 gloo, joined with :func:`polytrain.launch.worker.init_distributed`) and supervises them:
 
 * an actor that exits abnormally is recorded (exit code or signal, time) and left dead; the
-  replay process notices its silence and stops counting it (see :mod:`polytrain.rl.wire`);
+  replay process notices its silence and stops counting it (see :mod:`polytrain.rl.protocol`);
 * a learner, replay or parameter server that fails ends the run at once: every other process
   is terminated and the error names the rank, its role and its cause;
 * when the lead learner exits cleanly the others are leaving too; any still running after a

@@ -25,16 +25,16 @@ import torch
 
 from polytrain.rl.actor import Halted
 from polytrain.rl.monitor import Counters, Monitor
+from polytrain.rl.protocol import OPS, Kind, Msg, Posted, isend_msg, nan_to_none, post_recv
 from polytrain.rl.replay import Batch, beta_at
 from polytrain.rl.roles import RoleContext
-from polytrain.rl.wire import OPS, Kind, Msg, Posted, isend_msg, nan_to_none, post_recv
 from polytrain.runtime.flat import flat_params
 
 
 class ReplayClient:
     """SAMPLE requests with up to ``depth`` in flight (replies come back in order).
 
-    The receives of each reply are posted with its request (:func:`~polytrain.rl.wire.post_recv`;
+    The receives of each reply are posted with its request (:func:`~polytrain.rl.protocol.post_recv`;
     the replay pads every reply to the learner to one batch), so gloo moves batch t+D while the
     learner is still updating on batch t, and taking it later costs no round trip.
     """

@@ -13,7 +13,7 @@ its source (``gloo/transport/tcp/{pair,context,unbound_buffer}.cc``) and checked
 
 So every link between a server (the replay) and a client (a learner or an actor) is its own
 two-rank group: the server receives from each client on that client's link (one receiver
-thread each, :class:`polytrain.rl.wire.Hub`), a connection error names its client, and even a
+thread each, :class:`polytrain.rl.protocol.Hub`), a connection error names its client, and even a
 timeout on one link leaves the others untouched. The world group still carries the start-up
 barrier and gorila's parameter-server traffic (which only learners take part in).
 """

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from polytrain.rl.monitor import ReturnWindow
+from polytrain.rl.protocol import Hub, Kind, Msg
 from polytrain.rl.replay import PrioritizedReplay
 from polytrain.rl.roles import RoleContext
-from polytrain.rl.wire import Hub, Kind, Msg
 
 
 class ReplayServer:

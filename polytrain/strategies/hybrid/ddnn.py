@@ -32,7 +32,7 @@ from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, StepFn, run_loop
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.hybrid.ddnn_tiers import CloudTier, DeviceTier, EdgeTier, Tier, TierSetup
-from polytrain.strategies.pipeline.wire import gather_stages
+from polytrain.strategies.pipeline.activations_wire import gather_stages
 
 
 class DdnnOptions(BaseModel):

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from polytrain.data import DataSpec
-from polytrain.strategies.model.wire import shard_bounds
+from polytrain.strategies.model.shard_collectives import shard_bounds
 
 TIERS = ("local", "edge", "cloud")
 

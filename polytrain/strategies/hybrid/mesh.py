@@ -31,13 +31,13 @@ from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.hybrid.layout import Layout
 from polytrain.strategies.model.layerwise import check_partition_text, utilisation
 from polytrain.strategies.model.megatron import shard_transformer
-from polytrain.strategies.model.tensor import check_transformer
-from polytrain.strategies.model.wire import (
+from polytrain.strategies.model.shard_collectives import (
     Evaluating,
     Wire,
     all_reduce_grads,
     gather_state,
 )
+from polytrain.strategies.model.tensor import check_transformer
 from polytrain.strategies.pipeline.flush import FlushPipeline, Pipelined
 
 PIPELINE_OPTIONS = {"schedule", "microbatches", "partition"}

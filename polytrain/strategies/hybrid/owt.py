@@ -28,7 +28,7 @@ from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, StepFn, run_loop
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.model.shard import first_weight_layer, keep_out_rows, out_size
-from polytrain.strategies.model.wire import (
+from polytrain.strategies.model.shard_collectives import (
     Evaluating,
     Wire,
     all_reduce_grads,

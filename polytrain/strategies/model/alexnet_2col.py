@@ -28,7 +28,7 @@ from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.model.shard import first_weight_layer, keep_out_rows, out_size, own_group_only
-from polytrain.strategies.model.wire import Evaluating, Wire, gather, gather_state, shard_bounds
+from polytrain.strategies.model.shard_collectives import Evaluating, Wire, gather, gather_state, shard_bounds
 
 
 class Column(nn.Module):

@@ -36,7 +36,7 @@ from polytrain.runtime.loop import LoopSpec, StepFn, run_loop
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.model.gnmt_chunks import ChunkChild, Chunks, Ready, chunked
 from polytrain.strategies.model.layerwise import utilisation
-from polytrain.strategies.pipeline.wire import gather_stages
+from polytrain.strategies.pipeline.activations_wire import gather_stages
 
 
 class GnmtOptions(BaseModel):

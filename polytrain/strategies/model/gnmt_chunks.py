@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from polytrain.models import seq2seq as s2s
-from polytrain.strategies.model.wire import shard_bounds
+from polytrain.strategies.model.shard_collectives import shard_bounds
 
 Ready = list[tuple[int, torch.Tensor | None]]
 

@@ -29,7 +29,7 @@ from torch import nn
 
 from polytrain.errors import ConfigError
 from polytrain.models.gpt import CausalSelfAttention, Mlp
-from polytrain.strategies.model.wire import Wire, copy_to, reduce_from, shard_bounds
+from polytrain.strategies.model.shard_collectives import Wire, copy_to, reduce_from, shard_bounds
 
 ShardDims = dict[str, int]
 

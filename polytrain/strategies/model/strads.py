@@ -39,7 +39,7 @@ from polytrain.strategies.model.lasso import (
     make_problem,
     objective,
 )
-from polytrain.strategies.model.wire import Wire
+from polytrain.strategies.model.shard_collectives import Wire
 
 REPORTS = ("Lasso objective F(β) = ||y−Xβ||²/(2n) + λ||β||₁ on a generated sparse regression problem "
            "(options n, p, informative, group, corr, noise); loss = objective, samples = coordinate "

@@ -24,8 +24,8 @@ from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.model.megatron import ShardDims, check_heads, shard_transformer
+from polytrain.strategies.model.shard_collectives import Evaluating, Wire, gather_state
 from polytrain.strategies.model.tp_plan import apply_plan, derive_plan, parse_plan, unchunk
-from polytrain.strategies.model.wire import Evaluating, Wire, gather_state
 
 
 class TensorOptions(BaseModel):

@@ -27,7 +27,7 @@ from torch import nn
 
 from polytrain.errors import ConfigError
 from polytrain.strategies.model.megatron import RowParallelLinear, ShardDims, _enter
-from polytrain.strategies.model.wire import Wire, shard_bounds
+from polytrain.strategies.model.shard_collectives import Wire, shard_bounds
 
 STYLES = ("colwise", "rowwise")
 MLP_PAIRS = (("c_fc", "c_proj"), ("fc", "proj"), ("fc1", "fc2"), ("w1", "w2"))

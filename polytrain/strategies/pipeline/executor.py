@@ -43,8 +43,8 @@ from polytrain.errors import ConfigError
 from polytrain.plan.profile import TensorMeta
 from polytrain.runtime.job import Job, RankContext
 from polytrain.strategies.pipeline.actions import Action
+from polytrain.strategies.pipeline.activations_wire import Inbox, Outbox
 from polytrain.strategies.pipeline.weights import FlushWeights, Params
-from polytrain.strategies.pipeline.wire import Inbox, Outbox
 
 CHECKPOINT_MODES = ("never", "except_last", "always")
 

@@ -29,11 +29,11 @@ from polytrain.plan.partition import Partition, balanced, check_cuttable, cut, u
 from polytrain.plan.profile import boundary_metas
 from polytrain.runtime.job import Job, RankContext
 from polytrain.runtime.loop import StepFn
+from polytrain.strategies.pipeline.activations_wire import gather_stages
 from polytrain.strategies.pipeline.checks import dry_run, validate
 from polytrain.strategies.pipeline.executor import StageExecutor, StageSpec
 from polytrain.strategies.pipeline.schedule import stage_orders
 from polytrain.strategies.pipeline.weights import FlushWeights
-from polytrain.strategies.pipeline.wire import gather_stages
 
 PLANNERS = ("uniform", "params")
 

@@ -55,6 +55,7 @@ from polytrain.runtime.batches import GlobalBatches
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, restore_checkpoint, save_checkpoint
 from polytrain.strategies.pipeline.actions import Action
+from polytrain.strategies.pipeline.activations_wire import recv_state, send_state
 from polytrain.strategies.pipeline.checks import dry_run, validate
 from polytrain.strategies.pipeline.executor import StageExecutor, StageSpec, Window
 from polytrain.strategies.pipeline.heap import keep_heap
@@ -63,7 +64,6 @@ from polytrain.strategies.pipeline.options import PipelineOptions
 from polytrain.strategies.pipeline.planning import resolve_partition
 from polytrain.strategies.pipeline.schedule import Orders, stage_orders
 from polytrain.strategies.pipeline.weights import FlushWeights
-from polytrain.strategies.pipeline.wire import recv_state, send_state
 
 MakeWeights = Callable[[nn.Module, torch.optim.Optimizer, int], FlushWeights]
 
