@@ -5,15 +5,17 @@ all-reduces them in buckets while backward is still running (overlap) and divide
 replica applies the same update — the one single-process training applies on the whole batch.
 The bucket all-reduce goes through a comm hook into polytrain's accounted communicator, so the
 bytes are counted, and each bucket's all-reduce is recorded as a ``comm`` span on the timeline.
+``--set collective=ring`` replaces the backend's all-reduce by polytrain's explicit ring
+(:mod:`polytrain.comm.ring`; blocking, so no overlap with backward), one span per ring phase.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import ConfigDict, field_validator
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from polytrain.comm.ddp_hooks import builtin_hook, ring_hook
+from polytrain.comm.options import CollectiveOptions, check_collective
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
@@ -21,7 +23,7 @@ from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.strategies.base import Strategy
 
 
-class AllreduceOptions(BaseModel):
+class AllreduceOptions(CollectiveOptions):
     model_config = ConfigDict(extra="forbid")
     bucket_mb: float = 25.0
 
@@ -44,22 +46,6 @@ def check_divisible(cfg: JobConfig, parts: int, strategy: str) -> None:
         )
 
 
-def _accounted_hook(ctx: RankContext) -> Any:
-    """A DDP comm hook: mean of the bucket over ranks, through the accounted communicator."""
-    rec = ctx.recorder
-
-    # DDP checks the hook's annotation at run time, which a postponed (string) annotation fails,
-    # so the hook (GradBucket -> Future[Tensor]) is left unannotated.
-    def hook(_state, bucket):  # type: ignore[no-untyped-def]
-        buf = bucket.buffer()
-        buf.div_(ctx.world)
-        start, index = rec.now(), bucket.index()
-        return ctx.comm.all_reduce_future(
-            buf, on_done=lambda: rec.add_span("allreduce", "comm", start, rec.now(), bucket=index))
-
-    return hook
-
-
 class Allreduce(Strategy):
     name = "allreduce"
     family = "data"
@@ -68,15 +54,18 @@ class Allreduce(Strategy):
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_divisible(cfg, world, self.name)
+        check_collective(self.name, self.options.collective, world)  # type: ignore[attr-defined]
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: AllreduceOptions = self.options  # type: ignore[assignment]
         model = job.build_model().to(ctx.device)
         ddp = DDP(model, bucket_cap_mb=opts.bucket_mb,
                   device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
-        ddp.register_comm_hook(None, _accounted_hook(ctx))
+        hook = ring_hook if opts.collective == "ring" else builtin_hook
+        ddp.register_comm_hook(None, hook(ctx.comm, ctx.world, ctx.recorder))
         optimizer = job.make_optimizer(ddp.parameters())
         spec = LoopSpec(model=model, optimizer=optimizer, step_fn=plain_step(job, ctx, ddp, optimizer),
                         part=ctx.rank, parts=ctx.world,
-                        metrics={"bucket_mb": opts.bucket_mb, "overlap": True})
+                        metrics={"bucket_mb": opts.bucket_mb, "overlap": opts.collective == "builtin",
+                                 "collective": opts.collective})
         return run_loop(job, ctx, spec)

@@ -21,8 +21,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from polytrain.comm.ddp_hooks import record_ring
+from polytrain.comm.options import CollectiveOptions, check_collective
+from polytrain.comm.ring import ring_all_reduce
 from polytrain.config import JobConfig
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop
@@ -30,7 +33,7 @@ from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 
 
-class LocalSgdOptions(BaseModel):
+class LocalSgdOptions(CollectiveOptions):
     model_config = ConfigDict(extra="forbid")
     period: int = Field(4, ge=0, description="steps between averages; 0 = once, at the end")
     warmup: int = Field(0, ge=0, description="first steps that average after every step")
@@ -42,11 +45,15 @@ def averages_after(step: int, steps: int, period: int, warmup: int) -> bool:
 
 
 @torch.no_grad()
-def average_parameters(model: torch.nn.Module, ctx: RankContext, op: str = "average") -> None:
+def average_parameters(model: torch.nn.Module, ctx: RankContext, op: str = "average",
+                       collective: str = "builtin") -> None:
     """Replace every rank's parameters by their mean over ranks (one flat all-reduce)."""
     params = list(model.parameters())
     flat = torch.cat([p.reshape(-1) for p in params])
-    ctx.comm.all_reduce(flat, op=op)
+    if collective == "ring":
+        record_ring(ctx.recorder, ring_all_reduce(flat, ctx.comm, op=op))
+    else:
+        ctx.comm.all_reduce(flat, op=op)
     flat.div_(ctx.world)
     pos = 0
     for p in params:
@@ -74,6 +81,7 @@ class LocalSgd(Strategy):
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_divisible(cfg, world, self.name)
+        check_collective(self.name, self.options.collective, world)  # type: ignore[attr-defined]
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: LocalSgdOptions = self.options  # type: ignore[assignment]
@@ -94,7 +102,7 @@ class LocalSgd(Strategy):
                 optimizer.step()
             if averages_after(i, job.steps, opts.period, opts.warmup):
                 with rec.span("average", "comm", step=i):
-                    average_parameters(model, ctx)
+                    average_parameters(model, ctx, collective=opts.collective)
                 averages += 1
             return float(loss.detach())
 
