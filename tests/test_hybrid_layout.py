@@ -7,8 +7,8 @@ import pytest
 
 from polytrain.config import load_config
 from polytrain.errors import ConfigError
+from polytrain.runtime.layout import RL_ORDER, Layout
 from polytrain.strategies import make_strategy
-from polytrain.strategies.hybrid.layout import Layout
 
 
 def test_minus_one_means_the_remaining_ranks() -> None:
@@ -51,3 +51,20 @@ def test_mesh_checks_the_job_before_any_process() -> None:
     with pytest.raises(ConfigError, match=r"multiple of 3 \(got 16\)"):
         make_strategy("mesh", {"dp": 3}).check(cfg, 3)
     make_strategy("mesh", {"dp": 2, "pp": 2}).check(cfg, 4)
+
+
+def test_one_layout_places_servers_coordinator_replay_and_actors() -> None:
+    sandblaster = Layout(servers=2, coordinator=1).resolve(6)
+    assert (sandblaster.coordinator_rank, sandblaster.server_ranks) == (0, (1, 2))
+    assert sandblaster.replica_ranks == (3, 4, 5) and sandblaster.role(4) == ("replicas", 1)
+    distbelief = Layout(pp=2, servers=4).resolve(8)  # 2 servers per stage, 2 replicas of 2 stages
+    assert distbelief.pp_groups() == [[4, 5], [6, 7]]
+    assert (distbelief.stage_servers(1), distbelief.stage_clients(1)) == ([2, 3], [5, 7])
+    assert distbelief.coords(7) == (1, 1, 0)
+    gorila = Layout(dp=2, servers=3, replay=1, actors=2, order=RL_ORDER).resolve(8)
+    assert (gorila.replica_ranks, gorila.replay_rank, gorila.server_ranks) == ((0, 1), 2, (3, 4, 5))
+    assert gorila.actor_ranks == (6, 7) and gorila.lead == 0
+    with pytest.raises(ConfigError, match=r"1·2·1 = 2 ranks \+ 4 other ranks.*--procs 6"):
+        Layout(dp=1, pp=2, servers=4).resolve(7)
+    with pytest.raises(ConfigError, match=r"no place for \['actors'\]"):
+        Layout(actors=2, order=("replicas",))

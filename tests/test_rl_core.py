@@ -13,8 +13,8 @@ from torch import nn
 from polytrain.errors import ConfigError
 from polytrain.rl.config import check_qnet, make_rl_config
 from polytrain.rl.core import (
-    Layout,
     NStep,
+    TransitionRow,
     clip_grad_norm,
     double_dqn_td,
     epsilon_ladder,
@@ -52,7 +52,7 @@ def _play(nstep: NStep, rewards: list[float], terminated: bool) -> list[np.ndarr
 def test_n_step_returns_match_hand_computation() -> None:
     # γ = 0.5, n = 2, rewards 1, 2, 3, 4; the episode terminates after the 4th step (state s4)
     rows = _play(NStep(2, 0.5, obs_dim=1), [1.0, 2.0, 3.0, 4.0], terminated=True)
-    layout = Layout(1)
+    layout = TransitionRow(1)
     obs, action, ret, nxt, disc = (t.tolist() for t in layout.split(torch.from_numpy(np.stack(rows))))
     assert obs == [[0.0], [1.0], [2.0], [3.0]]
     assert action == [0, 1, 0, 1]
@@ -80,7 +80,7 @@ def test_double_dqn_target() -> None:
     # obs 1, action 0, R = 1, next 2, discount 0.5: a' = argmax_online Q(2) = 1 (online picks),
     # valued by the target net: Q'(2)[1] = -2, so y = 1 + 0.5·(-2) = 0 and Q(1)[0] = 1.
     rows = torch.tensor([[1.0, 0.0, 1.0, 2.0, 0.5]])
-    q, td = double_dqn_td(online, target, Layout(1), rows)
+    q, td = double_dqn_td(online, target, TransitionRow(1), rows)
     assert q.tolist() == [1.0] and td.tolist() == [-1.0]
     assert q.requires_grad and not td.requires_grad
 
@@ -108,9 +108,10 @@ def test_config_errors_name_rule_value_and_fix() -> None:
 
 def test_rank_layouts() -> None:
     apex = layout_ranks(make_rl_config({"algo": "apex", "actors": 3}))
-    assert (apex.learners, apex.replay, apex.actors) == ((0,), 1, (2, 3, 4))
+    assert (apex.replica_ranks, apex.replay_rank, apex.actor_ranks) == ((0,), 1, (2, 3, 4))
     gorila = layout_ranks(make_rl_config({"algo": "gorila", "actors": 2, "learners": 2, "servers": 3}))
-    assert (gorila.learners, gorila.replay, gorila.servers, gorila.actors) == ((0, 1), 2, (3, 4, 5), (6, 7))
+    assert (gorila.replica_ranks, gorila.replay_rank) == ((0, 1), 2)
+    assert (gorila.server_ranks, gorila.actor_ranks) == ((3, 4, 5), (6, 7))
     assert make_rl_config({"algo": "gorila"}).priority_alpha == 0.0  # uniform replay, as in Gorila
     assert make_rl_config({"algo": "apex"}).priority_alpha == 0.6
 

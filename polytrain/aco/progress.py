@@ -4,8 +4,6 @@ launcher tails rank 0's ``iterations.jsonl`` as ``train``'s bar tails rank 0's e
 
 from __future__ import annotations
 
-import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from polytrain.aco.config import ACOConfig
+from polytrain.runtime.progress import TailJSONL
 
 
 class ACOProgress:
@@ -42,43 +41,15 @@ class ACOProgress:
             self._p = None
 
 
-class FollowIterations:
+class FollowIterations(TailJSONL):
     """Tail ``iterations.jsonl`` in a thread and feed each row to a bar."""
 
     def __init__(self, path: Path, bar: ACOProgress) -> None:
-        self.path, self.bar = path, bar
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(path)
+        self.bar = bar
 
-    def __enter__(self) -> FollowIterations:
-        self._thread.start()
-        return self
+    def _handle(self, ev: dict[str, Any]) -> None:
+        self.bar(ev)
 
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+    def _close(self) -> None:
         self.bar.close()
-
-    def _run(self) -> None:
-        offset = 0
-        while True:
-            stopping = self._stop.is_set()
-            offset = self._read(offset)
-            if stopping:
-                return
-            self._stop.wait(0.2)
-
-    def _read(self, offset: int) -> int:
-        if not self.path.is_file():
-            return offset
-        with self.path.open() as f:
-            f.seek(offset)
-            last = None
-            for line in f:
-                if not line.endswith("\n"):
-                    break
-                offset += len(line)
-                last = line
-        if last is not None:
-            self.bar(json.loads(last))
-        return offset

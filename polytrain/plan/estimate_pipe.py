@@ -4,7 +4,7 @@ The partition is PipeDream's planner's (`plan.partition.pipedream_plan`, one rep
 the profile's per-layer costs at the micro-batch size; the step is the registered schedule's own
 orders replayed on a model clock (`plan.simulate.pipeline_step`), then — for mesh dp×pp — each
 stage's gradients all-reduced over its dp replicas, then the slowest stage's optimizer step.
-Rank layout as `strategies.hybrid.layout.Layout` numbers it: rank = d·pp + s.
+Rank layout as `runtime.layout.Layout` numbers it: rank = d·pp + s.
 """
 
 from __future__ import annotations

@@ -153,7 +153,7 @@ def estimate_for(cfg: JobConfig, world: int, scene: Scene) -> Estimate | str:
 
 
 def _mesh(o: dict[str, Any], world: int, scene: Scene) -> Estimate:
-    from polytrain.strategies.hybrid.layout import Layout
+    from polytrain.runtime.layout import Layout
 
     layout = Layout(int(o.get("dp", -1)), int(o.get("pp", 1)), int(o.get("tp", 1))).resolve(world)
     if layout.tp > 1:

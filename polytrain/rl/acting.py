@@ -24,7 +24,7 @@ class EpisodeRunner:
     def __init__(self, ctx: RoleContext, seed: int) -> None:
         self.cfg = ctx.cfg
         self.env = make_env(ctx.cfg.env)
-        self.nstep = NStep(ctx.cfg.n_step, ctx.cfg.gamma, ctx.layout.obs_dim)
+        self.nstep = NStep(ctx.cfg.n_step, ctx.cfg.gamma, ctx.row.obs_dim)
         self.obs = np.asarray(self.env.reset(seed=seed)[0], dtype=np.float32)
         self.rng = np.random.default_rng(seed)
         self.ep_return = 0.0

@@ -35,7 +35,7 @@ class Halted(Exception):
 
 def priorities(net: torch.nn.Module, ctx: RoleContext, rows: np.ndarray) -> np.ndarray:
     with torch.no_grad():
-        _, td = double_dqn_td(net, net, ctx.layout, torch.from_numpy(rows))
+        _, td = double_dqn_td(net, net, ctx.row, torch.from_numpy(rows))
     return td.abs().numpy()
 
 
@@ -43,13 +43,13 @@ class Actor:
     def __init__(self, ctx: RoleContext) -> None:
         cfg = ctx.cfg
         self.ctx = ctx
-        self.index = ctx.ranks.actors.index(ctx.rank)
+        self.index = ctx.ranks.actor_ranks.index(ctx.rank)
         self.epsilon = epsilon_ladder(cfg.actors, cfg.eps_base, cfg.eps_alpha)[self.index]
         torch.manual_seed(cfg.seed)  # the learner's initial network, until the first fetch
         self.net = build_qnet(cfg.model, cfg.info, cfg.hidden, cfg.depth)
         self.runner = EpisodeRunner(ctx, cfg.seed + 1000 * (self.index + 1))
-        assert ctx.ranks.replay is not None
-        self.replay = ctx.ranks.replay
+        assert ctx.ranks.replay_rank is not None
+        self.replay = ctx.ranks.replay_rank
         self.link = ctx.link(self.replay)
         self.fetch_due = True
         self.version = 0
@@ -60,7 +60,7 @@ class Actor:
 
     def _send(self, rows: list[np.ndarray], episodes: list[tuple[float, int]]) -> None:
         """ADD without waiting: the reply is taken before the next request (see _collect)."""
-        block = np.stack(rows) if rows else np.zeros((0, self.ctx.layout.width), np.float32)
+        block = np.stack(rows) if rows else np.zeros((0, self.ctx.row.width), np.float32)
         own = bool(rows) and self.ctx.cfg.initial_priority == "actor"  # else the replay uses its max
         td = priorities(self.net, self.ctx, block) if own else np.zeros(0, np.float32)
         ep = np.asarray(episodes, dtype=np.float32).reshape(-1)

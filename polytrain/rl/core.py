@@ -1,6 +1,6 @@
 """The DQN core every algorithm shares: Q-network, n-step transitions, double-DQN loss, ε.
 
-A transition is one float32 row (see :class:`Layout`), so replay, wire messages and batches are
+A transition is one float32 row (see :class:`TransitionRow`), so replay, wire messages and batches are
 plain tensors::
 
     row = [ obs (D) | action | R (n-step return) | next_obs (D) | discount ]       width 2D + 3
@@ -25,7 +25,7 @@ from polytrain.rl.envs import EnvInfo
 
 
 @dataclass(frozen=True)
-class Layout:
+class TransitionRow:
     """Column slices of a transition row for observations of ``obs_dim`` floats."""
 
     obs_dim: int
@@ -109,7 +109,7 @@ def make_optimizer(name: str, params: list[nn.Parameter] | list[torch.Tensor],
     return torch.optim.Adam(params, lr=lr, fused=True)
 
 
-def double_dqn_td(online: nn.Module, target: nn.Module, layout: Layout,
+def double_dqn_td(online: nn.Module, target: nn.Module, row: TransitionRow,
                   rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(Q(s, a) with grad (B,), TD error y − Q(s, a) without grad (B,)).
 
@@ -121,7 +121,7 @@ def double_dqn_td(online: nn.Module, target: nn.Module, layout: Layout,
     calls. Gradients are those of Q(s, a) alone (the s' half only picks a', without grad).
     When ``target is online`` (an actor's priorities) that pass also gives Q_target(s', ·).
     """
-    obs, action, ret, next_obs, discount = layout.split(rows)
+    obs, action, ret, next_obs, discount = row.split(rows)
     b = obs.shape[0]
     both = online(torch.cat([obs, next_obs]))  # (2B, A)
     q = both[:b].gather(1, action[:, None]).squeeze(1)
@@ -153,20 +153,20 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> None:
 class QLearner:
     """An online net, its target net and optimizer; one update or one gradient at a time."""
 
-    def __init__(self, net: nn.Module, layout: Layout, optimizer: str, lr: float,
+    def __init__(self, net: nn.Module, row: TransitionRow, optimizer: str, lr: float,
                  grad_clip: float) -> None:
         import copy
 
         self.net = net
         self.target = copy.deepcopy(net).requires_grad_(False)
-        self.layout = layout
+        self.row = row
         self.grad_clip = grad_clip
         self.params = list(net.parameters())
         self.opt = make_optimizer(optimizer, self.params, lr)
         self.updates = 0
 
     def loss(self, rows: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
-        q, td = double_dqn_td(self.net, self.target, self.layout, rows)
+        q, td = double_dqn_td(self.net, self.target, self.row, rows)
         return weighted_huber(q, td, weights), td.abs().numpy()
 
     def gradient(self, rows: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, float, np.ndarray]:

@@ -26,13 +26,13 @@ def make_learner(ctx: RoleContext) -> QLearner:
     cfg = ctx.cfg
     torch.manual_seed(cfg.seed)  # every algorithm starts from the same initial network
     net = build_qnet(cfg.model, cfg.info, cfg.hidden, cfg.depth)
-    return QLearner(net, ctx.layout, cfg.optimizer, cfg.lr, cfg.grad_clip)
+    return QLearner(net, ctx.row, cfg.optimizer, cfg.lr, cfg.grad_clip)
 
 
 def run_dqn(ctx: RoleContext) -> dict[str, Any]:
     cfg = ctx.cfg
     learner = make_learner(ctx)
-    replay = PrioritizedReplay(cfg.replay_capacity, ctx.layout.width, cfg.priority_alpha, seed=cfg.seed)
+    replay = PrioritizedReplay(cfg.replay_capacity, ctx.row.width, cfg.priority_alpha, seed=cfg.seed)
     episodes = EpisodeRunner(ctx, cfg.seed)
     monitor = Monitor(cfg, ctx.recorder)
     window = ReturnWindow()

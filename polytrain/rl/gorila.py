@@ -42,7 +42,7 @@ def _plan(ctx: RoleContext) -> Any:
 
     torch.manual_seed(ctx.cfg.seed)  # the same initial network on every rank
     net = build_qnet(ctx.cfg.model, ctx.cfg.info, ctx.cfg.hidden, ctx.cfg.depth)
-    return size_plan(param_infos(net), len(ctx.ranks.servers)), flat_params(net)
+    return size_plan(param_infos(net), len(ctx.ranks.server_ranks)), flat_params(net)
 
 
 def run_shard(ctx: RoleContext, index: int) -> dict[str, Any]:
@@ -50,7 +50,7 @@ def run_shard(ctx: RoleContext, index: int) -> dict[str, Any]:
     from polytrain.strategies.ps.server import ParameterServer
 
     plan, flat = _plan(ctx)
-    learners = list(ctx.ranks.learners)
+    learners = list(ctx.ranks.replica_ranks)
     server = ParameterServer(ctx.net_comm, learners, plan.gather(flat, index), ctx.cfg.optimizer,
                              make_consistency("async", len(learners)), lr=ctx.cfg.lr)
     server.serve()  # until every learner has sent DONE
@@ -63,7 +63,7 @@ def run_gorila_learner(ctx: RoleContext, index: int) -> dict[str, Any]:
     cfg = ctx.cfg
     learner = make_learner(ctx)
     plan, _ = _plan(ctx)
-    ps = PSClient(ctx.net_comm, plan, list(ctx.ranks.servers), sparse=False)
+    ps = PSClient(ctx.net_comm, plan, list(ctx.ranks.server_ranks), sparse=False)
     client = ReplayClient(ctx)
     lead = index == 0
     monitor = Monitor(cfg, ctx.recorder) if lead else None

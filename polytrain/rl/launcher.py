@@ -29,7 +29,8 @@ from typing import Any
 from polytrain.errors import RankFailure
 from polytrain.launch.records import atomic_json, read_error_record, write_error_record
 from polytrain.rl.config import RLConfig
-from polytrain.rl.roles import Ranks, layout_ranks
+from polytrain.rl.roles import describe, layout_ranks, role
+from polytrain.runtime.layout import Layout
 
 POLL_S = 0.05
 GRACE_S = 15.0  # after the lead learner finished: how long the others may take to leave
@@ -72,13 +73,13 @@ def _stop_all(procs: dict[int, Any]) -> None:
             p.join(timeout=2)
 
 
-def _failure(run_dir: Path, ranks: Ranks, ex: Exit, debug: bool) -> RankFailure:
+def _failure(run_dir: Path, ranks: Layout, ex: Exit, debug: bool) -> RankFailure:
     record = read_error_record(run_dir, ex.rank)
     error = record["error"] if record else None
     what = f"failed: {error}" if error else f"{ex.cause} without an error report (killed, or out of memory)"
     return RankFailure(
-        f"The RL job failed: rank {ex.rank} ({ranks.describe(ex.rank)}) {what} at {ex.at_s:.1f} s. "
-        f"A {ranks.role(ex.rank)[0]} is essential (only actors may be lost), so the other processes "
+        f"The RL job failed: rank {ex.rank} ({describe(ranks, ex.rank)}) {what} at {ex.at_s:.1f} s. "
+        f"A {role(ranks, ex.rank)[0]} is essential (only actors may be lost), so the other processes "
         f"were stopped. Logs: {run_dir}/ranks/rank*.log" + ("" if debug else " (add --debug for tracebacks).")
     )
 
@@ -94,11 +95,11 @@ def supervise(cfg: RLConfig, run_dir: Path, procs: dict[int, Any], started: floa
             for rank, p in procs.items():
                 if rank in sup.exits or p.is_alive():
                     continue
-                ex = Exit(rank, ranks.describe(rank), p.exitcode, now - started)
+                ex = Exit(rank, describe(ranks, rank), p.exitcode, now - started)
                 sup.exits[rank] = ex
                 if ex.code == 0:
                     lead_done_at = now if rank == ranks.lead else lead_done_at
-                elif rank in ranks.actors:
+                elif rank in ranks.actor_ranks:
                     sup.lost_actors.append(ex)
                 else:
                     raise _failure(run_dir, ranks, ex, cfg.debug)
@@ -106,7 +107,7 @@ def supervise(cfg: RLConfig, run_dir: Path, procs: dict[int, Any], started: floa
             if late or now > deadline:
                 for rank in procs:
                     if rank not in sup.exits:
-                        sup.exits[rank] = Exit(rank, ranks.describe(rank), None, now - started)
+                        sup.exits[rank] = Exit(rank, describe(ranks, rank), None, now - started)
                 break
             time.sleep(POLL_S)
     finally:

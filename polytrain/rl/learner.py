@@ -40,10 +40,10 @@ class ReplayClient:
     """
 
     def __init__(self, ctx: RoleContext) -> None:
-        assert ctx.ranks.replay is not None
-        self.comm = ctx.link(ctx.ranks.replay)
-        self.replay = ctx.ranks.replay
-        self.width = ctx.layout.width
+        assert ctx.ranks.replay_rank is not None
+        self.comm = ctx.link(ctx.ranks.replay_rank)
+        self.replay = ctx.ranks.replay_rank
+        self.width = ctx.row.width
         self.batch_size = ctx.cfg.batch_size
         self.batches = ctx.cfg.sample_batches
         self.depth = ctx.cfg.prefetch

@@ -6,7 +6,7 @@ weight ``w_j = (N·P(j))^−β / max_k (N·P(k))^−β = (p_j / p_min)^−β`` (
 which corrects the bias of non-uniform sampling fully when β reaches 1. ``α = 0`` is uniform
 replay (every weight 1).
 
-Rows are plain float32 vectors (see :class:`polytrain.rl.dqn.Layout`); the buffer does not know
+Rows are plain float32 vectors (see :class:`polytrain.rl.core.TransitionRow`); the buffer does not know
 what they mean. Every stored row gets a fresh id: a priority update that arrives after its slot
 was overwritten (FIFO, at capacity) is dropped instead of landing on the newer transition.
 """

@@ -28,14 +28,14 @@ class ReplayServer:
     def __init__(self, ctx: RoleContext) -> None:
         cfg = ctx.cfg
         self.ctx = ctx
-        self.width = ctx.layout.width
+        self.width = ctx.row.width
         self.replay = PrioritizedReplay(cfg.replay_capacity, self.width, cfg.priority_alpha,
                                         seed=cfg.seed + 1)
         self.window = ReturnWindow()
         self.env_steps = 0
         self.episodes = 0
         self.per_actor: dict[int, dict[str, float]] = {
-            r: {"env_steps": 0, "episodes": 0, "messages": 0} for r in ctx.ranks.actors}
+            r: {"env_steps": 0, "episodes": 0, "messages": 0} for r in ctx.ranks.actor_ranks}
         self.samples = 0
         self.batches = 0
         self.priority_updates = 0
@@ -45,12 +45,13 @@ class ReplayServer:
         self.version = 0
         self.learning_starts = max(cfg.learning_starts, cfg.batch_size)
         self.busy_s = 0.0
-        clients = {r: "learner" for r in ctx.ranks.learners} | {r: "actor" for r in ctx.ranks.actors}
-        depth = dict.fromkeys(ctx.ranks.learners, cfg.prefetch)  # SAMPLE requests in flight
+        learners, actors = ctx.ranks.replica_ranks, ctx.ranks.actor_ranks
+        clients = {r: "learner" for r in learners} | {r: "actor" for r in actors}
+        depth = dict.fromkeys(learners, cfg.prefetch)  # SAMPLE requests in flight
         from polytrain.rl.learner import ReplayClient  # learners post their receives ahead
 
-        pad = dict.fromkeys(ctx.ranks.learners, ReplayClient.reply_size(cfg.batch_size, cfg.sample_batches,
-                                                                           self.width))
+        pad = dict.fromkeys(learners, ReplayClient.reply_size(cfg.batch_size, cfg.sample_batches,
+                                                              self.width))
         self.hub = Hub(ctx.links, ctx.recorder, clients, ctx.ranks.lead, cfg.actor_timeout_s, depth, pad)
 
     # ---- handlers ---------------------------------------------------------------------------

@@ -20,7 +20,8 @@ import torch
 from polytrain.launch.records import atomic_json, make_run_dir
 from polytrain.rl.config import RLConfig
 from polytrain.rl.launcher import Supervision
-from polytrain.rl.roles import Ranks, layout_ranks
+from polytrain.rl.roles import describe, layout_ranks
+from polytrain.runtime.layout import Layout
 
 
 def new_run_dir(cfg: RLConfig, base: Path = Path("runs")) -> Path:
@@ -88,7 +89,7 @@ def startup_s(run_dir: Path, sup: Supervision) -> float:
     return 0.0
 
 
-def _lost(sup: Supervision, ranks: Ranks, replay: dict[str, Any], cfg: RLConfig,
+def _lost(sup: Supervision, ranks: Layout, replay: dict[str, Any], cfg: RLConfig,
           offset: float) -> list[dict[str, Any]]:
     """Lost actors, with times on the run's clock (``offset``: launch -> clock origin)."""
     from polytrain.rl.core import epsilon_ladder
@@ -97,13 +98,13 @@ def _lost(sup: Supervision, ranks: Ranks, replay: dict[str, Any], cfg: RLConfig,
     detected = replay.get("lost", {})
     out = []
     for ex in sup.lost_actors:
-        i = ranks.actors.index(ex.rank)
+        i = ranks.actor_ranks.index(ex.rank)
         out.append({"rank": ex.rank, "actor": i, "epsilon": eps[i], "cause": ex.cause,
                     "exited_at_s": round(ex.at_s - offset, 3),
                     "detected_by_replay_at_s": detected.get(str(ex.rank))})
     for rank_s, at in detected.items():  # silent but never exited (hung): lost all the same
         if int(rank_s) not in {ex.rank for ex in sup.lost_actors}:
-            i = ranks.actors.index(int(rank_s))
+            i = ranks.actor_ranks.index(int(rank_s))
             out.append({"rank": int(rank_s), "actor": i, "epsilon": eps[i], "cause": "silent",
                         "exited_at_s": None, "detected_by_replay_at_s": at})
     return out
@@ -121,9 +122,9 @@ def build_summary(cfg: RLConfig, run_dir: Path, sup: Supervision) -> dict[str, A
     records = {r: rec for r in range(cfg.world)
                if (rec := _load(run_dir / "ranks" / f"rank{r}.result.json")) is not None}
     lead = records[ranks.lead]["result"]
-    replay = records[ranks.replay]["result"] if ranks.replay in records else {}
-    learners = [records[r]["result"] for r in ranks.learners if r in records]
-    actors = [records[r]["result"] for r in ranks.actors if r in records]
+    replay = records[ranks.replay_rank]["result"] if ranks.replay_rank in records else {}
+    learners = [records[r]["result"] for r in ranks.replica_ranks if r in records]
+    actors = [records[r]["result"] for r in ranks.actor_ranks if r in records]
     sent, by_op, by_rank = _bytes(records, cfg.world)
     offset = startup_s(run_dir, sup)
     env_steps = replay.get("env_steps", lead.get("env_steps", 0))
@@ -131,7 +132,7 @@ def build_summary(cfg: RLConfig, run_dir: Path, sup: Supervision) -> dict[str, A
     updates = sum(r["learner_updates"] for r in learners)
     return {
         "strategy": cfg.algo, "algo": cfg.algo, "env": cfg.env, "world_size": cfg.world,
-        "roles": {str(r): ranks.describe(r) for r in range(cfg.world)},
+        "roles": {str(r): describe(ranks, r) for r in range(cfg.world)},
         "env_steps": env_steps,
         "episodes": replay.get("episodes", lead.get("episodes", 0)),
         **{k: lead.get(k) for k in LEAD_FIGURES},

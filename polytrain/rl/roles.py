@@ -20,48 +20,34 @@ from torch import nn
 
 from polytrain.comm import Comm
 from polytrain.rl.config import RLConfig
-from polytrain.rl.core import Layout
+from polytrain.rl.core import TransitionRow
 from polytrain.rl.links import Link
+from polytrain.runtime.layout import RL_ORDER, Layout
 from polytrain.runtime.recorder import Recorder
 
-
-@dataclass(frozen=True)
-class Ranks:
-    learners: tuple[int, ...]
-    replay: int | None = None
-    servers: tuple[int, ...] = ()
-    actors: tuple[int, ...] = ()
-
-    @property
-    def lead(self) -> int:
-        return self.learners[0]
-
-    def role(self, rank: int) -> tuple[str, int]:
-        """(role name, index within the role) of ``rank``."""
-        for name, ranks in (("learner", self.learners), ("server", self.servers), ("actor", self.actors)):
-            if rank in ranks:
-                return name, ranks.index(rank)
-        if rank == self.replay:
-            return "replay", 0
-        raise ValueError(f"rank {rank} has no role")
-
-    def describe(self, rank: int) -> str:
-        name, i = self.role(rank)
-        if name == "learner" and len(self.learners) == 1:
-            return "learner"
-        return name if name == "replay" else f"{name} {i}"
+ROLE_NAMES = {"replicas": "learner", "replay": "replay", "servers": "server", "actors": "actor"}
 
 
-def layout_ranks(cfg: RLConfig) -> Ranks:
+def layout_ranks(cfg: RLConfig) -> Layout:
+    """The algorithm's ranks: learners are the replicas (dp), then the replay, servers, actors."""
     if cfg.algo == "dqn":
-        return Ranks(learners=(0,))
+        return Layout(dp=1, order=RL_ORDER)
     if cfg.algo == "apex":
-        return Ranks(learners=(0,), replay=1, actors=tuple(range(2, 2 + cfg.actors)))
-    learners = tuple(range(cfg.learners))
-    replay = cfg.learners
-    servers = tuple(range(replay + 1, replay + 1 + cfg.servers))
-    actors = tuple(range(servers[-1] + 1, servers[-1] + 1 + cfg.actors))
-    return Ranks(learners=learners, replay=replay, servers=servers, actors=actors)
+        return Layout(dp=1, replay=1, actors=cfg.actors, order=RL_ORDER)
+    return Layout(dp=cfg.learners, replay=1, servers=cfg.servers, actors=cfg.actors, order=RL_ORDER)
+
+
+def role(ranks: Layout, rank: int) -> tuple[str, int]:
+    """(role name, index within the role) of ``rank``."""
+    block, i = ranks.role(rank)
+    return ROLE_NAMES[block], i
+
+
+def describe(ranks: Layout, rank: int) -> str:
+    name, i = role(ranks, rank)
+    if name == "learner" and ranks.dp == 1:
+        return "learner"
+    return name if name == "replay" else f"{name} {i}"
 
 
 @dataclass
@@ -70,7 +56,7 @@ class RoleContext:
 
     cfg: RLConfig
     rank: int
-    ranks: Ranks
+    ranks: Layout
     recorder: Recorder
     run_dir: Path
     comm: Comm | None = None
@@ -78,8 +64,8 @@ class RoleContext:
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
-    def layout(self) -> Layout:
-        return Layout(self.cfg.info.obs_dim)
+    def row(self) -> TransitionRow:
+        return TransitionRow(self.cfg.info.obs_dim)
 
     @property
     def net_comm(self) -> Comm:

@@ -11,26 +11,26 @@ from typing import Any
 from polytrain.comm import Comm
 from polytrain.rl.config import make_rl_config
 from polytrain.rl.links import Link, make_links
-from polytrain.rl.roles import RoleContext, layout_ranks
+from polytrain.rl.roles import RoleContext, describe, layout_ranks, role
 from polytrain.runtime.recorder import Recorder
 
 
 def _dispatch(ctx: RoleContext) -> dict[str, Any]:
-    role, index = ctx.ranks.role(ctx.rank)
+    name, index = role(ctx.ranks, ctx.rank)
     algo = ctx.cfg.algo
     if algo == "dqn":
         from polytrain.rl.dqn import run_dqn
 
         return run_dqn(ctx)
-    if role == "actor":
+    if name == "actor":
         from polytrain.rl.actor import run_actor
 
         return run_actor(ctx)
-    if role == "replay":
+    if name == "replay":
         from polytrain.rl.replay_server import ReplayServer
 
         return ReplayServer(ctx).serve()
-    if role == "server":
+    if name == "server":
         from polytrain.rl.gorila import run_shard
 
         return run_shard(ctx, index)
@@ -77,21 +77,22 @@ def run_role(payload: dict[str, Any], rank: int, recorder: Recorder) -> dict[str
     ranks = layout_ranks(cfg)
     comm = None
     links: dict[int, Link] = {}
-    _warm_up(ranks.role(rank)[0])
+    _warm_up(role(ranks, rank)[0])
     if world > 1:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(payload["port"])
         init_distributed("gloo", rank, world, cfg.timeout_s)
         comm = Comm(rank, world)
-        if ranks.replay is not None:  # one group per (replay, client) pair
-            links = make_links(comm, ranks.replay, [*ranks.learners, *ranks.actors], cfg.timeout_s)
+        if ranks.replay_rank is not None:  # one group per (replay, client) pair
+            clients = [*ranks.replica_ranks, *ranks.actor_ranks]
+            links = make_links(comm, ranks.replay_rank, clients, cfg.timeout_s)
         dist.barrier()  # everyone is up: start the shared clock together
     recorder.start_clock()
     cpu0 = time.process_time()  # CPU this process used from here on (its threads included)
-    recorder.emit("start", role=ranks.describe(rank), epoch=time.time())
+    recorder.emit("start", role=describe(ranks, rank), epoch=time.time())
     ctx = RoleContext(cfg, rank, ranks, recorder, Path(payload["run_dir"]), comm, links)
     result = _dispatch(ctx)
-    record: dict[str, Any] = {"rank": rank, "role": ranks.describe(rank), "result": result,
+    record: dict[str, Any] = {"rank": rank, "role": describe(ranks, rank), "result": result,
                               "cpu_s": time.process_time() - cpu0,
                               "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
     if comm is not None:

@@ -62,19 +62,16 @@ class RankProgress:
             self._progress = None
 
 
-class FollowEvents:
-    """Tails a rank's JSON-lines event file in a thread and draws a rich bar until stopped.
-
-    Subclasses say which bar (:meth:`_progress`, :meth:`_add_task`) and what an event changes
-    (:meth:`_apply`); :meth:`_wants` skips lines cheaply before they are parsed. `train`'s bar
-    and the RL bar are both followers.
-    """
+class TailJSONL:
+    """Tails a JSON-lines file in a thread, handing each complete object to :meth:`_handle`,
+    until stopped (the lines written before the stop are read too). :meth:`_wants` skips lines
+    cheaply before they are parsed; :meth:`_open`/:meth:`_close` run in the thread around it.
+    `train`'s and RL's bars (:class:`FollowEvents`) and `polytrain aco`'s follow rank 0 so."""
 
     interval_s = 0.2
 
-    def __init__(self, path: Path, console: Console) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self.console = console
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -86,30 +83,32 @@ class FollowEvents:
         self._stop.set()
         self._thread.join(timeout=5)
 
-    def _progress(self) -> Progress:
-        raise NotImplementedError
+    def _open(self) -> None:
+        pass
 
-    def _add_task(self, progress: Progress) -> TaskID:
-        raise NotImplementedError
+    def _close(self) -> None:
+        pass
 
     def _wants(self, line: str) -> bool:
         return True
 
-    def _apply(self, progress: Progress, task: TaskID, ev: dict[str, Any]) -> None:
+    def _handle(self, ev: dict[str, Any]) -> None:
         raise NotImplementedError
 
     def _run(self) -> None:
-        with self._progress() as progress:
-            task = self._add_task(progress)
+        self._open()
+        try:
             offset = 0
             while True:
                 stopping = self._stop.is_set()
-                offset = self._read(progress, task, offset)
+                offset = self._read(offset)
                 if stopping:
                     break
                 self._stop.wait(self.interval_s)
+        finally:
+            self._close()
 
-    def _read(self, progress: Progress, task: TaskID, offset: int) -> int:
+    def _read(self, offset: int) -> int:
         if not self.path.is_file():
             return offset
         with self.path.open() as f:
@@ -121,10 +120,39 @@ class FollowEvents:
                 if not self._wants(line):
                     continue
                 try:
-                    self._apply(progress, task, json.loads(line))
+                    self._handle(json.loads(line))
                 except (ValueError, KeyError, TypeError):
                     continue
         return offset
+
+
+class FollowEvents(TailJSONL):
+    """Draws a rich bar from a rank's event file. Subclasses say which bar (:meth:`_progress`,
+    :meth:`_add_task`) and what an event changes (:meth:`_apply`)."""
+
+    def __init__(self, path: Path, console: Console) -> None:
+        super().__init__(path)
+        self.console = console
+
+    def _progress(self) -> Progress:
+        raise NotImplementedError
+
+    def _add_task(self, progress: Progress) -> TaskID:
+        raise NotImplementedError
+
+    def _apply(self, progress: Progress, task: TaskID, ev: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _open(self) -> None:
+        self._bar = self._progress()
+        self._bar.start()
+        self._task = self._add_task(self._bar)
+
+    def _close(self) -> None:
+        self._bar.stop()
+
+    def _handle(self, ev: dict[str, Any]) -> None:
+        self._apply(self._bar, self._task, ev)
 
 
 class FollowProgress(FollowEvents):

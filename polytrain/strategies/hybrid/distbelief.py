@@ -27,6 +27,7 @@ from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.plan.partition import cut
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.layout import Layout
 from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
@@ -59,23 +60,11 @@ class DistBeliefOptions(BaseModel):
         return check_partition_text(str(v))
 
 
-class Layout:
-    """Who is who: servers of each stage, ranks of each replica."""
-
-    def __init__(self, o: DistBeliefOptions, world: int) -> None:
-        self.stages, self.per_stage = o.stages, o.servers
-        self.servers = o.stages * o.servers
-        self.replicas = (world - self.servers) // o.stages
-
-    def stage_servers(self, p: int) -> list[int]:
-        return list(range(p * self.per_stage, (p + 1) * self.per_stage))
-
-    def replica_ranks(self, d: int) -> list[int]:
-        first = self.servers + d * self.stages
-        return list(range(first, first + self.stages))
-
-    def stage_clients(self, p: int) -> list[int]:
-        return [self.replica_ranks(d)[p] for d in range(self.replicas)]
+def layout(o: DistBeliefOptions, world: int) -> Layout:
+    """Servers first (``servers`` per stage), then replicas of ``stages`` ranks; ``check`` has
+    refused a world that does not split so (here at least one replica, for ``roles``)."""
+    servers = o.stages * o.servers
+    return Layout(dp=max(1, (world - servers) // o.stages), pp=o.stages, servers=servers)
 
 
 class DistBelief(Strategy):
@@ -90,12 +79,12 @@ class DistBelief(Strategy):
         return self.options  # type: ignore[return-value]
 
     def roles(self, world: int) -> list[str]:
-        lay = Layout(self.opts, world)
-        roles = [f"server/stage{r // lay.per_stage}" for r in range(min(world, lay.servers))]
-        return roles + [f"replica{i // lay.stages}/stage{i % lay.stages}" for i in range(world - len(roles))]
+        o = self.opts
+        roles = [f"server/stage{r // o.servers}" for r in range(min(world, o.stages * o.servers))]
+        return roles + [f"replica{i // o.stages}/stage{i % o.stages}" for i in range(world - len(roles))]
 
     def check(self, cfg: JobConfig, world: int) -> None:
-        o, lay = self.opts, Layout(self.opts, world)
+        o, lay = self.opts, layout(self.opts, world)
         left = world - lay.servers
         if left < o.stages or left % o.stages:
             fit = lay.servers + o.stages * max(1, left // o.stages)
@@ -104,26 +93,26 @@ class DistBelief(Strategy):
                 f"{lay.servers} server ranks; the other {left} of --procs {world} must form whole "
                 f"replicas of {o.stages} ranks. Fix: --procs {fit} (or {fit + o.stages})."
             )
-        check_divisible(cfg, lay.replicas, self.name)
+        check_divisible(cfg, lay.dp, self.name)
         if o.staleness is not None and o.consistency != "ssp":  # as ps: never silently ignored
             raise ConfigError(f"Option staleness={o.staleness} applies to consistency=ssp only "
                               f"(got consistency={o.consistency}). Drop it or --set consistency=ssp.")
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
-        o, lay = self.opts, Layout(self.opts, ctx.world)
-        groups = [[s] for s in range(lay.servers)] + [lay.replica_ranks(d) for d in range(lay.replicas)]
+        o, lay = self.opts, layout(self.opts, ctx.world).resolve(ctx.world)
+        groups = [[s] for s in lay.server_ranks] + lay.pp_groups()
         replica_comm = new_groups(ctx.comm, groups)
-        policy = make_consistency(o.consistency, lay.replicas,
+        policy = make_consistency(o.consistency, lay.dp,
                                   staleness=2 if o.staleness is None else o.staleness)
         plans = _stage_plans(job, o, lay)
         if ctx.rank < lay.servers:
             return _serve(job, ctx, o, lay, plans, policy)
-        d, p = divmod(ctx.rank - lay.servers, lay.stages)
-        pipe = FlushPipeline(job, ctx, lay.replica_ranks(d), replica_comm, o.partition, "gpipe", 1,
-                             job.batch_size // lay.replicas, optimizer=False)
+        d, p, _ = lay.coords(ctx.rank)
+        pipe = FlushPipeline(job, ctx, lay.pp_groups()[d], replica_comm, o.partition, "gpipe", 1,
+                             job.batch_size // lay.dp, optimizer=False)
         client = PSClient(ctx.comm, plans[p], lay.stage_servers(p), sparse=False)
         _start(job, ctx)
-        loss, wait = _train(job, ctx, pipe, client, policy, d, lay.replicas)
+        loss, wait = _train(job, ctx, pipe, client, policy, d, lay.dp)
         ctx.comm.gather_json({"role": "worker", "rank": ctx.rank, "wait_s": wait})
         return RankResult(steps=job.steps, samples=job.steps * job.batch_size, wall_s=ctx.recorder.now(),
                           final_loss=loss)
@@ -167,14 +156,14 @@ def _train(job: Job, ctx: RankContext, pipe: FlushPipeline, client: PSClient, po
 
 def _serve(job: Job, ctx: RankContext, o: DistBeliefOptions, lay: Layout, plans: list[ShardPlan],
            policy: Any) -> RankResult:
-    p, i = divmod(ctx.rank, lay.per_stage)
+    p, i = divmod(ctx.rank, o.servers)
     full = job.build_model()
     stage = cut(full, plan(o.partition, full, o.stages))[p]
     cfg = job.config
     server = ParameterServer(ctx.comm, lay.stage_clients(p), plans[p].gather(flat_params(stage), i),
                              cfg.optimizer, policy, lr=cfg.lr, momentum=cfg.momentum,
                              weight_decay=cfg.weight_decay, recorder=ctx.recorder, straggle=ctx.straggle)
-    attach_server(job, ctx, server, list(range(lay.servers)))
+    attach_server(job, ctx, server, list(lay.server_ranks))
     _start(job, ctx)
     server.serve()
     stats = {"role": "server", "rank": ctx.rank, **server.stats()}
@@ -200,8 +189,8 @@ def _metrics(o: DistBeliefOptions, lay: Layout, everyone: list[dict[str, Any]]) 
     servers = [r for r in everyone if r["role"] == "server"]
     stale = [int(k) for r in servers for k, n in r["staleness"].items() for _ in range(n)]
     return {
-        "consistency": o.consistency, "replicas": lay.replicas, "stages": lay.stages,
-        "servers_per_stage": lay.per_stage,
+        "consistency": o.consistency, "replicas": lay.dp, "stages": lay.pp,
+        "servers_per_stage": o.servers,
         "server_params": [r["params"] for r in servers],
         "server_bytes": [r["bytes"] for r in servers],
         "staleness_hist": histogram(stale), "staleness_max": max(stale, default=0),

@@ -11,7 +11,7 @@ through the pipeline executor (`polytrain.strategies.pipeline.flush`, as ``layer
 the pipeline options do not apply there and are refused). At the flush the ranks holding the
 same piece in every replica all-reduce its gradients (mean over D) — ``dp_allreduce`` bytes — so
 every replica applies the update single-process training applies to the whole batch. The rank
-layout is :class:`~polytrain.strategies.hybrid.layout.Layout`.
+layout is :class:`~polytrain.runtime.layout.Layout`.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from polytrain.comm import GroupComm, new_groups
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.layout import Layout
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
-from polytrain.strategies.hybrid.layout import Layout
 from polytrain.strategies.model.layerwise import check_partition_text, utilisation
 from polytrain.strategies.model.megatron import shard_transformer
 from polytrain.strategies.model.shard_collectives import (

@@ -31,6 +31,7 @@ from torch import nn
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.layout import Layout
 from polytrain.runtime.loop import LoopSpec, run_loop
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.ps.lbfgs import LbfgsShard
@@ -52,12 +53,13 @@ class SandblasterOptions(BaseModel):
     batch: Literal["full", "job"] = "full"
 
 
-class Layout:
-    """Who is who: coordinator 0, servers 1..S, workers S+1..world-1; and the batch split."""
+class Work:
+    """Who is who (coordinator 0, servers 1..S, workers S+1..world-1) and the batch split."""
 
     def __init__(self, job: Job, opts: SandblasterOptions, world: int) -> None:
-        self.servers = list(range(1, opts.servers + 1))
-        self.workers = list(range(opts.servers + 1, world))
+        self.ranks = Layout(servers=opts.servers, coordinator=1).resolve(world)
+        self.servers = list(self.ranks.server_ranks)
+        self.workers = list(self.ranks.replica_ranks)
         self.portions = opts.portions or 4 * len(self.workers)
         self.full = opts.batch == "full"
         self.job = job
@@ -85,7 +87,7 @@ def _due(job: Job, step: int) -> bool:
 class Coordinator:
     """Rank 0: hand out portions, combine the servers' scalars, record each iteration's loss."""
 
-    def __init__(self, job: Job, ctx: RankContext, lay: Layout) -> None:
+    def __init__(self, job: Job, ctx: RankContext, lay: Work) -> None:
         self.job, self.ctx, self.lay = job, ctx, lay
         self.done_by = dict.fromkeys(lay.workers, 0)
         self.rounds = 0
@@ -124,7 +126,7 @@ class Coordinator:
         return result
 
 
-def _hand_out(ctx: RankContext, lay: Layout, done_by: dict[int, int]) -> float:
+def _hand_out(ctx: RankContext, lay: Work, done_by: dict[int, int]) -> float:
     """One batch's portions to the workers, first come first served; returns the loss sum."""
     comm, nxt, active, loss_sum = ctx.comm, 0, 0, 0.0
     sends = []
@@ -147,7 +149,7 @@ def _hand_out(ctx: RankContext, lay: Layout, done_by: dict[int, int]) -> float:
     return loss_sum
 
 
-def _reduce_rounds(ctx: RankContext, lay: Layout) -> int:
+def _reduce_rounds(ctx: RankContext, lay: Work) -> int:
     """Sum (or max) the servers' partial scalars until every server reports END."""
     rounds = 0
     while True:
@@ -171,7 +173,7 @@ def _reduce_rounds(ctx: RankContext, lay: Layout) -> int:
 class Server:
     """A server: send x, sum the workers' gradients, run the shard-wise L-BFGS iteration."""
 
-    def __init__(self, job: Job, ctx: RankContext, lay: Layout, opts: SandblasterOptions) -> None:
+    def __init__(self, job: Job, ctx: RankContext, lay: Work, opts: SandblasterOptions) -> None:
         self.job, self.ctx, self.lay = job, ctx, lay
         me = lay.servers.index(ctx.rank)
         self.shard = LbfgsShard(lay.plan.gather(flat_params(job.build_model()), me).clone(),
@@ -224,7 +226,7 @@ class Server:
 class Worker:
     """A worker: fetch x, compute portions until told to stop, push the gradient sum."""
 
-    def __init__(self, job: Job, ctx: RankContext, lay: Layout) -> None:
+    def __init__(self, job: Job, ctx: RankContext, lay: Work) -> None:
         self.job, self.ctx, self.lay = job, ctx, lay
         self.model = job.build_model()
         self.flat = torch.zeros(lay.plan.total)
@@ -318,7 +320,7 @@ class Sandblaster(Strategy):
                               f"{cfg.batch_size} samples; use --set portions={cfg.batch_size} or fewer.")
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
-        lay = Layout(job, self.opts, ctx.world)
+        lay = Work(job, self.opts, ctx.world)
         role: Coordinator | Server | Worker
         if ctx.rank == 0:
             role = Coordinator(job, ctx, lay)
