@@ -71,3 +71,9 @@ def test_killed_rank_restarts_and_resumes_exactly(tmp_path: Path) -> None:
     # resumed from a checkpoint, not from scratch
     assert starts[0] == 1 and starts[1] in (21, 41, 61, 81, 101)
     assert_same_params(load_model(run), load_model(ref), atol=1e-6, rtol=1e-6)
+    # the restarted generation's steps replace the killed one's: each step once, whole run
+    for rank in (0, 1):
+        log = (run / "ranks" / f"rank{rank}.jsonl").read_text().splitlines()
+        assert [json.loads(x)["step"] for x in log if '"event": "step"' in x] == list(range(1, 121))
+    s = read_summary(run)
+    assert s["steps_run"] == 120 and s["samples"] == 120 * 32 and len(s["resumes"]) == 1

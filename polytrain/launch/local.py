@@ -22,7 +22,7 @@ from rich.console import Console
 
 from polytrain.config import JobConfig
 from polytrain.errors import RankFailure
-from polytrain.launch.prepare import prepare
+from polytrain.launch.prepare import check_resume_steps, prepare
 from polytrain.launch.records import free_port, read_error_record
 from polytrain.launch.rundir import new_run_dir, read_summary, write_config
 from polytrain.launch.stores import BIND_ENV, LOOPBACK, stores_bound_to
@@ -83,6 +83,8 @@ def launch(
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     prepared = prepare(cfg, resume=resume)
+    if resume and run_dir is not None:
+        check_resume_steps(run_dir, cfg, prepared.steps)
     if run_dir is None:
         run_dir = new_run_dir(cfg)
     cfg = cfg.model_copy(update={"out": str(run_dir)})

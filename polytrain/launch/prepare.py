@@ -80,6 +80,22 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
     return Prepared(cfg, strategy, spec, steps)
 
 
+def check_resume_steps(run_dir: Path, cfg: JobConfig, steps: int) -> int:
+    """The step of ``run_dir``'s newest good checkpoint; ConfigError when the job (``steps``)
+    ends there or before: a resume with nothing to train would overwrite the run's results."""
+    from polytrain.runtime.checkpoint import CheckpointStore
+    from polytrain.strategies.base import job_fingerprint
+
+    store = CheckpointStore(run_dir / "checkpoints", job_fingerprint(cfg))
+    done = store.step_of(store.find_good()[0])
+    if steps <= done:
+        raise ConfigError(
+            f"--resume {run_dir}: its newest checkpoint is at step {done} and this job ends at "
+            f"step {steps}, so there is nothing to train (nothing was started or written). Pass "
+            f"--steps above {done} (or more --epochs) to train further.")
+    return done
+
+
 def resume_config(run_dir: Path, overrides: dict[str, Any], sets: list[str]) -> JobConfig:
     """The stored job of ``run_dir``, with only the changes a resume allows."""
     stored_path = run_dir / "config.toml"

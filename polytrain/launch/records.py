@@ -11,6 +11,7 @@ the planner's measurement runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -82,6 +83,12 @@ def write_error_record(run_dir: Path, rank: int, exc: BaseException, step: int |
         path.write_text(json.dumps(record, indent=1))
     except OSError:
         pass
+
+
+def clear_error_record(run_dir: Path, rank: int) -> None:
+    """Remove ``rank``'s record of an earlier failure (a restarted or resumed rank's)."""
+    with contextlib.suppress(OSError):
+        _error_path(run_dir, rank).unlink(missing_ok=True)
 
 
 def read_error_record(run_dir: Path, rank: int) -> dict[str, Any] | None:

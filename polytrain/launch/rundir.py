@@ -28,12 +28,33 @@ def write_config(run_dir: Path, cfg: JobConfig) -> None:
     (run_dir / "config.toml").write_text(to_toml(resolved))
 
 
-def build_summary(job: Job, ctx: RankContext, records: list[dict[str, Any]]) -> dict[str, Any]:
+def _whole_run(records: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Steps, samples and training time of the whole run: this launch's, plus, after a resume
+    or a restart, what the run had done up to its checkpoint (the kept events say)."""
+    working = [r for r in records if r["steps"] > 0]
+    out = {"steps_run": max((r["steps"] for r in working), default=0),
+           "samples": max((r["samples"] for r in working), default=0),
+           "wall_s": max((r["wall_s"] for r in working), default=0.0)}
+    resumed = [r["resumed"] for r in records if r.get("resumed")]
+    if not resumed:
+        return out
+    steps = [e for e in events if e["event"] == "step"]
+    out["steps_run"] = max((int(e["step"]) for e in steps), default=out["steps_run"])
+    out["samples"] = max((int(e.get("samples") or 0) for e in steps), default=out["samples"])
+    out["wall_s"] += max(float(r["t"]) for r in resumed)
+    return out
+
+
+def build_summary(job: Job, ctx: RankContext, records: list[dict[str, Any]],
+                  events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The run's summary; ``events``: every rank's events of the whole run (after a resume, its
+    steps, samples and time count from step 1, and ``resumes`` lists where it resumed)."""
     import polytrain
 
-    working = [r for r in records if r["steps"] > 0]
-    samples = max((r["samples"] for r in working), default=0)
-    wall = max((r["wall_s"] for r in working), default=0.0)
+    whole = _whole_run(records, events or [])
+    samples, wall = whole["samples"], whole["wall_s"]
+    resumes = [{"from_step": e["from_step"], "t": e["t_base"]} for e in events or []
+               if e["event"] == "resume" and e["rank"] == 0]
     losses = [r["final_loss"] for r in records if r["final_loss"] is not None]
     evals = [r["eval"] for r in records if r["eval"]]
     sent = sum(r["bytes_sent"] for r in records)
@@ -46,7 +67,8 @@ def build_summary(job: Job, ctx: RankContext, records: list[dict[str, Any]]) -> 
         "strategy": job.config.strategy,
         "world_size": ctx.world,
         "steps": job.steps,
-        "steps_run": max((r["steps"] for r in working), default=0),
+        "steps_run": whole["steps_run"],
+        "resumes": resumes,
         "samples": samples,
         "wall_s": wall,
         "throughput_samples_per_s": samples / wall if wall > 0 else 0.0,
@@ -88,7 +110,7 @@ def write_results(
             f.write(json.dumps(json_safe(e)) + "\n")
     if model_state is not None:
         torch.save(model_state, run_dir / "model.pt")
-    atomic_json(run_dir / "summary.json", build_summary(job, ctx, records))
+    atomic_json(run_dir / "summary.json", build_summary(job, ctx, records, events))
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from polytrain.config import load_config
 from polytrain.errors import ConfigError
-from polytrain.launch.prepare import prepare, resume_config
+from polytrain.launch.prepare import check_resume_steps, prepare, resume_config
 from polytrain.launch.rundir import TESTBED_ENV, read_summary, write_config
 from polytrain.launch.worker import run_rank
 
@@ -41,8 +41,10 @@ def train_under_torchrun(
     run_dir = Path(cfg.out or f"runs/torchrun-{os.environ.get('TORCHELASTIC_RUN_ID', 'job')}")
     cfg = cfg.model_copy(update={"out": str(run_dir)})
     local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    prepare(cfg, resume=bool(resume), hosts=-(-world // max(local, 1)),
-            testbed=TESTBED_ENV in os.environ)
+    prepared = prepare(cfg, resume=bool(resume), hosts=-(-world // max(local, 1)),
+                       testbed=TESTBED_ENV in os.environ)
+    if resume and generation == 0:  # a restart continues the same job
+        check_resume_steps(run_dir, cfg, prepared.steps)
     fresh = generation == 0 and not resume
     if fresh and rank == 0 and (run_dir / "summary.json").exists():
         raise ConfigError(

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from polytrain.comm import Comm
 from polytrain.config import make_config
-from polytrain.launch.records import write_error_record
+from polytrain.launch.records import clear_error_record, write_error_record
 from polytrain.launch.stores import bind_address, tcp_store
 from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.job import Job, RankContext, RankResult
@@ -108,22 +108,19 @@ def run_rank(payload: dict[str, Any]) -> None:
     if payload.get("rank_logs"):
         _redirect_output(run_dir / "ranks" / f"rank{rank}.log")
     set_threads()
-    recorder = Recorder(rank, run_dir / "ranks" / f"rank{rank}.jsonl")
-    recorder.emit(
-        "process",
-        pid=os.getpid(),
-        host=socket.gethostname(),
-        generation=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-        threads=torch.get_num_threads(),
-    )
+    generation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    fresh = generation == 0 and not payload.get("resume")
+    clear_error_record(run_dir, rank)  # a previous generation's, or a previous launch's
+    recorder = Recorder(rank, run_dir / "ranks" / f"rank{rank}.jsonl", fresh=fresh)
+    recorder.emit("process", pid=os.getpid(), host=socket.gethostname(), generation=generation,
+                  threads=torch.get_num_threads())
     try:
         cfg = make_config(payload["config"])
         device, backend = pick_device(local_rank)
         init_distributed(backend, rank, world, cfg.timeout_s)
         strategy = make_strategy(cfg.strategy, cfg.options)
         job = Job.from_config(cfg)
-        store = CheckpointStore(run_dir / "checkpoints", job_fingerprint(cfg))
-        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        store = CheckpointStore(run_dir / "checkpoints", job_fingerprint(cfg), clock=recorder.now)
         ctx = RankContext(
             rank=rank,
             world=world,
@@ -134,11 +131,13 @@ def run_rank(payload: dict[str, Any]) -> None:
             recorder=recorder,
             run_dir=run_dir,
             checkpoints=store,
-            resume=bool(payload.get("resume")) or (restarted and bool(store.candidates())),
+            resume=bool(payload.get("resume")) or (generation > 0 and bool(store.candidates())),
             progress=RankProgress(rank == 0 and bool(payload.get("progress")), job.steps, cfg.strategy),
             slow_rank=cfg.slow_rank,
             slow_factor=cfg.slow_factor,
         )
+        if not ctx.resume and not fresh:
+            recorder.rewind(0)  # a restart from scratch: the steps run again
         role = strategy.roles(world)[rank]
         result = strategy.run(job, ctx)
         result.role = role
@@ -164,6 +163,7 @@ def _rank_record(ctx: RankContext, result: RankResult) -> dict[str, Any]:
         "eval": result.eval,
         "peak_rss_bytes": peak_rss_bytes(),
         "busy_s": ctx.recorder.busy_s(),
+        "resumed": ctx.recorder.resumed,
         "strategy_metrics": result.strategy_metrics,
         **ctx.comm.summary(),
     }

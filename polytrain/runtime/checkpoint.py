@@ -5,7 +5,7 @@ Layout (one directory per checkpoint, the pointer moves last)::
     checkpoints/
       step-00000100/
         rank0.pt            tensors only (torch.save of a dict of tensors / nested dicts of tensors)
-        meta.json           {"step", "job_fingerprint", "files": {...}}
+        meta.json           {"step", "t", "job_fingerprint", "files": {...}}
         MANIFEST.json       {"files": {name: sha256}}
       LATEST                "step-00000100"
 
@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +64,12 @@ def step_dir_name(step: int) -> str:
 class CheckpointStore:
     """Atomic save and verified load of per-rank tensor states under ``root``."""
 
-    def __init__(self, root: Path, fingerprint: str) -> None:
+    def __init__(self, root: Path, fingerprint: str, clock: Callable[[], float] | None = None) -> None:
+        """``clock``: the run's clock (the leader's recorder), stored as the checkpoint's ``t`` so
+        that a resumed run's events continue the timeline."""
         self.root = root
         self.fingerprint = fingerprint
+        self.clock = clock
 
     # ---- writing ---------------------------------------------------------------------------
     def stage(self, step: int) -> Path:
@@ -86,7 +90,10 @@ class CheckpointStore:
         """Seal the staged directory: manifest, rename into place, move LATEST, prune old ones."""
         tmp = self.stage(step)
         files = {p.name: _sha256(p) for p in sorted(tmp.glob("rank*.pt"))}
-        meta = {"step": step, "job_fingerprint": self.fingerprint, "files": sorted(files)}
+        meta: dict[str, Any] = {"step": step, "job_fingerprint": self.fingerprint,
+                                "files": sorted(files)}
+        if self.clock is not None:
+            meta["t"] = round(self.clock(), 6)
         _fsync_write(tmp / "meta.json", json.dumps(meta).encode())
         files["meta.json"] = _sha256(tmp / "meta.json")
         _fsync_write(tmp / MANIFEST, json.dumps({"files": files}, indent=1).encode())
@@ -161,3 +168,9 @@ class CheckpointStore:
     @staticmethod
     def step_of(ckpt: Path) -> int:
         return int(json.loads((ckpt / "meta.json").read_text())["step"])
+
+    @staticmethod
+    def time_of(ckpt: Path) -> float | None:
+        """The run's clock when ``ckpt`` was written (None for a checkpoint without one)."""
+        t = json.loads((ckpt / "meta.json").read_text()).get("t")
+        return float(t) if isinstance(t, int | float) else None

@@ -139,6 +139,7 @@ def newest_checkpoint(ctx: RankContext) -> Path:
     ckpt, warnings = ctx.checkpoints.find_good()
     for w in warnings:
         ctx.recorder.emit("note", text=f"warning: {w}; using {ckpt.name}")
+    ctx.recorder.rewind(CheckpointStore.step_of(ckpt), CheckpointStore.time_of(ckpt))  # no step twice
     return ckpt
 
 

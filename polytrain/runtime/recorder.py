@@ -12,6 +12,11 @@ A recorder without a file (tests, in-process benchmarks) keeps every event in me
 ``sample_resources`` adds a ``resources`` event (current RSS, plus what the caller passes, e.g. a
 server's replies in flight) at most every ``RESOURCES_EVERY_S`` seconds: the memory of a long run
 over time, which the soak tests fit a slope to.
+
+A resumed or restarted rank calls :meth:`Recorder.rewind` with its checkpoint's step and time:
+the events of later steps (which it will run again) leave the file and the clock continues from
+the checkpoint's, so the file, and the run's ``metrics.jsonl`` built from every rank's file,
+hold each step once and cover the whole run.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from polytrain.runtime.jsonsafe import json_safe
 FLUSH_EVERY_S = 0.05
 BUFFER = 4096  # events held before a write, whatever the time
 RESOURCES_EVERY_S = 0.5
+# Events a rewind keeps whatever their time: what happened to the processes, not to the steps.
+_HISTORY = frozenset({"process", "note", "start", "resume", "interrupted"})
 
 
 def current_rss_bytes() -> int:
@@ -67,7 +74,8 @@ class _SpanTimer:
 class Recorder:
     """Collects one rank's events; thread-safe (DDP hooks finish on gloo's threads)."""
 
-    def __init__(self, rank: int, path: Path | None = None) -> None:
+    def __init__(self, rank: int, path: Path | None = None, *, fresh: bool = False) -> None:
+        """``fresh``: the file starts empty (a new run), else this process appends to it."""
         self.rank = rank
         self._pending: list[dict[str, Any] | _Span] = []  # not yet in the file (all, without one)
         self._lock = threading.Lock()
@@ -76,9 +84,11 @@ class Recorder:
         self._offset = 0  # where this process's events start in the file (it may be appended to)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = path.open("a")
+            self._file = path.open("w" if fresh else "a")
             self._offset = self._file.tell()
         self.t0 = time.perf_counter()
+        self.t_base = 0.0  # the whole run's clock when this process's clock started (a resume)
+        self.resumed: dict[str, Any] | None = None
         self._flushed_at = self.t0
         self._sampled_at = float("-inf")
         self._busy = 0.0
@@ -86,7 +96,7 @@ class Recorder:
 
     def start_clock(self) -> None:
         """Set the clock origin (called right after a start barrier, so ranks share it)."""
-        self.t0 = time.perf_counter()
+        self.t0 = time.perf_counter() - self.t_base
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -132,6 +142,54 @@ class Recorder:
             if event != "step" or self._due():
                 self._write_pending()
         return rec
+
+    def rewind(self, step: int, t: float | None = None, **fields: Any) -> None:
+        """Resume the record at ``step``: drop what was recorded of later steps (they run again),
+        continue the clock from ``t`` (the checkpoint's time; default: the newest kept step's),
+        and note a ``resume`` event. A second call for the same step does nothing."""
+        if self.resumed is not None and self.resumed["from_step"] == step:
+            return
+        with self._lock:
+            self._write_pending()
+            old = self._read_all()
+            kept = [e for e in old if self._keeps(e, step, t)]
+            if self._file is not None and self._path is not None:
+                self._file.close()
+                tmp = self._path.with_suffix(".rewind")
+                tmp.write_text("".join(json.dumps(e) + "\n" for e in kept))
+                tmp.replace(self._path)
+                self._file = self._path.open("a")
+                self._offset = 0
+            else:
+                self._pending = list(kept)
+            steps = [e for e in kept if e.get("event") == "step"]
+            base = t if t is not None else max((float(e["t"]) for e in steps), default=0.0)
+            self.t0 -= base - self.t_base
+            self.t_base = base
+            self.resumed = {"from_step": step, "t": base,
+                            "samples": max((int(e.get("samples") or 0) for e in steps), default=0)}
+        self.emit("resume", from_step=step, t_base=base, **fields)
+
+    def _read_all(self) -> list[dict[str, Any]]:
+        """Every event recorded so far, in the file or in memory (the caller holds the lock)."""
+        if self._path is None:
+            return [self._as_event(item) for item in self._pending]
+        out = []
+        for line in self._path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut short by a killed process
+        return out
+
+    @staticmethod
+    def _keeps(ev: dict[str, Any], step: int, t: float | None) -> bool:
+        if ev.get("event") in _HISTORY:
+            return True
+        s = ev.get("step")
+        if isinstance(s, int):
+            return s <= step
+        return t is None or float(ev.get("t", 0.0)) <= t
 
     def sample_resources(self, **fields: Any) -> None:
         """A ``resources`` event (rss_bytes and ``fields``), at most every RESOURCES_EVERY_S."""

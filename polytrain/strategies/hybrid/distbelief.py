@@ -114,8 +114,8 @@ class DistBelief(Strategy):
         _start(job, ctx)
         loss, wait = _train(job, ctx, pipe, client, policy, d, lay.dp)
         ctx.comm.gather_json({"role": "worker", "rank": ctx.rank, "wait_s": wait})
-        return RankResult(steps=job.steps, samples=job.steps * job.batch_size, wall_s=ctx.recorder.now(),
-                          final_loss=loss)
+        return RankResult(steps=job.steps, samples=job.steps * job.batch_size,
+                          wall_s=ctx.recorder.now() - ctx.recorder.t_base, final_loss=loss)
 
 
 def _stage_plans(job: Job, o: DistBeliefOptions, lay: Layout) -> list[ShardPlan]:
