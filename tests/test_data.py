@@ -26,6 +26,7 @@ SMALL = {
     "synthetic-images": {"channels": 2, "size": 16, "classes": 4, "train": 256, "test": 64},
     "chars": {"seq_len": 16, "chars": 20_000},
     "sparse-bow": {"features": 300, "classes": 5, "nnz": 6, "train": 512, "test": 128},
+    "bow-ids": {"features": 400, "classes": 4, "nnz": 6, "train": 512, "test": 128},
 }
 
 
@@ -39,8 +40,8 @@ def fresh_chars_cache():
     chars_module._tokens.cache_clear()
 
 
-def test_registry_lists_the_four_datasets_with_descriptions():
-    assert dataset_names() == ["chars", "digits", "sparse-bow", "synthetic-images"]
+def test_registry_lists_the_datasets_with_descriptions():
+    assert dataset_names() == ["bow-ids", "chars", "digits", "sparse-bow", "synthetic-images"]
     for name, entry in DATASETS.items():
         assert entry.name == name
         assert entry.description and "\n" not in entry.description
@@ -71,7 +72,7 @@ def test_same_seed_same_data(name):
         assert torch.equal(getattr(a, key), getattr(b, key))
 
 
-@pytest.mark.parametrize("name", ["synthetic-images", "sparse-bow"])
+@pytest.mark.parametrize("name", ["synthetic-images", "sparse-bow", "bow-ids"])
 def test_generated_data_follows_the_seed_but_the_teacher_is_fixed(name):
     a, b = load_dataset(name, SMALL[name], seed=1), load_dataset(name, SMALL[name], seed=2)
     assert not torch.equal(a.x_train, b.x_train)
@@ -95,6 +96,14 @@ def test_sparse_bow_touches_few_features_per_sample():
     nonzero = (data.x_train != 0).sum(dim=1)
     assert int(nonzero.max()) <= 6 and int(nonzero.min()) >= 1
     assert float(data.x_train.min()) >= 0
+
+
+def test_bow_ids_are_zipf_ids_in_range_and_a_batch_touches_few_rows():
+    data = load_dataset("bow-ids", {"train": 4096, "test": 8})  # the 100k-id default vocabulary
+    x = data.x_train
+    assert data.spec.input_range == 100_000 and int(x.min()) >= 0 and int(x.max()) < 100_000
+    assert int((x < 100).sum()) > int(((x >= 1000) & (x < 1100)).sum())  # frequent ids first
+    assert x[:64].unique().numel() < 0.01 * 100_000  # one batch of 64: under 1 % of the rows
 
 
 def test_chars_comes_from_stdlib_files_without_network(monkeypatch, fresh_chars_cache):

@@ -31,6 +31,7 @@ from polytrain.models import (
 IMAGES = {"channels": 3, "size": 32, "classes": 10, "train": 8, "test": 8}
 CHARS = {"seq_len": 16, "chars": 20_000}
 BOW = {"features": 200, "classes": 5, "train": 8, "test": 8}
+IDS_DATA = {"features": 300, "classes": 5, "nnz": 4, "train": 8, "test": 8}
 
 # (model, model options, dataset, dataset options, output shape for a batch of 2)
 CASES = [
@@ -45,6 +46,8 @@ CASES = [
     ("alexnet", {"width": 6, "groups": 1}, "digits", {}, (2, 10)),
     ("gpt-mini", {"d_model": 32}, "chars", CHARS, (2, 16, 256)),
     ("seq2seq-lstm", {"hidden": 16, "layers": 3}, "chars", CHARS, (2, 8, 256)),
+    ("sparse-bow", {"dim": 8, "hidden": 8}, "bow-ids", IDS_DATA, (2, 5)),
+    ("gpt-mini", {"d_model": 32, "vocab": 1000}, "chars", CHARS, (2, 16, 256)),
 ]
 IDS = [f"{c[0]}-{c[2]}-{i}" for i, c in enumerate(CASES)]
 
@@ -57,10 +60,11 @@ def sample_input(spec: DataSpec, batch: int = 2) -> torch.Tensor:
 
 
 def test_zoo_names_and_entries():
-    assert model_names() == ["alexnet", "cnn", "gpt-mini", "mlp", "seq2seq-lstm", "vgg16"]
+    assert model_names() == ["alexnet", "cnn", "gpt-mini", "mlp", "seq2seq-lstm", "sparse-bow",
+                             "vgg16"]
     for name, entry in MODELS.items():
         assert entry.name == name and entry.description and entry.tasks
-        assert entry.default_dataset in {"digits", "synthetic-images", "chars"}
+        assert entry.default_dataset in {"digits", "synthetic-images", "chars", "bow-ids"}
 
 
 @pytest.mark.parametrize(("model", "mopts", "data", "dopts", "shape"), CASES, ids=IDS)
@@ -231,6 +235,9 @@ def test_cnn_reaches_95_percent_on_digits_in_300_steps(one_thread):
         ("alexnet", {"width": 10}, "digits", {}, ["width=10", "multiple of 6"]),
         ("alexnet", {"stem": "imagenet"}, "digits", {}, ["ImageNet stem", "stem=small"]),
         ("seq2seq-lstm", {"hidden": 7}, "chars", CHARS, ["hidden=7", "multiple of 2"]),
+        ("gpt-mini", {"vocab": 100}, "chars", CHARS, ["vocab=100 is smaller", "(256)"]),
+        ("sparse-bow", {"vocab": 10}, "bow-ids", IDS_DATA, ["vocab=10 is smaller", "300"]),
+        ("sparse-bow", None, "digits", {}, ["integer feature ids", "fit: bow-ids"]),
 
         ("a b:c", None, "digits", {}, ["'package.module:factory'"]),
     ],

@@ -7,12 +7,13 @@ digits (default)    classify  (1, 8, 8) float         scikit-learn's bundled 8×
 synthetic-images    classify  (C, H, W) float         smooth noise, fixed random conv teacher
 chars               lm        (T,) long               Python's stdlib source, bytes or chars
 sparse-bow          classify  (F,) float counts       ~nnz features/sample, sparse teacher
+bow-ids             classify  (nnz,) long ids         Zipf ids of a 100k vocabulary, teacher
 ==================  ========  ======================  =======================================
 
 Importing this package only registers the entries; data is built by :func:`load_dataset`.
 """
 
-from polytrain.data import chars, digits, synthetic  # noqa: F401  (registers the datasets)
+from polytrain.data import bow_ids, chars, digits, synthetic  # noqa: F401  (registers the datasets)
 from polytrain.data.base import (
     DATASETS,
     Dataset,

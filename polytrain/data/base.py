@@ -33,6 +33,8 @@ class DataSpec:
     num_classes: int  # classes, or vocabulary size for lm
     train_size: int
     test_size: int
+    #: integer inputs lie in [0, input_range) when set (e.g. feature ids), for embedding models
+    input_range: int | None = None
 
 
 @dataclass

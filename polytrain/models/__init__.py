@@ -10,12 +10,13 @@ vgg16           classify  13 conv + 3 FC, fc1 ≈ 3/4 of the parameters (images 
 alexnet         classify  5 conv + 3 FC, grouped conv2/4/5 = the paper's two columns
 gpt-mini        lm        embed, n_layer pre-LN transformer blocks, LN + head: (B, T, V)
 seq2seq-lstm    lm        GNMT-like encoder/decoder LSTM, predicts the second half: (B, T//2, V)
+sparse-bow      classify  EmbeddingBag over a 100k-id vocabulary + MLP (bow-ids)
 ==============  ========  =============================================================
 
 A user model is ``pkg.module:factory`` (see :mod:`polytrain.models.user`).
 """
 
-from polytrain.models import alexnet, basic, gpt, seq2seq, vgg  # noqa: F401  (registers models)
+from polytrain.models import alexnet, basic, gpt, seq2seq, sparse_bow, vgg  # noqa: F401  (registers models)
 from polytrain.models.alexnet import ColumnLayer, alexnet_columns, column_slice, exchange_points
 from polytrain.models.registry import (
     MODELS,

@@ -9,6 +9,10 @@ therefore give each rank whole heads — rows of q/k/v, columns of proj — and 
 is on the shard; the ranks then sum their proj outputs (and add proj's bias once). The MLP splits
 the same way (rows of fc, columns of proj).
 
+``vocab`` (default: the dataset's vocabulary) sizes the token embedding only; the head still
+scores the dataset's vocabulary. Ids beyond the data's are never looked up, so e.g. ``vocab=100000``
+on ``chars`` gives a word-model-sized embedding whose gradient touches a few hundred rows a step.
+
 Embedding and LM head are NOT tied: they live in different children, and a pipeline would have to
 keep one parameter in sync across two stages.
 """
@@ -33,6 +37,8 @@ class GptOptions(BaseModel):
     n_head: int = Field(4, ge=1)
     d_model: int = Field(64, ge=1)
     seq_len: int | None = Field(None, ge=1, description="positions (default: the dataset's T)")
+    vocab: int | None = Field(None, ge=1, description="token-embedding rows (default: the data's "
+                              "vocabulary); larger gives a big, row-sparse embedding")
 
 
 class Embed(nn.Module):
@@ -122,6 +128,9 @@ def _check(spec: DataSpec, o: GptOptions) -> str | None:
             f"seq_len={o.seq_len} is shorter than the dataset's sequences "
             f"({spec.input_shape[0]}); drop the option or raise it"
         )
+    if o.vocab is not None and o.vocab < spec.num_classes:
+        return (f"vocab={o.vocab} is smaller than the dataset's vocabulary ({spec.num_classes}); "
+                "drop the option or raise it")
     return None
 
 
@@ -142,7 +151,8 @@ def _init(model: nn.Module, n_layer: int) -> None:
 
 def build_gpt_mini(spec: DataSpec, o: GptOptions) -> nn.Sequential:
     seq_len = o.seq_len or spec.input_shape[0]
-    layers: OrderedDict[str, nn.Module] = OrderedDict(embed=Embed(spec.num_classes, seq_len, o.d_model))
+    layers: OrderedDict[str, nn.Module] = OrderedDict(
+        embed=Embed(o.vocab or spec.num_classes, seq_len, o.d_model))
     for i in range(o.n_layer):
         layers[f"block{i + 1}"] = Block(o.d_model, o.n_head)
     layers["head"] = Head(o.d_model, spec.num_classes)
