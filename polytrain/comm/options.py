@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from polytrain.errors import ConfigError
 
@@ -28,3 +28,51 @@ def check_collective(strategy: str, collective: str, world: int) -> None:
             f"Strategy '{strategy}' with collective=ring needs world size >= 2 (a ring of at least "
             f"two ranks), but --procs is {world}. Use --procs 2 or more, or collective=builtin "
             f"(valid: {', '.join(COLLECTIVES)}).")
+
+
+class CodecOptions(CollectiveOptions):
+    """``--set compression=NAME`` and the codecs' own options (see :mod:`polytrain.comm.codecs`)."""
+
+    compression: str = Field("none", description="gradient codec: none, fp16, topk, topk+onebit, ...")
+    ratio: float = Field(0.01, description="topk/randomk/dgc: fraction of entries sent, in (0, 1]")
+    tau: float = Field(1e-3, description="threshold: entries with |g| >= tau are sent as ±tau")
+    levels: int = Field(16, description="qsgd: quantisation levels s, 1..255")
+    scale: Literal["tensor", "row"] = Field("tensor", description="onebit: one scale pair per tensor or row")
+    error_feedback: bool | None = Field(None, description="residual memory (default: on for biased codecs)")
+    entropy: Literal["none", "zstd"] = Field("none", description="zstd over payloads")
+    dgc_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="dgc: momentum of the corrected velocity")
+    dgc_clip: float | None = Field(None, gt=0.0, description="dgc: local clip norm C (scaled by W^-1/2)")
+    dgc_warmup: int = Field(0, ge=0, description="dgc: encodings over which sparsity warms up")
+    powersgd_rank: int = Field(1, ge=1, description="powersgd: rank of the low-rank factors")
+
+    @field_validator("compression")
+    @classmethod
+    def _codec(cls, v: str) -> str:
+        from polytrain.comm.codecs import check_name
+
+        return check_name(v)
+
+    @field_validator("ratio")
+    @classmethod
+    def _ratio(cls, v: float) -> float:
+        if not 0.0 < v <= 1.0:
+            raise ValueError("ratio must be in (0, 1] (the fraction of entries sent), e.g. ratio=0.01")
+        return v
+
+    @field_validator("tau")
+    @classmethod
+    def _tau(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("tau must be > 0 (entries with |g| >= tau are sent), e.g. tau=0.001")
+        return v
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, v: int) -> int:
+        if not 1 <= v <= 255:
+            raise ValueError("levels must be in 1..255 (qsgd quantisation levels), e.g. levels=16")
+        return v
+
+    @property
+    def compressing(self) -> bool:
+        return self.compression != "none"

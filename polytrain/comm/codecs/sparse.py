@@ -1,0 +1,113 @@
+"""Sparsifiers: send a few entries, error feedback keeps the rest for later.
+
+* ``topk`` (``ratio=``): the ceil(ratio·N) entries of largest magnitude, as sorted int32 indices +
+  float32 values (ties broken by ``torch.topk``, deterministic on CPU). With error feedback this
+  is "sparsified SGD with memory" (Stich, Cordonnier & Jaggi, NeurIPS 2018; Aji & Heafield 2017).
+* ``randomk`` (``ratio=``): ceil(ratio·N) entries chosen uniformly at random by a generator every
+  rank seeds with (seed, parameter, call), so all ranks pick the *same* indices: only the values
+  travel (no indices), and ranks can all-reduce them like a dense k-vector. Values are sent
+  unscaled (biased; error feedback on by default), as in Stich et al. 2018.
+* ``threshold`` (``tau=``): Strom, "Scalable distributed DNN training using commodity GPU cloud
+  computing", Interspeech 2015 — every entry with |x| ≥ τ is sent as its index and one sign bit
+  and stands for ±τ on the receiver; the residual keeps x ∓ τ. Simplified: a fixed τ (Strom tunes
+  it per model), no per-layer τ.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from polytrain.comm.codecs.base import Codec, Key, count, expect
+from polytrain.comm.codecs.payload import Payload, Schema, pack_bits, unpack_bits
+
+
+def check_indices(idx: torch.Tensor, numel: int) -> None:
+    expect(bool(idx.numel() == 0 or (int(idx.min()) >= 0 and int(idx.max()) < numel)),
+           f"indices outside [0, {numel})")
+
+
+def scatter(idx: torch.Tensor, values: torch.Tensor, numel: int) -> torch.Tensor:
+    expect(idx.numel() == values.numel(), f"{idx.numel()} indices but {values.numel()} values")
+    check_indices(idx, numel)
+    out = torch.zeros(numel, dtype=torch.float32)
+    out[idx.long()] = values.to(torch.float32)
+    return out
+
+
+class TopK(Codec):
+    name = "topk"
+    sparse = True
+
+    def __init__(self, ratio: float, gen: torch.Generator | None = None) -> None:
+        super().__init__(gen)
+        self.ratio = ratio
+
+    @property
+    def label(self) -> str:
+        return f"topk(ratio={self.ratio:g})"
+
+    def schema(self) -> Schema:
+        return (("indices", torch.int32), ("values", torch.float32))
+
+    def keep(self, x: torch.Tensor, key: Key) -> int:
+        return count(x.numel(), self.ratio)
+
+    def encode(self, x: torch.Tensor, shape: tuple[int, ...], key: Key) -> Payload:
+        k = self.keep(x, key)
+        idx = torch.topk(x.abs(), k, sorted=False).indices.sort().values if k else x.new_zeros(0).long()
+        return Payload({"indices": idx.to(torch.int32), "values": x[idx]})
+
+    def decode(self, p: Payload, numel: int, shape: tuple[int, ...], key: Key) -> torch.Tensor:
+        return scatter(p["indices"], p["values"], numel)
+
+
+class RandomK(Codec):
+    name = "randomk"
+    sparse = True
+    reducible = True  # same indices on every rank: the values vectors sum
+
+    def __init__(self, ratio: float, gen: torch.Generator | None = None) -> None:
+        super().__init__(gen)
+        self.ratio = ratio
+
+    @property
+    def label(self) -> str:
+        return f"randomk(ratio={self.ratio:g})"
+
+    def schema(self) -> Schema:
+        return (("values", torch.float32),)
+
+    def indices(self, numel: int, key: Key) -> torch.Tensor:
+        k = count(numel, self.ratio)
+        return torch.randperm(numel, generator=key.generator())[:k].sort().values
+
+    def encode(self, x: torch.Tensor, shape: tuple[int, ...], key: Key) -> Payload:
+        return Payload({"values": x[self.indices(x.numel(), key)]})
+
+    def decode(self, p: Payload, numel: int, shape: tuple[int, ...], key: Key) -> torch.Tensor:
+        return scatter(self.indices(numel, key), p["values"], numel)
+
+
+class Threshold(Codec):
+    name = "threshold"
+
+    def __init__(self, tau: float, gen: torch.Generator | None = None) -> None:
+        super().__init__(gen)
+        self.tau = tau
+
+    @property
+    def label(self) -> str:
+        return f"threshold(tau={self.tau:g})"
+
+    def schema(self) -> Schema:
+        return (("indices", torch.int32), ("signs", torch.uint8))
+
+    def encode(self, x: torch.Tensor, shape: tuple[int, ...], key: Key) -> Payload:
+        idx = (x.abs() >= self.tau).nonzero().reshape(-1) if self.tau > 0 else x.new_zeros(0).long()
+        return Payload({"indices": idx.to(torch.int32), "signs": pack_bits(x[idx] < 0, 1)})
+
+    def decode(self, p: Payload, numel: int, shape: tuple[int, ...], key: Key) -> torch.Tensor:
+        idx = p["indices"]
+        neg = unpack_bits(p["signs"], 1, idx.numel())
+        expect(p["signs"].numel() == -(-idx.numel() // 8), "sign bits do not match the indices")
+        return scatter(idx, self.tau * (1 - 2 * neg).to(torch.float32), numel)

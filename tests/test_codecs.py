@@ -1,0 +1,124 @@
+"""Codecs (tier 1, no processes): property tests with hypothesis over shapes and values.
+
+* error feedback: decode(encode(g + r_old)) + r_new == g + r_old — bit for bit for the codecs
+  whose residual subtraction is exact (sparsifiers, fp16/bf16, and compositions of those), within
+  one float32 rounding for the quantisers (their residual is float32; see error_feedback.py);
+* payloads: what is packed is exactly header + fields, unpacks to the same fields, and a
+  truncated or grown buffer is refused naming the parameter;
+* composition: ``a+b`` decodes to a's decoding of b's decoding of a's values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from pydantic import ValidationError
+
+from polytrain.comm.codecs import SINGLE, build
+from polytrain.comm.codecs.base import Key
+from polytrain.comm.codecs.engine import DecodeError, Engine
+from polytrain.comm.codecs.payload import pack, unpack
+from polytrain.comm.options import CodecOptions
+
+EXACT = ("fp16", "bf16", "topk", "randomk", "dgc", "topk+fp16", "randomk+bf16", "dgc+fp16")
+ROUNDED = ("threshold", "onebit", "terngrad", "qsgd", "topk+onebit", "randomk+qsgd", "dgc+terngrad")
+
+values = st.one_of(st.floats(-1e6, 1e6, allow_nan=False, width=32), st.sampled_from([0.0, 1.0, -1.0]))
+shapes = st.lists(st.integers(0, 9), min_size=1, max_size=3).map(tuple)
+
+
+def grads(shape: tuple[int, ...]) -> st.SearchStrategy[np.ndarray]:
+    return arrays(np.float32, shape, elements=values)
+
+
+def engine(name: str, **kw: object) -> Engine:
+    opts = CodecOptions(compression=name, ratio=0.3, tau=0.5, scale="row", levels=7, dgc_warmup=2, **kw)
+    return Engine.from_options(opts, world=2, rank=0, seed=11)
+
+
+def step(e: Engine, g: torch.Tensor,
+         shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x = what was compressed + r_old, decoded + r_new, decoded) for one encoding of ``g``."""
+    assert e.ef is not None
+    old = e.ef.residuals.get("w")
+    x = g.reshape(-1).clone()
+    velocity = getattr(getattr(e.codec, "outer", e.codec), "velocity", None)
+    if velocity is not None:  # dgc compresses its velocity u = m·u + g (same ops as the codec)
+        x = g.reshape(-1).clone() if 0 not in velocity else velocity[0].clone().mul_(0.9).add_(x)
+    want = x if old is None else x + old
+    buf = e.encode(0, "w", g, shape)
+    decoded = e.decode(0, "w", buf, shape)
+    e.done(0)
+    return want, decoded + e.ef.residuals["w"], decoded
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), shape=shapes, name=st.sampled_from(EXACT + ROUNDED))
+def test_error_feedback_keeps_every_bit_of_the_gradient(data: st.DataObject, shape: tuple[int, ...],
+                                                        name: str) -> None:
+    e = engine(name, error_feedback=True)
+    for _ in range(3):  # residuals carried over several steps
+        g = torch.from_numpy(data.draw(grads(shape)))
+        want, got, decoded = step(e, g, shape)
+        if name in EXACT:
+            assert torch.equal(got, want), name
+        else:
+            # r = fl(x - d), then d + r: two roundings, each within eps/2 of |x| + |d|
+            tol = 2 * torch.finfo(torch.float32).eps * (want.abs() + decoded.abs())
+            assert bool(((got - want).abs() <= tol).all()), name
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), shape=shapes, name=st.sampled_from((*SINGLE, "topk+onebit", "randomk+qsgd")),
+       zstd=st.booleans())
+def test_payload_bytes_round_trip_and_refuse_truncation(data: st.DataObject, shape: tuple[int, ...],
+                                                        name: str, zstd: bool) -> None:
+    e = engine(name, entropy="zstd" if zstd else "none")
+    g = torch.from_numpy(data.draw(grads(shape)))
+    buf = e.encode(0, "w", g, shape)
+    assert e.encoded_bytes == buf.numel()  # what the engine reports is what it handed over
+    p = e.unpack(buf, g.numel())
+    raw = pack(p)
+    assert raw.numel() == 4 * len(p.fields) + p.nbytes  # the header and the fields, nothing else
+    assert zstd or torch.equal(raw, buf)
+    back = unpack(raw, e.codec.schema())
+    assert all(torch.equal(back[k], p[k]) for k in p.fields)
+    assert torch.equal(e.decode(0, "w", buf, shape), e.codec.decode(p, g.numel(), shape, e.key(0)))
+    for bad in (buf[:-1], torch.cat([buf, buf[:3]])):
+        with pytest.raises(DecodeError, match="parameter 'w'"):
+            e.decode(0, "w", bad, shape)
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), n=st.integers(1, 60))
+def test_composition_is_the_value_codec_inside_the_sparsifier(data: st.DataObject, n: int) -> None:
+    g = torch.from_numpy(data.draw(grads((n,))))
+    opts = CodecOptions(compression="topk+fp16", ratio=0.25)
+    both = build(opts, 2, torch.Generator())
+    key = Key(0, 0, 3)
+    topk = build(CodecOptions(compression="topk", ratio=0.25), 2, torch.Generator())
+    p = topk.encode(g, (n,), key)
+    half = build(CodecOptions(compression="fp16"), 2, torch.Generator())
+    k = p["values"].numel()
+    vals = half.decode(half.encode(p["values"], (k,), key), k, (k,), key)
+    want = topk.decode(type(p)({**p.fields, "values": vals}), n, (n,), key)
+    assert torch.equal(both.decode(both.encode(g, (n,), key), n, (n,), key), want)
+
+
+def test_randomk_ranks_agree_on_indices_and_codecs_are_checked() -> None:
+    a, b = (Engine.from_options(CodecOptions(compression="randomk", ratio=0.1), 2, r, 5) for r in (0, 1))
+    g = torch.randn(1000)
+    da = a.decode(3, "w", a.encode(3, "w", g, (1000,)), (1000,))
+    db = b.decode(3, "w", b.encode(3, "w", -g, (1000,)), (1000,))
+    assert torch.equal(da.nonzero(), db.nonzero()) and da.count_nonzero() == 100
+    bad_options = (({"compression": "zip"}, "valid: none, fp16"),
+                   ({"compression": "onebit+topk"}, r"a\+b with"),
+                   ({"ratio": 0.0}, r"\(0, 1\]"), ({"ratio": 1.5}, r"\(0, 1\]"),
+                   ({"tau": -1.0}, "tau must be > 0"), ({"levels": 0}, "1..255"))
+    for bad, msg in bad_options:
+        with pytest.raises(ValidationError, match=msg):
+            CodecOptions(**bad)  # type: ignore[arg-type]
