@@ -59,10 +59,6 @@ def test_resnet18_allreduce_equals_single(tmp_path: Path) -> None:
     assert_same_params(load_model(tmp_path / "ar"), load_model(tmp_path / "single"))
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open (issue 19): on main after the one-runtime merge the BatchNorm ResNet-18 under gpipe "
-    "split=auto, M=1, differed from single by ~2e-3 in conv1.weight in the fresh-clone suite run "
-    "of a37683c; it passed on the user branch before. To be found and fixed, then this mark removed."))
 def test_resnet18_gpipe_split_auto_equals_single_at_one_microbatch(tmp_path: Path) -> None:
     """With M > 1 BatchNorm would see micro-batch statistics (as in GPipe); M = 1 is exact."""
     job = {**RESNET, "model_options": {"width": 4, "split": "auto"}}
