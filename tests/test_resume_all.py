@@ -44,6 +44,11 @@ JOBS: dict[str, list[str]] = {
     "sandblaster": ["--procs", "4", "--model", "mlp", "--set", "model.hidden=16", "--set", "servers=2",
                     "--set", "batch=job", "--set", "history=2", "--batch-size", "32", "--lr", "0.5",
                     "--eval-every", "2"],
+    # a dedicated server (its rows and momentum buffers in its own checkpoint file)
+    "hybrid-ps-ar": ["--procs", "3", "--model", "sparse-bow", "--dataset", "bow-ids",
+                     "--set", "model.dim=4", "--set", "data.features=3000", "--set", "data.train=256",
+                     "--batch-size", "16", "--optimizer", "momentum", "--lr", "0.05",
+                     "--set", "servers=1"],
     "ps-async": ["--procs", "4", *SGD, "--set", "servers=2", "--set", "consistency=async",
                  "--set", "n_push=2", "--set", "n_fetch=6"],
 }

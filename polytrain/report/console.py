@@ -51,7 +51,14 @@ def format_summary(summary: Summary, run_dir: Path | str | None = None) -> Rende
         grid.add_row(label, value)
     title = f"polytrain · {summary.get('strategy', MISSING)} · {summary.get('world_size', '?')} ranks"
     testbed = testbed_line(summary)
-    body: RenderableType = Group(grid, Text(testbed, style="dim")) if testbed else grid
+    parts: list[RenderableType] = [grid]
+    metrics = summary.get("strategy_metrics")
+    table = metrics.get("console_table") if isinstance(metrics, Mapping) else None
+    if isinstance(table, str):  # a strategy's own table (e.g. hybrid-ps-ar's parameter paths)
+        parts.append(Text("\n" + table))
+    if testbed:
+        parts.append(Text(testbed, style="dim"))
+    body: RenderableType = Group(*parts) if len(parts) > 1 else grid
     return Panel(body, title=title, title_align="left", expand=False)
 
 
