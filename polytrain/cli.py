@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from polytrain.errors import ConfigError, PolytrainError
+from polytrain.errors import ConfigError, Interrupted, PolytrainError
 
 # JobConfig field -> (flag, type, help). One table feeds `train` and `compare`.
 JOB_FLAGS: list[tuple[str, str, Any, str]] = [
@@ -383,6 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_strategy(args.name, console)
         simple = {"strategies": cmd_strategies, "models": cmd_models, "datasets": cmd_datasets}
         return simple[args.command](console)
+    except Interrupted as e:
+        err.print(f"[bold yellow]interrupted:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        return e.exit_code
     except PolytrainError as e:
         if debug:
             raise

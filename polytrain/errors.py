@@ -21,6 +21,14 @@ class DivergedError(PolytrainError):
     """Training produced a non-finite loss or non-finite parameters; the job stops."""
 
 
+class Interrupted(PolytrainError):
+    """The run was stopped on request (SIGTERM, Ctrl-C); ``exit_code`` is 128 + the signal."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class CheckpointError(PolytrainError):
     """A checkpoint is missing, corrupt or belongs to another job."""
 

@@ -12,12 +12,15 @@ import json
 import sys
 from pathlib import Path
 
-from polytrain.launch.worker import exit_now, run_rank
+from polytrain.launch.records import die_with_parent
 
 
 def main(argv: list[str]) -> None:
     if len(argv) != 1:
         raise SystemExit("usage: python -m polytrain.launch.rank_main PAYLOAD.json")
+    die_with_parent()  # before torch's imports (seconds): an orphan never starts training
+    from polytrain.launch.worker import exit_now, run_rank
+
     run_rank(json.loads(Path(argv[0]).read_text()))
     exit_now(0)  # finished: skip the interpreter's shutdown (see exit_now); errors raise above
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import time
 import traceback
@@ -23,6 +24,25 @@ from polytrain.errors import ConfigError
 from polytrain.runtime.jsonsafe import json_safe
 
 LOOPBACK = "127.0.0.1"
+LAUNCHER_PID_ENV = "POLYTRAIN_LAUNCHER_PID"  # the local launcher's pid, its ranks' parent
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def die_with_parent() -> None:
+    """Linux: the calling rank is killed when its parent (the launcher's agent) dies, even by
+    SIGKILL, so no rank trains on as an orphan; a rank whose parent died already exits now.
+    Called first thing in a rank, before its imports."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        return  # not Linux: the launcher's agent still stops its ranks when it can
+    parent = os.environ.get(LAUNCHER_PID_ENV)
+    if (parent and os.getppid() != int(parent)) or os.getppid() == 1:
+        os._exit(1)
 
 
 def free_port(host: str = LOOPBACK) -> int:

@@ -68,6 +68,7 @@ def build_summary(job: Job, ctx: RankContext, records: list[dict[str, Any]],
         "world_size": ctx.world,
         "steps": job.steps,
         "steps_run": whole["steps_run"],
+        "interrupted": _interrupted(job.steps),
         "resumes": resumes,
         "samples": samples,
         "wall_s": wall,
@@ -87,6 +88,40 @@ def build_summary(job: Job, ctx: RankContext, records: list[dict[str, Any]],
         "polytrain_version": polytrain.__version__,
         "torch_version": torch.__version__,
     }
+
+
+def _interrupted(steps: int) -> dict[str, Any] | None:
+    """How this run was stopped on request (SIGTERM, Ctrl-C), None when it was not."""
+    from polytrain.runtime import interrupt
+
+    step = interrupt.stopped_at()
+    return None if step is None or step >= steps else {"signal": interrupt.signal_name(), "step": step}
+
+
+def write_interrupted(run_dir: Path, cfg: JobConfig, signal_name: str) -> dict[str, Any]:
+    """The launcher's summary of a run stopped on request whose rank 0 could not write one
+    (killed after the grace period): what the ranks' event files hold, marked interrupted."""
+    events = []
+    for path in sorted((run_dir / "ranks").glob("rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut short by the kill
+    events.sort(key=lambda e: (e.get("t", 0.0), e.get("rank", 0)))
+    with (run_dir / "metrics.jsonl").open("w") as f:
+        for e in events:
+            f.write(json.dumps(e) + "\n")
+    steps = [e for e in events if e.get("event") == "step"]
+    last = max((int(e["step"]) for e in steps), default=0)
+    losses = [e["loss"] for e in steps if e["step"] == last and e.get("loss") is not None]
+    summary = {"strategy": cfg.strategy, "world_size": cfg.procs, "steps_run": last,
+               "samples": max((int(e.get("samples") or 0) for e in steps), default=0),
+               "final_loss": sum(losses) / len(losses) if losses else None,
+               "interrupted": {"signal": signal_name, "step": last, "by": "launcher"},
+               "config": cfg.model_dump(mode="json")}
+    atomic_json(run_dir / "summary.json", summary)
+    return summary
 
 
 def _prediction(job: Job, ctx: RankContext, testbed: dict[str, Any] | None) -> dict[str, Any]:

@@ -22,8 +22,9 @@ import torch.distributed as dist
 
 from polytrain.comm import Comm
 from polytrain.config import make_config
-from polytrain.launch.records import clear_error_record, write_error_record
+from polytrain.launch.records import clear_error_record, die_with_parent, write_error_record
 from polytrain.launch.stores import bind_address, tcp_store
+from polytrain.runtime import interrupt
 from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.progress import RankProgress
@@ -50,7 +51,7 @@ def pick_device(local_rank: int) -> tuple[torch.device, str]:
     return torch.device("cpu"), "gloo"
 
 
-def init_distributed(backend: str, rank: int, world: int, timeout_s: float) -> None:
+def init_distributed(backend: str, rank: int, world: int, timeout_s: float) -> dist.Store:
     """Join the process group through a store namespace private to this restart generation.
 
     Under ``torchrun --max-restarts``, the agent's TCPStore outlives the workers; gloo's default
@@ -65,6 +66,7 @@ def init_distributed(backend: str, rank: int, world: int, timeout_s: float) -> N
     generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefixed = dist.PrefixStore(f"polytrain/gen{generation}", store)
     dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world, timeout=timeout)
+    return prefixed
 
 
 def _redirect_output(path: Path) -> None:
@@ -101,6 +103,7 @@ def peak_rss_bytes() -> int:
 
 def run_rank(payload: dict[str, Any]) -> None:
     """Entry point of one rank. ``payload``: config (dict), run_dir, resume, rank_logs, progress."""
+    die_with_parent()
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -117,7 +120,7 @@ def run_rank(payload: dict[str, Any]) -> None:
     try:
         cfg = make_config(payload["config"])
         device, backend = pick_device(local_rank)
-        init_distributed(backend, rank, world, cfg.timeout_s)
+        interrupt.install(init_distributed(backend, rank, world, cfg.timeout_s))
         strategy = make_strategy(cfg.strategy, cfg.options)
         job = Job.from_config(cfg)
         store = CheckpointStore(run_dir / "checkpoints", job_fingerprint(cfg), clock=recorder.now)

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from polytrain.runtime import interrupt
 from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.divergence import check_finite
 from polytrain.runtime.job import Job, RankContext, RankResult
@@ -190,6 +191,7 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
     evaluates = spec.evaluates if spec.evaluates is not None else ctx.is_leader or not spec.replicated
     eval_model = spec.eval_model or spec.model
     evaluate = spec.evaluate or (lambda: job.evaluate(eval_model))
+    last = start
     for step in range(start + 1, job.steps + 1):
         loss = run_step(step)
         if spec.after_update is not None:
@@ -200,17 +202,24 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
         ctx.recorder.sample_resources(step=step)
         if ctx.progress is not None:
             ctx.progress.update(step, loss)
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+        last = step
+        stop = step < job.steps and interrupt.stop_after(step, job.steps)  # SIGTERM / Ctrl-C
+        if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or stop):
             if spec.save is not None:
                 spec.save(step)
             else:
                 save_checkpoint(job, ctx, spec, step)
+        if stop:
+            ctx.recorder.emit("interrupted", step=step, signal=interrupt.signal_name())
+            break
         if cfg.eval_every and step % cfg.eval_every == 0 and step < job.steps and evaluates:
             ctx.recorder.emit("eval", step=step, **evaluate())
     wall = time.perf_counter() - t0
-    result = RankResult(steps=job.steps - start, samples=samples_at(job.steps) - samples_at(start),
+    result = RankResult(steps=last - start, samples=samples_at(last) - samples_at(start),
                         wall_s=wall, final_loss=loss if spec.reports else None,
                         strategy_metrics=dict(spec.metrics))
+    if last < job.steps:  # stopped on request: the checkpoint holds the model
+        return result
     if evaluates if spec.final_eval is None else spec.final_eval:
         result.eval = evaluate()
         ctx.recorder.emit("eval", step=job.steps, **result.eval)

@@ -51,6 +51,7 @@ from polytrain.comm import GroupComm, new_groups
 from polytrain.errors import ConfigError
 from polytrain.plan.partition import Partition, cut
 from polytrain.plan.profile import boundary_metas
+from polytrain.runtime import interrupt
 from polytrain.runtime.batches import GlobalBatches
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, restore_checkpoint, save_checkpoint
@@ -251,15 +252,21 @@ class PipelineRun:
         ctx.recorder.start_clock()
         ctx.recorder.emit("start", first_step=start + 1, steps=job.steps)
         t0 = time.perf_counter()
+        last = start
         for steps in _segments(start + 1, job.steps, self.plan, job):
             self._segment(steps, batches)
-            self._boundary(steps[-1])
+            last = steps[-1]
+            stop = last < job.steps and interrupt.stop_after(last, job.steps)  # SIGTERM / Ctrl-C
+            self._boundary(last, stop)
+            if stop:
+                ctx.recorder.emit("interrupted", step=last, signal=interrupt.signal_name())
+                break
         wall = time.perf_counter() - t0
-        done = job.steps - start
+        done = last - start
         result = RankResult(steps=done, samples=done * job.batch_size, wall_s=wall, final_loss=self.loss)
         result.strategy_metrics = self._metrics()
         gather_model(ctx, self.stage)
-        if self.stage.full is not None:
+        if self.stage.full is not None and last == job.steps:  # else stopped: see the checkpoint
             result.eval = job.evaluate(self.stage.full)
             ctx.recorder.emit("eval", step=job.steps, **result.eval)
             result.model_state = {k: v.detach().clone() for k, v in self.stage.full.state_dict().items()}
@@ -297,10 +304,12 @@ class PipelineRun:
         if self.ctx.progress is not None:
             self.ctx.progress.update(step, loss)
 
-    def _boundary(self, step: int) -> None:
+    def _boundary(self, step: int, stop: bool = False) -> None:
         cfg, ctx = self.job.config, self.ctx
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+        if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or stop):
             save_checkpoint(self.job, ctx, self.loop, step)
+        if stop:
+            return
         if cfg.eval_every and step % cfg.eval_every == 0 and step < self.job.steps:
             gather_model(ctx, self.stage)
             if self.stage.full is not None:

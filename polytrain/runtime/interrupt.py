@@ -1,0 +1,69 @@
+"""Stopping a run on request (SIGTERM, Ctrl-C) at a step every rank agrees on.
+
+The launcher's agent forwards SIGTERM/SIGINT to every rank (Ctrl-C in a terminal reaches them
+all directly). A rank's handler only sets a flag; the training loop reads it once per step (a
+Python attribute read, nothing sent). The first rank that sees it proposes a stop step a little
+ahead of its own (``MARGIN``: synchronous ranks are within one step of each other) through the
+job's store with one compare-and-set, which every rank then reads back: all ranks stop after
+the same step, write a checkpoint there when the job checkpoints, and finish as usual, so rank 0
+writes the metrics and a summary marked ``interrupted``. A rank that cannot reach the agreed
+step in time (a stream pipeline between segments, a server) is killed by the launcher after its
+grace period; the launcher then writes the summary from the ranks' event files.
+"""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType
+from typing import Any
+
+MARGIN = 2
+KEY = "polytrain/stop"
+
+
+class _State:
+    signal: int | None = None  # the signal received, if any
+    store: Any = None  # the job's c10d store (set by the rank's launcher code)
+    stop_at: int | None = None  # the agreed last step
+
+
+_state = _State()
+
+
+def _handler(signum: int, frame: FrameType | None) -> None:
+    if _state.signal is None:
+        _state.signal = signum
+
+
+def install(store: Any) -> None:
+    """In a rank: SIGTERM and SIGINT request a stop instead of ending the process."""
+    _state.store = store
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _handler)
+
+
+def requested() -> bool:
+    return _state.signal is not None
+
+
+def signal_name() -> str | None:
+    return signal.Signals(_state.signal).name if _state.signal is not None else None
+
+
+def stop_after(step: int, last: int) -> bool:
+    """Whether this rank stops after ``step`` (of ``last``): False while no stop is requested;
+    else True at the step all ranks agreed on (the first proposal wins)."""
+    if _state.signal is None:
+        return False
+    if _state.stop_at is None:
+        proposal = str(min(last, step + MARGIN))
+        if _state.store is None:
+            _state.stop_at = int(proposal)
+        else:
+            _state.stop_at = int(_state.store.compare_set(KEY, "", proposal))
+    return step >= _state.stop_at
+
+
+def stopped_at() -> int | None:
+    """The step this rank stopped after on request, None when it was not stopped."""
+    return _state.stop_at if _state.signal is not None else None

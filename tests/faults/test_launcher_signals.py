@@ -1,0 +1,116 @@
+"""The launcher's ranks never outlive it (issue 22 item 5).
+
+* kill -9 of the launcher: its ranks die with it (parent-death signal), within seconds;
+* SIGTERM to the launcher, or Ctrl-C (SIGINT to the terminal's process group): every rank stops
+  after one agreed step, a checkpoint is written there, metrics.jsonl and a summary marked
+  ``interrupted`` are kept, and the launcher prints one line (no traceback), exit 128 + signal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+JOB = ["--model", "mlp", "--set", "model.hidden=16", "--procs", "2", "--steps", "1000000",
+       "--no-report"]
+
+
+def start(run: Path, *extra: str) -> subprocess.Popen[str]:
+    """A long 2-rank job in its own session (as a terminal's foreground job is)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "polytrain", "train", *JOB, "--out", str(run),
+                             *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def rank_pids(run: Path, steps: int = 3, timeout: float = 120) -> list[int]:
+    """The ranks' pids, once every rank has recorded ``steps`` steps."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        pids = []
+        for rank in (0, 1):
+            path = run / "ranks" / f"rank{rank}.jsonl"
+            lines = path.read_text().splitlines() if path.exists() else []
+            evs = [json.loads(x) for x in lines if x.endswith("}")]
+            if sum(e["event"] == "step" for e in evs) >= steps:
+                pids.append(next(e["pid"] for e in evs if e["event"] == "process"))
+        if len(pids) == 2:
+            return pids
+        time.sleep(0.2)
+    raise AssertionError("the ranks never started training")
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, dead but not yet reaped by its new parent, does not count)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_gone(pids: list[int], within: float) -> float:
+    t0 = time.monotonic()
+    while any(alive(p) for p in pids):
+        if time.monotonic() - t0 > within:
+            for p in pids:  # leave nothing behind, then fail
+                if alive(p):
+                    os.kill(p, signal.SIGKILL)
+            raise AssertionError(f"ranks {[p for p in pids if alive(p)]} outlived the launcher")
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def test_killed_launcher_takes_its_ranks(tmp_path: Path) -> None:
+    proc = start(tmp_path / "run")
+    try:
+        pids = rank_pids(tmp_path / "run")
+        proc.kill()
+        proc.wait(timeout=10)
+        assert wait_gone(pids, within=5) < 5
+    finally:
+        proc.kill()
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT"])
+def test_stop_request_checkpoints_and_keeps_an_interrupted_summary(tmp_path: Path, how: str) -> None:
+    run = tmp_path / "run"
+    proc = start(run, "--checkpoint-every", "1000000")
+    try:
+        pids = rank_pids(run)
+        sig = signal.Signals[how]
+        if how == "SIGINT":  # Ctrl-C: the terminal signals the whole foreground group
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert took < 15, f"the launcher took {took:.1f} s to stop"
+    wait_gone(pids, within=1)
+    assert proc.returncode == 128 + sig
+    assert "Traceback" not in err and "death signal" not in err
+    lines = [x for x in err.splitlines() if "interrupted" in x]
+    assert len(lines) == 1 and f"{how}: every rank stopped after step" in lines[0], err
+    summary = json.loads((run / "summary.json").read_text())
+    step = summary["interrupted"]["step"]
+    assert summary["interrupted"]["signal"] == how and summary["steps_run"] == step >= 3
+    assert (run / "checkpoints" / "LATEST").read_text() == f"step-{step:08d}"
+    assert f"checkpoint step-{step:08d}; continue with: polytrain train --resume" in lines[0]
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for rank in (0, 1):
+        mine = [e["step"] for e in steps if e["event"] == "step" and e["rank"] == rank]
+        assert mine == list(range(1, step + 1))
