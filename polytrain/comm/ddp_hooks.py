@@ -2,7 +2,12 @@
 
 * :func:`builtin_hook` — the backend's own all-reduce (asynchronous, overlaps backward);
 * :func:`ring_hook` — polytrain's explicit ring (:mod:`polytrain.comm.ring`), blocking inside the
-  hook, each of its 2(W−1) phases recorded as a ``comm`` span on the timeline.
+  hook, each of its 2(W−1) phases recorded as a ``comm`` span on the timeline;
+* :func:`codec_hook` — a codec per parameter (:mod:`polytrain.comm.exchange`): dense codecs
+  reduce in place, the others all-gather variable-size payloads;
+* :func:`powersgd` — PyTorch's own ``powerSGD_hook`` (Vogels, Karimireddy & Jaggi, "PowerSGD:
+  Practical Low-Rank Gradient Compression for Distributed Optimization", NeurIPS 2019), not
+  rewritten: its all-reduces are counted through the accounted comm.
 
 Both return the bucket's mean over ranks. DDP checks a hook's annotation at run time, which a
 postponed (string) annotation fails, so the hooks (GradBucket -> Future[Tensor]) are unannotated.
@@ -15,6 +20,8 @@ from typing import Any
 import torch
 
 from polytrain.comm.accounted import Comm
+from polytrain.comm.codecs.engine import Engine
+from polytrain.comm.exchange import Item, compressed_mean
 from polytrain.comm.ring import RingStats, ring_all_reduce
 from polytrain.runtime.recorder import Recorder
 
@@ -56,3 +63,55 @@ def ring_hook(comm: Comm, world: int, rec: Recorder) -> Any:
         return done_future(buf)
 
     return hook
+
+
+def codec_hook(comm: Comm, world: int, rec: Recorder, engine: Engine, names: dict[int, tuple[int, str]],
+               collective: str) -> Any:
+    """Mean of the bucket over ranks, each parameter's slice through ``engine``'s codec.
+
+    ``names``: id(parameter) -> (index in the model, name). A DDP bucket's buffer holds its
+    parameters' gradients back to back, in ``bucket.parameters()`` order."""
+
+    def hook(_state, bucket):  # type: ignore[no-untyped-def]
+        buf = bucket.buffer()
+        items, pos = [], 0
+        for p in bucket.parameters():
+            index, name = names[id(p)]
+            items.append(Item(index, name, buf[pos : pos + p.numel()].view(p.shape)))
+            pos += p.numel()
+        means = compressed_mean(engine, comm, items, collective=collective, rec=rec)
+        pos = 0
+        for mean in means:
+            buf[pos : pos + mean.numel()].copy_(mean)
+            pos += mean.numel()
+        return done_future(buf)
+
+    return hook
+
+
+class _CountingDist:
+    """``torch.distributed`` as PyTorch's DDP hooks see it, with every all-reduce counted."""
+
+    def __init__(self, real: Any, comm: Comm, op: str) -> None:
+        self._real, self._comm, self._op = real, comm, op
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def all_reduce(self, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        self._comm._count_ring_allreduce(tensor, self._op)
+        return self._real.all_reduce(tensor, *args, **kwargs)
+
+
+def powersgd(comm: Comm, rank: int) -> tuple[Any, Any]:
+    """(state, hook) of PyTorch's PowerSGD with matrix rank ``rank``, its traffic accounted
+    under op ``powersgd`` (the same ring count as the builtin all-reduce). The first step runs
+    a plain all-reduce (``start_powerSGD_iter=2``: DDP rebuilds its buckets after step 1)."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    for mod in (powerSGD_hook, default_hooks):
+        mod.dist = _CountingDist(dist, comm, "powersgd")  # type: ignore[attr-defined]
+    state = powerSGD_hook.PowerSGDState(process_group=comm.group, matrix_approximation_rank=rank,
+                                        start_powerSGD_iter=2)
+    return state, powerSGD_hook.powerSGD_hook

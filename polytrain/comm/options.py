@@ -76,3 +76,19 @@ class CodecOptions(CollectiveOptions):
     @property
     def compressing(self) -> bool:
         return self.compression != "none"
+
+
+def check_codec(strategy: str, opts: CodecOptions, world: int, *, hooks: bool) -> None:
+    """Refuse what a codec-taking strategy cannot do with these options, before launch.
+
+    ``hooks``: the strategy trains through DDP, so PyTorch's ``powersgd`` hook applies."""
+    check_collective(strategy, opts.collective, world)
+    if opts.compression == "powersgd" and not hooks:
+        raise ConfigError(
+            f"Strategy '{strategy}' cannot take compression=powersgd: it is PyTorch's DDP gradient "
+            "hook, which only 'allreduce' runs. Use another codec (e.g. topk, onebit) or "
+            "--strategy allreduce.")
+    if opts.compression == "powersgd" and opts.collective == "ring":
+        raise ConfigError(
+            "compression=powersgd runs PyTorch's powerSGD_hook, which all-reduces with the "
+            "backend's collective: drop collective=ring (valid with powersgd: builtin).")

@@ -56,6 +56,15 @@ class Engine:
     def encode(self, index: int, name: str, g: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         """The bytes to send for parameter ``name`` (flat float32 gradient ``g``)."""
         t0 = time.perf_counter()
+        buf = self.pack(self.encode_payload(index, name, g, shape))
+        self.encoded_bytes += buf.numel()
+        self.encode_s += time.perf_counter() - t0
+        return buf
+
+    def encode_payload(self, index: int, name: str, g: torch.Tensor,
+                       shape: tuple[int, ...]) -> Payload:
+        """The payload for parameter ``name``, error feedback applied (not yet packed)."""
+        t0 = time.perf_counter()
         key = self.key(index)
         x = self.codec.pre(g.reshape(-1).float(), key)
         if self.ef is not None:
@@ -64,11 +73,9 @@ class Engine:
         if self.ef is not None:
             self.ef.keep(name, x, self.codec.decode(p, x.numel(), shape, key))
         self.codec.post(p, key)
-        buf = self.pack(p)
         self.raw_bytes += 4 * g.numel()
-        self.encoded_bytes += buf.numel()
         self.encode_s += time.perf_counter() - t0
-        return buf
+        return p
 
     def done(self, index: int) -> None:
         """Every rank's payload of this parameter's current encoding has been decoded."""
@@ -77,12 +84,18 @@ class Engine:
     def decode(self, index: int, name: str, buf: torch.Tensor, shape: tuple[int, ...],
                source: str = "") -> torch.Tensor:
         """The dense float32 gradient (numel,) a rank's bytes stand for."""
+        return self.decode_payload(index, name, buf, shape, source)
+
+    def decode_payload(self, index: int, name: str, data: torch.Tensor | Payload,
+                       shape: tuple[int, ...], source: str = "") -> torch.Tensor:
+        """Decode packed bytes or a payload (e.g. a sum of reducible payloads)."""
         t0 = time.perf_counter()
         numel = 1
         for d in shape:
             numel *= d
         try:
-            out = self.codec.decode(self.unpack(buf, numel), numel, shape, self.key(index))
+            p = data if isinstance(data, Payload) else self.unpack(data, numel)
+            out = self.codec.decode(p, numel, shape, self.key(index))
         except (PayloadError, ValueError, RuntimeError, IndexError) as err:
             raise DecodeError(f"the {self.codec.name} payload for parameter '{name}'{source} does not "
                               f"decode: {err}; nothing was applied") from None

@@ -8,7 +8,6 @@ undoes both; a frame zstd cannot read is a :class:`PayloadError`.
 from __future__ import annotations
 
 import torch
-import zstandard
 
 from polytrain.comm.codecs.payload import Payload, PayloadError, Schema, pack, unpack
 
@@ -31,6 +30,8 @@ def undelta(p: Payload) -> Payload:
 
 
 def compress(p: Payload) -> torch.Tensor:
+    import zstandard  # a dependency; imported here so polytrain loads without it until asked
+
     raw = pack(delta(p)).numpy().tobytes()
     cctx = zstandard.ZstdCompressor(level=LEVEL, write_checksum=True, write_content_size=True)
     return torch.frombuffer(bytearray(cctx.compress(raw)), dtype=torch.uint8)
@@ -38,6 +39,8 @@ def compress(p: Payload) -> torch.Tensor:
 
 def decompress(buf: torch.Tensor, schema: Schema, limit: int) -> Payload:
     """``limit``: the most bytes the packed payload may have (refuses decompression bombs)."""
+    import zstandard
+
     data = buf.numpy().tobytes()
     try:
         size = zstandard.frame_content_size(data)

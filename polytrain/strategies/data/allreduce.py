@@ -5,25 +5,34 @@ all-reduces them in buckets while backward is still running (overlap) and divide
 replica applies the same update — the one single-process training applies on the whole batch.
 The bucket all-reduce goes through a comm hook into polytrain's accounted communicator, so the
 bytes are counted, and each bucket's all-reduce is recorded as a ``comm`` span on the timeline.
-``--set collective=ring`` replaces the backend's all-reduce by polytrain's explicit ring
-(:mod:`polytrain.comm.ring`; blocking, so no overlap with backward), one span per ring phase.
+``--set compression=CODEC`` compresses each parameter's gradient in the hook
+(:mod:`polytrain.comm.codecs`; ``powersgd`` is PyTorch's own hook), with error-feedback residuals
+saved in checkpoints (every rank writes its own). ``--set collective=ring`` replaces the
+backend's all-reduce by polytrain's explicit ring (:mod:`polytrain.comm.ring`; blocking, so no
+overlap with backward), one span per ring phase.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import ConfigDict, field_validator
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from polytrain.comm.ddp_hooks import builtin_hook, ring_hook
-from polytrain.comm.options import CollectiveOptions, check_collective
+from polytrain.comm.codecs.engine import Engine
+from polytrain.comm.ddp_hooks import builtin_hook, codec_hook, powersgd, ring_hook
+from polytrain.comm.exchange import codec_report
+from polytrain.comm.options import CodecOptions, check_codec
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 
 
-class AllreduceOptions(CollectiveOptions):
+class AllreduceOptions(CodecOptions):
     model_config = ConfigDict(extra="forbid")
     bucket_mb: float = 25.0
 
@@ -46,26 +55,70 @@ def check_divisible(cfg: JobConfig, parts: int, strategy: str) -> None:
         )
 
 
+def codec_engine(opts: CodecOptions, job: Job, ctx: RankContext) -> Engine | None:
+    """The rank's compression engine, or None without ``compression`` (or with powersgd)."""
+    if not opts.compressing or opts.compression == "powersgd":
+        return None
+    return Engine.from_options(opts, ctx.world, ctx.rank, job.config.seed)
+
+
+def codec_loop_fields(engine: Engine | None, ctx: RankContext) -> dict[str, Any]:
+    """LoopSpec fields for a codec: its state (residuals) goes into every rank's checkpoint."""
+    if engine is None:
+        return {}
+    return {"state": engine.state_dict, "load_state": engine.load_state_dict, "replicated": False,
+            "evaluates": ctx.is_leader}
+
+
+def param_names(model: nn.Module) -> dict[int, tuple[int, str]]:
+    return {id(p): (i, n) for i, (n, p) in enumerate(model.named_parameters())}
+
+
+POWERSGD_STATE = "PyTorch's PowerSGDState (its error and warm-start matrices) is not checkpointed"
+
+
 class Allreduce(Strategy):
     name = "allreduce"
     family = "data"
     summary = "synchronous data parallelism: DDP bucketed all-reduce overlapped with backward"
     Options = AllreduceOptions
+    supports = Supports(compression=True)
+
+    def supports_for(self, cfg: JobConfig) -> Supports:
+        if self.options.compression == "powersgd":  # type: ignore[attr-defined]
+            return self.declared().without(POWERSGD_STATE, "checkpoint", "resume")
+        return self.declared()
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_divisible(cfg, world, self.name)
-        check_collective(self.name, self.options.collective, world)  # type: ignore[attr-defined]
+        check_codec(self.name, self.options, world, hooks=True)  # type: ignore[arg-type]
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: AllreduceOptions = self.options  # type: ignore[assignment]
         model = job.build_model().to(ctx.device)
         ddp = DDP(model, bucket_cap_mb=opts.bucket_mb,
                   device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
-        hook = ring_hook if opts.collective == "ring" else builtin_hook
-        ddp.register_comm_hook(None, hook(ctx.comm, ctx.world, ctx.recorder))
+        engine = codec_engine(opts, job, ctx)
+        if engine is not None:
+            ddp.register_comm_hook(None, codec_hook(ctx.comm, ctx.world, ctx.recorder, engine,
+                                                    param_names(model), opts.collective))
+        elif opts.compression == "powersgd":
+            ddp.register_comm_hook(*powersgd(ctx.comm, opts.powersgd_rank))
+        else:
+            hook = ring_hook if opts.collective == "ring" else builtin_hook
+            ddp.register_comm_hook(None, hook(ctx.comm, ctx.world, ctx.recorder))
         optimizer = job.make_optimizer(ddp.parameters())
+        overlap = opts.collective == "builtin" and engine is None
         spec = LoopSpec(model=model, optimizer=optimizer, step_fn=plain_step(job, ctx, ddp, optimizer),
                         part=ctx.rank, parts=ctx.world,
-                        metrics={"bucket_mb": opts.bucket_mb, "overlap": opts.collective == "builtin",
-                                 "collective": opts.collective})
-        return run_loop(job, ctx, spec)
+                        metrics={"bucket_mb": opts.bucket_mb, "overlap": overlap,
+                                 "collective": opts.collective, "compression": opts.compression},
+                        **codec_loop_fields(engine, ctx))
+        result = run_loop(job, ctx, spec)
+        if engine is not None:
+            result.strategy_metrics["codec"] = codec_report(engine, ctx.comm, result.steps)
+        elif opts.compression == "powersgd":
+            result.strategy_metrics["codec"] = {
+                "codec": f"powersgd(rank={opts.powersgd_rank})",
+                "wire_bytes_per_step": round(ctx.comm.by_op().get("powersgd", 0) / max(result.steps, 1), 1)}
+        return result

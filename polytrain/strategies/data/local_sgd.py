@@ -14,6 +14,12 @@ Bytes: every average sends 2(W−1)/W of the parameters per rank (ring all-reduc
 ``period=p`` sends about 1/p of what ``allreduce`` sends. strategy_metrics reports the measured
 ``bytes_per_worker`` next to ``allreduce_bytes_per_worker``, the ring all-reduce traffic of the
 gradients every step (what ``allreduce`` measures on this model: same formula, same counter).
+
+``--set compression=CODEC`` compresses what an average sends: each replica's *change since the
+last average* (the parameters minus the shared anchor, which every rank holds alike), through
+:func:`polytrain.comm.exchange.compressed_mean`; the anchor then moves by the mean change. With
+error feedback, what a codec did not send of a change is sent with the next one. The anchor and
+the residuals are part of each rank's checkpoint.
 """
 
 from __future__ import annotations
@@ -23,17 +29,20 @@ from typing import Any
 import torch
 from pydantic import ConfigDict, Field
 
+from polytrain.comm.codecs.engine import Engine
 from polytrain.comm.ddp_hooks import record_ring
-from polytrain.comm.options import CollectiveOptions, check_collective
+from polytrain.comm.exchange import Item, codec_report, compressed_mean
+from polytrain.comm.options import CodecOptions, check_codec
 from polytrain.comm.ring import ring_all_reduce
 from polytrain.config import JobConfig
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
-from polytrain.strategies.data.allreduce import check_divisible
+from polytrain.strategies.data.allreduce import check_divisible, codec_engine
 
 
-class LocalSgdOptions(CollectiveOptions):
+class LocalSgdOptions(CodecOptions):
     model_config = ConfigDict(extra="forbid")
     period: int = Field(4, ge=0, description="steps between averages; 0 = once, at the end")
     warmup: int = Field(0, ge=0, description="first steps that average after every step")
@@ -61,6 +70,33 @@ def average_parameters(model: torch.nn.Module, ctx: RankContext, op: str = "aver
         pos += p.numel()
 
 
+class DeltaAverager:
+    """Averages the replicas' changes since the last average through a codec."""
+
+    def __init__(self, model: torch.nn.Module, engine: Engine, ctx: RankContext, collective: str) -> None:
+        self.params = list(model.named_parameters())
+        self.anchor = [p.detach().clone() for _, p in self.params]
+        self.engine, self.ctx, self.collective = engine, ctx, collective
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        items = [Item(i, n, p.detach() - a) for i, ((n, p), a) in enumerate(zip(self.params, self.anchor,
+                                                                               strict=True))]
+        means = compressed_mean(self.engine, self.ctx.comm, items, collective=self.collective,
+                                op="average", rec=self.ctx.recorder)
+        for (_, p), a, m in zip(self.params, self.anchor, means, strict=True):
+            a.add_(m.view_as(a))
+            p.copy_(a)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine.state_dict(), "anchor": {n: a for (n, _), a in
+                                                               zip(self.params, self.anchor, strict=True)}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.engine.load_state_dict(state["engine"])
+        self.anchor = [state["anchor"][n].clone() for n, _ in self.params]
+
+
 def ring_bytes(params: int, world: int, rounds: int) -> int:
     """Bytes one rank sends in ``rounds`` ring all-reduces of ``params`` float32 values."""
     return rounds * 2 * (world - 1) * params * 4 // world if world > 1 else 0
@@ -78,10 +114,11 @@ class LocalSgd(Strategy):
     family = "data"
     summary = "local SGD on each rank, parameters averaged every `period` steps (PSGD)"
     Options = LocalSgdOptions
+    supports = Supports(compression=True)
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_divisible(cfg, world, self.name)
-        check_collective(self.name, self.options.collective, world)  # type: ignore[attr-defined]
+        check_codec(self.name, self.options, world, hooks=False)  # type: ignore[arg-type]
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: LocalSgdOptions = self.options  # type: ignore[assignment]
@@ -89,6 +126,8 @@ class LocalSgd(Strategy):
         optimizer = job.make_optimizer(model.parameters())
         rec = ctx.recorder
         averages = 0
+        engine = codec_engine(opts, job, ctx)
+        delta = DeltaAverager(model, engine, ctx, opts.collective) if engine is not None else None
 
         def step(i: int, x: torch.Tensor, y: torch.Tensor) -> float:
             nonlocal averages
@@ -102,17 +141,24 @@ class LocalSgd(Strategy):
                 optimizer.step()
             if averages_after(i, job.steps, opts.period, opts.warmup):
                 with rec.span("average", "comm", step=i):
-                    average_parameters(model, ctx, collective=opts.collective)
+                    if delta is not None:
+                        delta()
+                    else:
+                        average_parameters(model, ctx, collective=opts.collective)
                 averages += 1
             return float(loss.detach())
 
         n = sum(p.numel() for p in model.parameters())
         # Replicas differ between averages, so each rank checkpoints its own (replicated=False).
         spec = LoopSpec(model=model, optimizer=optimizer, step_fn=step, part=ctx.rank,
-                        parts=ctx.world, replicated=False)
+                        parts=ctx.world, replicated=False,
+                        state=delta.state_dict if delta else None,
+                        load_state=delta.load_state_dict if delta else None)
         result = run_loop(job, ctx, spec)
         result.strategy_metrics = {
             "period": opts.period, "warmup": opts.warmup, "averages": averages,
             **bytes_vs_allreduce(ctx, n, result.steps),
         }
+        if engine is not None:
+            result.strategy_metrics["codec"] = codec_report(engine, ctx.comm, result.steps, op="average")
         return result
