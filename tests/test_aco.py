@@ -118,6 +118,20 @@ def test_vectorised_equals_one_ant_at_a_time(variant: str, cand: int) -> None:
         col.update(fast, col.lengths(fast))
 
 
+@pytest.mark.parametrize("variant", ["as", "mmas"])
+@pytest.mark.parametrize("cand", [0, 5])
+def test_underflowed_rows_fall_back_like_the_reference(variant: str, cand: int) -> None:
+    """Rows whose every unvisited weight is zero (pheromone underflow on a long AS run): the
+    roulette finds no city and the ant takes the best unvisited one, in both constructions."""
+    col, gen = _colony(30, variant, cand, ants=17)
+    col.tau[:, ::2] = 0.0  # ants run out of positive weights half-way through their tours
+    draws = Draws.draw(gen, col.n, 17)
+    fast = col.construct(draws)
+    assert torch.equal(fast, Reference(col).construct(draws))
+    assert _is_perm(fast, col.n)
+    fast[0, 0] = fast[0, 0]  # the tours are ordinary tensors (2-opt edits them in place)
+
+
 @pytest.mark.parametrize("variant", ["as", "acs", "mmas"])
 @pytest.mark.parametrize("n", [5, 8, 9])
 def test_optimum_on_enumerable_instances(variant: str, n: int) -> None:

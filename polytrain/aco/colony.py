@@ -149,6 +149,8 @@ class Colony:
         """Tours (A x N, long) of the ants whose random numbers are ``draws``: N-1 tensor steps."""
         ants, n = draws.start.numel(), self.n
         acs = self.p.variant == "acs"
+        if not acs and self.nn is None:
+            return self._construct_dense(draws)
         attr = None if acs else self.attractiveness()
         unvisited = torch.ones(ants, n, dtype=torch.float64, device=self.device)
         cur = draws.start.to(self.device)
@@ -162,6 +164,47 @@ class Colony:
                 self.local_update(cur, nxt)
             cur = nxt
         return torch.stack(steps, 1)
+
+    def _construct_dense(self, draws: Draws) -> torch.Tensor:
+        """The AS/MMAS construction over all N cities with the per-step work cut to the minimum:
+        no autograd bookkeeping (inference mode), buffers written with ``out=``, every per-step
+        view made up front by one ``unbind``, and the roulette's pick written straight into the
+        tour. A pick past the last city (an all-zero row, see :func:`roulette`) is caught where
+        it is used: on CPU the bounds check of ``scatter_`` raises (no per-step read of the picks
+        is needed), on an accelerator the picks' maximum is read each step."""
+        ants, n = draws.start.numel(), self.n
+        checked = self.device.type != "cpu"
+        with torch.inference_mode():
+            attr = self.attractiveness()
+            unvisited = torch.ones(ants, n, dtype=torch.float64, device=self.device)
+            w, c = torch.empty_like(unvisited), torch.empty_like(unvisited)
+            thr = torch.empty(ants, 1, dtype=torch.float64, device=self.device)
+            tours = torch.empty(n, ants, 1, dtype=torch.long, device=self.device)
+            picks, rows = tours.unbind(0), tours.view(n, ants).unbind(0)
+            us = draws.u.to(self.device).unsqueeze(2).unbind(0)
+            total = c[:, n - 1:]
+            rows[0].copy_(draws.start)
+            unvisited.scatter_(1, picks[0], 0.0)
+            for s in range(n - 1):
+                torch.index_select(attr, 0, rows[s], out=w)
+                w.mul_(unvisited)
+                torch.cumsum(w, 1, out=c)
+                torch.mul(us[s], total, out=thr)
+                torch.searchsorted(c, thr, right=True, out=picks[s + 1])
+                if checked and int(rows[s + 1].max()) >= n:
+                    self._repick(attr, rows[s], rows[s + 1], unvisited)
+                try:
+                    unvisited.scatter_(1, picks[s + 1], 0.0)
+                except (RuntimeError, IndexError):
+                    self._repick(attr, rows[s], rows[s + 1], unvisited)
+                    unvisited.scatter_(1, picks[s + 1], 0.0)
+        return tours.view(n, ants).t().clone()
+
+    def _repick(self, attr: torch.Tensor, cur: torch.Tensor, nxt: torch.Tensor,
+                unvisited: torch.Tensor) -> None:
+        """Ants whose roulette found no city (an all-zero row) take the best unvisited one."""
+        bad = (nxt >= self.n).nonzero().squeeze(1)
+        nxt[bad] = self._best_unvisited(attr, cur[bad], unvisited[bad])
 
     def _choose(self, attr: torch.Tensor | None, cur: torch.Tensor, unvisited: torch.Tensor,
                 u: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
