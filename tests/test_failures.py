@@ -84,7 +84,9 @@ def test_killed_rank_ends_the_job(tmp_path: Path) -> None:
     assert "rank 1 died (SIGKILL) after step" in err
 
 
-def test_hanging_rank_times_out_the_others(tmp_path: Path) -> None:
+def test_stopped_rank_is_reaped_within_timeout_plus_10_s_and_named(tmp_path: Path) -> None:
+    """SIGSTOP rank 1: rank 0 times out after --timeout, the launcher kills the stopped rank at
+    once (no grace: it cannot act on SIGTERM) and names it, not the rank that waited."""
     proc, run = _start_long_job(tmp_path, "--timeout", "5")
     pid = None
     try:
@@ -92,14 +94,19 @@ def test_hanging_rank_times_out_the_others(tmp_path: Path) -> None:
         os.kill(pid, signal.SIGSTOP)
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=90)
-        assert time.monotonic() - t0 < 60
+        took = time.monotonic() - t0
+        stat = Path(f"/proc/{pid}/stat")  # reaped, or a zombie: not running, not stopped
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in "ZX"
     finally:
         if pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.kill()
+    assert took < 5 + 10, f"{took:.1f} s from SIGSTOP to the launcher's exit"
     assert proc.returncode == 1
-    assert "rank 0 failed at step" in err
+    assert "The job failed: rank 1 stopped answering after step" in err
+    assert "(its process was stopped (SIGSTOP)); rank 0 timed out waiting for it" in err
+    assert "out of memory" not in err and "rank 0 failed" not in err
 
 
 def test_script_without_main_guard_trains(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from rich.console import Console
 
 from polytrain.config import JobConfig
 from polytrain.errors import Interrupted, RankFailure
+from polytrain.launch.agent import is_timeout, prompt_stop, unresponsive
 from polytrain.launch.prepare import check_resume_steps, prepare
 from polytrain.launch.records import LAUNCHER_PID_ENV, free_port, read_error_record
 from polytrain.launch.rundir import new_run_dir, read_summary, write_config, write_interrupted
@@ -127,12 +128,13 @@ def launch(
     )
     rank0 = run_dir / "ranks" / "rank0.jsonl"
     label = f"{cfg.strategy} ×{cfg.procs}"
+    states: dict[int, str] = {}  # the live ranks' process states when a failure stopped them
     try:
         with FollowProgress(rank0, prepared.steps, label, console), rank_environment(cfg.procs), \
-                stores_bound_to(bind):
+                stores_bound_to(bind), prompt_stop(states, SHUTDOWN_TIMEOUT_S):
             elastic_launch(lc, sys.executable)("-m", "polytrain.launch.rank_main", str(payload_path))
     except ChildFailedError as err:
-        raise RankFailure(describe_failure(run_dir, err, cfg.debug)) from None
+        raise RankFailure(describe_failure(run_dir, err, cfg.debug, states)) from None
     except SignalException as exc:
         raise Interrupted(_interrupted(run_dir, cfg, exc.sigval, started),
                           128 + int(exc.sigval)) from None
@@ -157,6 +159,13 @@ def _interrupted(run_dir: Path, cfg: JobConfig, sig: signal.Signals, started: fl
             f"metrics and summary.json (marked interrupted) in {run_dir}; {then}.")
 
 
+def _timeout(run_dir: Path) -> float | str:
+    try:
+        return float(json.loads((run_dir / "ranks" / "launch.json").read_text())["config"]["timeout_s"])
+    except (OSError, ValueError, KeyError):
+        return "?"
+
+
 def _last_step(run_dir: Path, rank: int) -> int:
     path = run_dir / "ranks" / f"rank{rank}.jsonl"
     last = 0
@@ -169,11 +178,21 @@ def _last_step(run_dir: Path, rank: int) -> int:
     return last
 
 
-def describe_failure(run_dir: Path, err: Any, debug: bool) -> str:
-    """One paragraph per failed rank, the first failure first."""
+def describe_failure(run_dir: Path, err: Any, debug: bool, states: dict[int, str] | None = None) -> str:
+    """One paragraph per failed rank, the first failure first. When the first failure is a
+    rank that timed out waiting and another rank was alive but not answering (``states``: the
+    live ranks' process states), that rank is named first: it is the cause."""
     first_rank, _ = err.get_first_failure()
     ranks = [first_rank, *sorted(r for r in err.failures if r != first_rank)]
     lines = []
+    record = read_error_record(run_dir, first_rank)
+    hung = unresponsive(states or {})
+    if record is not None and is_timeout(record["error"]) and hung:
+        lines = [f"rank {r} stopped answering after step {_last_step(run_dir, r)} ({why})"
+                 for r, why in sorted(hung.items())]
+        lines[0] += (f"; rank {first_rank} timed out waiting for it at step {record['step'] + 1} "
+                     f"(after --timeout {_timeout(run_dir)} s)")
+        ranks = [r for r in ranks[1:] if r not in hung]  # killed by the launcher: said above
     for rank in ranks:
         failure = err.failures[rank]
         record = read_error_record(run_dir, rank)

@@ -5,7 +5,8 @@ Plain torchrun's agent hosts the c10d rendezvous store on the ``--rdzv-endpoint`
 it to every interface (``*:port``). This wrapper runs torchrun's own ``main`` with every
 TCPStore server it starts bound to ``ADDR`` (an address of this host on the cluster's trusted
 network, or 127.0.0.1 for ``--standalone``), and sets ``POLYTRAIN_BIND`` so a store rank 0
-creates itself binds there too. ``ADDR`` defaults to 127.0.0.1.
+creates itself binds there too. ``ADDR`` defaults to 127.0.0.1. A failed worker group is
+stopped at once rather than after torch's 30 s grace (see :mod:`polytrain.launch.agent`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import sys
 
 from polytrain.errors import ConfigError
+from polytrain.launch.agent import prompt_stop
 from polytrain.launch.stores import BIND_ENV, LOOPBACK, check_bindable, stores_bound_to
 
 
@@ -42,7 +44,7 @@ def main(argv: list[str]) -> None:
     except ConfigError as err:
         raise SystemExit(f"error: {err}") from None
     os.environ[BIND_ENV] = addr
-    with stores_bound_to(addr):
+    with stores_bound_to(addr), prompt_stop({}):  # a failed group is stopped at once
         torchrun_main(rest)
 
 

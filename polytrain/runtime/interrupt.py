@@ -8,16 +8,21 @@ job's store with one compare-and-set, which every rank then reads back: all rank
 the same step, write a checkpoint there when the job checkpoints, and finish as usual, so rank 0
 writes the metrics and a summary marked ``interrupted``. A rank that cannot reach the agreed
 step in time (a stream pipeline between segments, a server) is killed by the launcher after its
-grace period; the launcher then writes the summary from the ranks' event files.
+grace period; the launcher then writes the summary from the ranks' event files. A second
+signal (after ``AGAIN_S``) ends the rank at once (its default action).
 """
 
 from __future__ import annotations
 
 import signal
+import time
 from types import FrameType
 from typing import Any
 
 MARGIN = 2
+# Ctrl-C reaches a rank twice at once (from the terminal, then forwarded by the agent): a
+# signal within AGAIN_S of the first is the same request, a later one ends the rank.
+AGAIN_S = 1.0
 KEY = "polytrain/stop"
 
 
@@ -25,14 +30,19 @@ class _State:
     signal: int | None = None  # the signal received, if any
     store: Any = None  # the job's c10d store (set by the rank's launcher code)
     stop_at: int | None = None  # the agreed last step
+    since = 0.0  # when the first signal came
 
 
 _state = _State()
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
+    now = time.monotonic()
     if _state.signal is None:
-        _state.signal = signum
+        _state.signal, _state.since = signum, now
+    elif now - _state.since > AGAIN_S:  # asked again (Ctrl-C twice): stop now
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
 
 
 def install(store: Any) -> None:
