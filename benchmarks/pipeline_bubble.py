@@ -5,13 +5,17 @@ mini-batch, see polytrain/strategies/pipeline/metrics.py). Balanced stages, two 
 (benchmarks/bubble_model.py: two 1.1 M multiply-add halves joined by a 64-float cut, so transfers
 are nearly free, as the formula assumes) and ``wide`` (mlp with three hidden layers of width 1024,
 cut after the second: 1.06 M vs 1.01 M multiply-adds, 1024 floats per sample cross the cut).
-One rank per core: P=2 on the 2-core dev box (P=4 would time-share
-cores and measure the scheduler, not the pipeline).
+One rank per core: P=2 on the 2-core dev box. ``--stages 4`` runs P=4 (narrow only: four
+blocks, ``model.stages=4``); on 2 cores the four ranks time-share them, which the replayed
+bubble sees (the compute seconds each action took, preemption included) and the corrected
+figure subtracts.
 
 Runtime vs schedule. ``bubble_schedule`` replays the same schedule with the compute seconds each
 action actually took in that run, free messages and no runtime (metrics.schedule_bubble): the
 bubble the schedule itself implies for the compute this machine delivered (stage imbalance and
 compute jitter included). measured - schedule = what the runtime and the transfers added.
+``bubble_corrected`` = measured - (schedule - theory): the measured bubble less the compute-time
+imbalance the replay attributes to the compute itself; its gap to theory is the runtime's share.
 
 Micro-batch size. With ``--batch-size B`` the mini-batch is fixed and split M ways, so each action
 shrinks as M grows (128 samples at B=1024, M=8) and the runtime's fixed cost per action (a message
@@ -21,7 +25,9 @@ pipeline is run in practice (M raised at a fixed micro-batch to shrink the bubbl
 
     python benchmarks/pipeline_bubble.py [--steps 12] [--batch-size 1024 | --microbatch-size 512]
                                           [--microbatches 1,2,4,8] [--repeats 3]
-                                          [--models narrow,wide] [--name NAME]
+                                          [--models narrow,wide] [--name NAME] [--stages 2]
+    python benchmarks/pipeline_bubble.py --stages 4 --microbatches 1,2,3,4,5,6,7,8 --microbatch-size 256 \
+        --repeats 5 --steps 10 --models narrow --strategies gpipe --name pipeline_bubble_p4
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from harness import write_results  # noqa: E402
+from harness import alternating, fmt_spread, write_results  # noqa: E402
 
 # name -> (model, sets, what crosses the cut per sample)
 MODELS = {
@@ -53,14 +59,24 @@ def batch_size(args: argparse.Namespace, microbatches: int) -> int:
     return args.microbatch_size * microbatches if args.microbatch_size else args.batch_size
 
 
+def model_sets(model: str, stages: int) -> tuple[str, list[str]]:
+    """The model and its sets for ``stages`` stages (narrow: one block per stage)."""
+    name, sets, _ = MODELS[model]
+    if stages == 2:
+        return name, sets
+    if model != "narrow":
+        raise SystemExit(f"--stages {stages}: only the narrow model has a {stages}-stage form")
+    return name, [f"model.stages={stages}", "partition=" + ",".join(["6"] * stages)]
+
+
 def one_run(model: str, strategy: str, microbatches: int, steps: int, batch: int,
-            out: Path) -> dict[str, Any]:
+            out: Path, stages: int = 2) -> dict[str, Any]:
     import polytrain
 
-    name, sets, _ = MODELS[model]
+    name, sets = model_sets(model, stages)
     summary = polytrain.train(
         strategy=strategy,
-        procs=2,
+        procs=stages,
         model=name,
         dataset="digits",
         steps=steps,
@@ -74,21 +90,18 @@ def one_run(model: str, strategy: str, microbatches: int, steps: int, batch: int
 
 
 def measure(model: str, strategy: str, microbatches: int, args: argparse.Namespace,
-            root: Path) -> dict[str, object]:
-    """Repeated runs; the least disturbed one (lowest bubble) and the median are reported."""
-    runs = []
-    for i in range(args.repeats):
-        out = root / f"{model}-{strategy}-m{microbatches}-{i}"
-        runs.append(one_run(model, strategy, microbatches, args.steps, batch_size(args, microbatches), out))
-        runs[-1]["load_avg"] = os.getloadavg()[0]
+            runs: list[dict[str, Any]]) -> dict[str, object]:
+    """One row from repeated runs: median (min–max), and the least disturbed (lowest bubble) one."""
     bubbles = [r["strategy_metrics"]["bubble_fraction"] for r in runs]
     best = runs[bubbles.index(min(bubbles))]
     m = best["strategy_metrics"]
     theory = m["bubble_fraction_theory"]
     waiting = m["bubble_fraction"] - m["overhead_fraction"]
     replayed = [r["strategy_metrics"]["bubble_fraction_schedule"] for r in runs]
+    corrected = [b - (sch - theory) for b, sch in zip(bubbles, replayed, strict=True)]
     ops = m["op_s_per_stage"]
     per_step = statistics.median(r["strategy_metrics"]["bubble_fraction_median"] for r in runs)
+    gap = (lambda v: (v - theory) / theory if theory else float("nan"))  # noqa: E731
     return {
         "model": model,
         "cut carries": MODELS[model][2],
@@ -96,24 +109,33 @@ def measure(model: str, strategy: str, microbatches: int, args: argparse.Namespa
         "P": m["stages"],
         "M": microbatches,
         "batch": batch_size(args, microbatches),
+        "repeats": len(runs),
         "bubble_best": min(bubbles),
         "bubble_median": statistics.median(bubbles),
+        "bubble": fmt_spread(bubbles),
         "bubble_theory": theory,
-        "relative_gap_best": (min(bubbles) - theory) / theory if theory else float("nan"),
+        "relative_gap_best": gap(min(bubbles)),
+        "raw_gap_median": gap(statistics.median(bubbles)),
+        "bubble_corrected": fmt_spread(corrected),
+        "corrected_gap_median": gap(statistics.median(corrected)),
+        "corrected_gaps": [gap(c) for c in corrected],
         "per_step_median": per_step,
-        "per_step_median_gap": (per_step - theory) / theory if theory else float("nan"),
+        "per_step_median_gap": gap(per_step),
         "overhead_best": m["overhead_fraction"],
         "dependency_bubble_best": waiting,
-        "dependency_gap_best": (waiting - theory) / theory if theory else float("nan"),
+        "dependency_gap_best": gap(waiting),
         "bubble_schedule_best": m["bubble_fraction_schedule"],
         "bubble_schedule_median": statistics.median(replayed),
+        "bubble_schedule": fmt_spread(replayed),
         "runtime_share_best": min(bubbles) - m["bubble_fraction_schedule"],
         "F_ms_per_stage": "/".join(f"{1000 * o['F']:.1f}" for o in ops),
         "B_ms_per_stage": "/".join(f"{1000 * o['B']:.1f}" for o in ops),
         "busy_s_per_stage": m["busy_s_per_stage"],
         "samples_per_s_best": best["throughput_samples_per_s"],
         "bubbles": bubbles,
+        "replayed": replayed,
         "load_avg": [r["load_avg"] for r in runs],
+        "load": fmt_spread([r["load_avg"] for r in runs], 1),
     }
 
 
@@ -128,17 +150,29 @@ def main() -> None:
     ap.add_argument("--models", default="narrow,wide")
     ap.add_argument("--strategies", default="gpipe,1f1b")
     ap.add_argument("--name", default="pipeline_bubble", help="results file name")
+    ap.add_argument("--stages", type=int, default=2, help="pipeline stages P = ranks (4: narrow only)")
     args = ap.parse_args()
-    rows = []
+    cells = [(model, strategy, int(m)) for model in args.models.split(",")
+             for strategy in args.strategies.split(",") for m in args.microbatches.split(",")]
+    runs: dict[tuple[str, str, int], list[dict[str, Any]]] = {c: [] for c in cells}
     with tempfile.TemporaryDirectory() as tmp:
-        for model in args.models.split(","):
-            for strategy in args.strategies.split(","):
-                for m in (int(x) for x in args.microbatches.split(",")):
-                    rows.append(measure(model, strategy, m, args, Path(tmp)))
+        for i, (model, strategy, m) in alternating(cells, args.repeats):  # load drift hits all alike
+            out = Path(tmp) / f"{model}-{strategy}-m{m}-{i}"
+            run = one_run(model, strategy, m, args.steps, batch_size(args, m), out, args.stages)
+            run["load_avg"] = os.getloadavg()[0]
+            runs[(model, strategy, m)].append(run)
+            sm = run["strategy_metrics"]
+            print(f"repeat {i} {model} {strategy} M={m}: bubble {sm['bubble_fraction']:.3f} replayed "
+                  f"{sm['bubble_fraction_schedule']:.3f} load {run['load_avg']:.1f}", flush=True)
+    rows = [measure(model, strategy, m, args, runs[(model, strategy, m)]) for model, strategy, m in cells]
     notes = (
         "bubble: idle / (stages x wall) from the recorded forward/backward spans, summed over "
-        f"mini-batches; best and median of {args.repeats} runs (the host is shared: a descheduled "
-        "rank shows up as bubble). bubble_theory: (P-1)/(M+P-1). The gap is what the formula leaves out: "
+        f"mini-batches; median (min–max) and best of {args.repeats} interleaved runs (the host is "
+        "shared: a descheduled rank shows up as bubble). bubble_corrected = bubble - "
+        "(bubble_schedule - bubble_theory), per run: the measured bubble less the compute-time "
+        "imbalance the replay finds; corrected_gap_median = its median's gap to theory; "
+        "raw_gap_median = the raw median's. load: 1-min load average after each run. "
+        "bubble_theory: (P-1)/(M+P-1). The gap is what the formula leaves out: "
         "transfers and waits for them, Python overhead per action, residual imbalance, a shared host. "
         "overhead: the part of the bubble that is the runtime's own time between actions (neither "
         "compute nor waiting for a message); dependency_bubble = bubble - overhead: the idle time the "
@@ -157,12 +191,17 @@ def main() -> None:
         "P",
         "M",
         "batch",
-        "bubble_best",
-        "bubble_median",
+        "repeats",
         "bubble_theory",
+        "bubble",
+        "raw_gap_median",
+        "bubble_schedule",
+        "bubble_corrected",
+        "corrected_gap_median",
+        "load",
+        "bubble_best",
         "relative_gap_best",
         "bubble_schedule_best",
-        "bubble_schedule_median",
         "runtime_share_best",
         "per_step_median",
         "per_step_median_gap",

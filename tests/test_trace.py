@@ -12,6 +12,7 @@ from polytrain.data import dataset_spec
 from polytrain.errors import ConfigError
 from polytrain.models import build_model
 from polytrain.models.trace import split_model
+from polytrain.strategies.pipeline.ties import find_ties
 
 CFG = GPTConfig(block_size=16, vocab_size=50, n_layer=4, n_head=2, n_embd=16)
 
@@ -29,10 +30,14 @@ def test_resnet_split_computes_the_same(split: str, segments: int) -> None:
     assert any("layer3.1.conv1" in n for n in names)
 
 
-def test_gpt_split_keeps_logits_and_refuses_tied_weights() -> None:
+def test_gpt_split_keeps_logits_and_its_tie_across_segments() -> None:
     torch.manual_seed(0)
-    with pytest.raises(ConfigError, match=r"tied weights transformer\.wte\.weight = lm_head\.weight"):
-        split_model(GPT(CFG), "transformer.h.2")
+    tied = GPT(CFG)
+    cut = split_model(tied, "transformer.h.2")
+    (tie,) = find_ties(cut, list(cut.children()))  # one parameter object, used by both segments
+    assert tie.stages == (0, 1) and any(n.endswith("lm_head.weight") for n in tie.names)
+    idx = torch.randint(0, 50, (2, 16))
+    torch.testing.assert_close(cut(idx), tied(idx)[0], rtol=0, atol=0)
     gpt = UntiedGPT(CFG)
     idx = torch.randint(0, 50, (2, 16))
     for split, n in (("transformer.h.2", 2), ("transformer.h.1,transformer.ln_f", 3), ("auto", 7)):

@@ -79,11 +79,31 @@ def test_traced_gpt_pipeline_equals_single_after_20_steps(tmp_path: Path, schedu
         assert a[s] == pytest.approx(b[s], abs=1e-5)
 
 
-def test_tied_gpt_split_refused_before_launch(tmp_path: Path) -> None:
+def test_tied_gpt_across_stages_equals_single(tmp_path: Path) -> None:
+    """nanoGPT's wte/lm_head tie on stages 0 and 1: gpipe sums the tied gradient over the two
+    stages at the flush, so the copies stay equal and training equals single's one parameter.
+    SGD: under Adam the attention's key bias, whose true gradient is zero (softmax ignores it),
+    moves by lr·sign(rounding noise) and differs between any two summation orders."""
+    common = {**GPT, "model_options": {**GPT["model_options"], "split": "transformer.h.1"},
+              "steps": 8, "batch_size": 8, "seed": 3, "optimizer": "sgd", "lr": 0.1}
+    polytrain.train(strategy="single", procs=1, out=str(tmp_path / "single"), **common)
+    ours = polytrain.train(strategy="gpipe", procs=2, out=str(tmp_path / "pp"),
+                           options={"microbatches": 2}, **common)
+    a, b = step_losses(tmp_path / "pp"), step_losses(tmp_path / "single")
+    assert len(a) == 8
+    for s in a:
+        assert a[s] == pytest.approx(b[s], abs=1e-5)
+    assert_same_params(load_model(tmp_path / "pp"), load_model(tmp_path / "single"))
+    assert all(r["bytes_by_op"].get("tied_allreduce", 0) > 0 for r in ours["per_rank"])
+
+
+def test_tied_gpt_split_refused_by_pipedream_and_distbelief_before_launch(tmp_path: Path) -> None:
     job = {**GPT, "model_options": {**GPT["model_options"], "split": "transformer.h.1"}}
-    with pytest.raises(ConfigError, match="tied weights"):
-        train(tmp_path / "pp", "gpipe", 2, **job)
-    assert not (tmp_path / "pp").exists()
+    with pytest.raises(ConfigError, match=r"tied weights .*lm_head.weight.*gpipe or 1f1b"):
+        train(tmp_path / "pp", "pipedream", 2, **job)
+    with pytest.raises(ConfigError, match=r"tied weights .*own servers"):
+        train(tmp_path / "db", "distbelief", 4, options={"stages": 2}, **job)
+    assert not (tmp_path / "pp").exists() and not (tmp_path / "db").exists()
 
 
 SCRIPT = '''

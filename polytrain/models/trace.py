@@ -17,9 +17,10 @@ model on this machine, once per rank; a forward FX cannot trace is refused with 
 Rules, each a ConfigError naming the values: a path must name a submodule (the error lists the
 module paths that may be cut); a cut must carry exactly one tensor (a cut inside a residual block
 carries two); a model output ``(logits, loss)`` keeps ``logits`` (the loss is the job's). Weights
-tied between segments (nanoGPT's ``wte``/``lm_head``) would become two copies on two stages that
-drift apart, so such a split is refused with the parameter names; the untraced model (data
-parallel, ``single``) keeps them tied.
+tied between segments (nanoGPT's ``wte``/``lm_head``) stay one ``nn.Parameter`` shared by both
+segments: in one process they are simply tied; on two pipeline stages gpipe/1f1b sum their
+gradient over the stages at the flush (`polytrain.strategies.pipeline.ties`), and the strategies
+that cannot (pipedream, spectrain, distbelief) refuse them before launch.
 """
 
 from __future__ import annotations
@@ -160,20 +161,5 @@ def split_model(model: nn.Module, split: str) -> nn.Sequential:
     carried = [inp, *(_live_after([inp, *body], c + 1)[0] for c in cuts)]
     segments = [_segment(gm, body, a, b, carried[k], carried[k + 1] if k < len(cuts) else None)
                 for k, (a, b) in enumerate(bounds)]
-    _check_ties(model, segments)
     return nn.Sequential(*segments)
 
-
-def _check_ties(model: nn.Module, segments: list[fx.GraphModule]) -> None:
-    """Refuse parameters shared by two segments (their copies would drift on two stages)."""
-    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
-    owner: dict[int, int] = {}
-    for k, seg in enumerate(segments):
-        for p in seg.parameters():
-            if owner.setdefault(id(p), k) != k:
-                tied = [n for n, q in model.named_parameters(remove_duplicate=False) if q is p]
-                raise ConfigError(
-                    f"split: the tied weights {' = '.join(tied) or names.get(id(p), '?')} are used "
-                    f"by segments {owner[id(p)]} and {k}; on two pipeline stages their copies "
-                    "would drift apart (polytrain does not reduce their gradients across stages). "
-                    "Untie them, or train the tied model with a data-parallel strategy.")

@@ -33,6 +33,8 @@ from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.model.layerwise import check_partition_text, plan
 from polytrain.strategies.pipeline.flush import FlushPipeline
+from polytrain.strategies.pipeline.options import meta_model
+from polytrain.strategies.pipeline.ties import refuse_ties
 from polytrain.strategies.ps.checkpoint import attach_server, restore_client, save_client
 from polytrain.strategies.ps.consistency import histogram, make_consistency
 from polytrain.strategies.ps.server import ParameterServer, PSClient, gather_shards
@@ -94,6 +96,8 @@ class DistBelief(Strategy):
                 f"replicas of {o.stages} ranks. Fix: --procs {fit} (or {fit + o.stages})."
             )
         check_divisible(cfg, lay.dp, self.name)
+        refuse_ties(meta_model(cfg), cfg, self.name, "each stage's parameters live on that stage's own "
+                    "servers")
         if o.staleness is not None and o.consistency != "ssp":  # as ps: never silently ignored
             raise ConfigError(f"Option staleness={o.staleness} applies to consistency=ssp only "
                               f"(got consistency={o.consistency}). Drop it or --set consistency=ssp.")

@@ -150,7 +150,7 @@ class Mesh(Strategy):
                   dp: Wire, d: int, layout: Layout) -> RankResult:
         mb = self.opts.microbatches or layout.pp
         pipe = FlushPipeline(job, ctx, ranks, pp_comm, self.opts.partition, self.opts.schedule, mb,
-                             job.batch_size // layout.dp)
+                             job.batch_size // layout.dp, pipelines=layout.pp_groups())
         assert pipe.optimizer is not None
         step = pipe.train_step(before_update=_sync(pipe.module, dp))
         spec = LoopSpec(model=pipe.module, optimizer=pipe.optimizer, step_fn=step, part=d,

@@ -6,7 +6,8 @@ consecutive stages over a list of ranks and run each step as a flush schedule â€
 ``1f1b``, the same `schedule.stage_orders` data the ``gpipe``/``1f1b`` strategies and the planner
 use â€” through `executor.StageExecutor` and its `wire`. What happens at the flush is the caller's:
 ``layerwise`` steps its optimizer, ``mesh`` all-reduces the stage gradients across replicas
-first, ``distbelief`` pushes them to its stage's servers instead.
+first, ``distbelief`` pushes them to its stage's servers instead. Weights tied across stages have
+their gradient summed over those stages at the flush (`ties`); distbelief refuses them.
 
 A step's batch (B rows) is split into M equal micro-batches; micro-batch m's loss is its mean
 scaled by 1/M, so the accumulated gradients equal one full-batch backward and the step loss is
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from polytrain.comm import Comm
+from polytrain.errors import ConfigError
 from polytrain.plan.partition import Partition, balanced, check_cuttable, cut, uniform
 from polytrain.plan.profile import boundary_metas
 from polytrain.runtime.job import Job, RankContext
@@ -33,6 +35,7 @@ from polytrain.strategies.pipeline.activations_wire import gather_stages
 from polytrain.strategies.pipeline.checks import dry_run, validate
 from polytrain.strategies.pipeline.executor import StageExecutor, StageSpec
 from polytrain.strategies.pipeline.schedule import stage_orders
+from polytrain.strategies.pipeline.ties import TiedGrads, find_ties
 from polytrain.strategies.pipeline.weights import FlushWeights
 
 PLANNERS = ("uniform", "params")
@@ -77,7 +80,7 @@ class FlushPipeline:
 
     def __init__(self, job: Job, ctx: RankContext, ranks: Sequence[int], group: Comm,
                  partition: str, schedule: str, microbatches: int, rows: int,
-                 optimizer: bool = True) -> None:
+                 optimizer: bool = True, pipelines: Sequence[Sequence[int]] | None = None) -> None:
         full = job.build_model().to(ctx.device)
         state = full.state_dict()
         count, index = len(ranks), list(ranks).index(ctx.rank)
@@ -99,6 +102,12 @@ class FlushPipeline:
         self.logits_shape, self.logits_dtype = tuple(metas[-1].shape[1:]), metas[-1].dtype
         self.optimizer = job.make_optimizer(self.module.parameters()) if optimizer else None
         self.weights = FlushWeights(self.module, self.optimizer)
+        ties = find_ties(full, pieces)
+        if ties:  # collective over every pipeline (``pipelines``: all of them, default this one)
+            if not optimizer:
+                raise ConfigError("The caller updates this pipeline's stages elsewhere, so tied "
+                                  f"weights {'; '.join(' = '.join(t.names) for t in ties)} would drift.")
+            self.weights.tied = TiedGrads(ctx.comm, self.module, ties, pipelines or [ranks], index)
         self.executor = StageExecutor(job, ctx, self.spec, self.weights)
         orders = stage_orders(schedule, count, microbatches)
         validate(orders, count, microbatches)

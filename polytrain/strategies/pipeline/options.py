@@ -13,6 +13,7 @@ from polytrain.data import dataset_spec
 from polytrain.errors import ConfigError
 from polytrain.models import resolve_model
 from polytrain.plan.partition import Partition, check_cuttable
+from polytrain.strategies.pipeline.ties import refuse_ties
 
 PARTITION_MODES = ("auto", "uniform", "params", "time")
 REPLICA_SCHEDULES = ("gpipe", "1f1b")
@@ -67,7 +68,7 @@ class AsyncOptions(PipelineOptions):
     trace_versions: bool = False
 
 
-def _meta_model(cfg: JobConfig) -> nn.Module | None:
+def meta_model(cfg: JobConfig) -> nn.Module | None:
     """The model built on the meta device (no memory), or None when a factory cannot do that."""
     spec = dataset_spec(cfg.dataset, cfg.data_options)
     try:
@@ -87,10 +88,13 @@ def check_pipeline(opts: PipelineOptions, cfg: JobConfig, world: int, name: str)
             f"gradients at the flush, so only {' and '.join(REPLICA_SCHEDULES)} run them. Fix: drop "
             "replicate, or use --strategy 1f1b (or gpipe)."
         )
-    model = _meta_model(cfg)
+    model = meta_model(cfg)
     part = Partition.parse(opts.partition) if opts.partition not in PARTITION_MODES else None
     stages = world if part is None else part.stages
     layers = None if model is None else check_cuttable(model, stages)
+    if name not in REPLICA_SCHEDULES:
+        refuse_ties(model, cfg, name, "it updates each stage after every backward, on versions the "
+                    "other stage never sees")
     if part is not None:
         if layers is not None:
             part.check(layers, world)

@@ -64,6 +64,7 @@ from polytrain.strategies.pipeline.metrics import summarise
 from polytrain.strategies.pipeline.options import PipelineOptions
 from polytrain.strategies.pipeline.planning import resolve_partition
 from polytrain.strategies.pipeline.schedule import Orders, stage_orders
+from polytrain.strategies.pipeline.ties import TiedGrads, check_no_replicated_ties, find_ties
 from polytrain.strategies.pipeline.weights import FlushWeights
 
 MakeWeights = Callable[[nn.Module, torch.optim.Optimizer, int], FlushWeights]
@@ -122,6 +123,7 @@ class Stage:
     spec: StageSpec
     plan_info: dict[str, Any]
     group: GroupComm | None = None
+    tied: TiedGrads | None = None  # parameters shared with other stages (see ties.py)
 
 
 def setup_stage(job: Job, ctx: RankContext, opts: PipelineOptions, plan: RunPlan) -> Stage:
@@ -139,12 +141,20 @@ def setup_stage(job: Job, ctx: RankContext, opts: PipelineOptions, plan: RunPlan
                 "floating-point tensor (its gradient flows back). Fix: move the cut later."
             )
     stage, replica = partition.stage_of_rank(ctx.rank)
-    module = cut(model, partition)[stage]
+    pieces = cut(model, partition)
+    module = pieces[stage]
     last = partition.stages - 1
     group = None
     if partition.ranks > partition.stages:  # collective: every rank creates every stage's group
         group = new_groups(ctx.comm, [partition.stage_ranks(s) for s in range(partition.stages)])
         group = group if group.world > 1 else None
+    ties = find_ties(model, pieces)
+    if ties and plan.stream:  # check_pipeline refuses this before launch; a factory it could not build
+        raise ConfigError(f"'{plan.strategy}' cannot keep weights tied across stages: "
+                          f"{'; '.join(' = '.join(t.names) for t in ties)}. Fix: --strategy gpipe or 1f1b.")
+    check_no_replicated_ties(ties, partition.replicas)
+    tied = TiedGrads(ctx.comm, module, ties, [[partition.stage_ranks(s)[0] for s in range(partition.stages)]],
+                     stage) if ties else None
     spec = StageSpec(
         stage=stage,
         stages=partition.stages,
@@ -158,7 +168,8 @@ def setup_stage(job: Job, ctx: RankContext, opts: PipelineOptions, plan: RunPlan
         trace_versions=plan.trace_versions,
         record_ops=not plan.stream,
     )
-    return Stage(partition, stage, replica, module, model if ctx.is_leader else None, spec, info, group)
+    return Stage(partition, stage, replica, module, model if ctx.is_leader else None, spec, info, group,
+                 tied)
 
 
 def _segments(first: int, steps: int, plan: RunPlan, job: Job) -> Iterator[list[int]]:
@@ -210,6 +221,7 @@ class PipelineRun:
         self.optimizer = job.make_optimizer(self.stage.module.parameters())
         self.weights = plan.make_weights(self.stage.module, self.optimizer, self.stage.stage)
         self.weights.replicas = self.stage.group
+        self.weights.tied = self.stage.tied
         self.executor = StageExecutor(job, ctx, self.stage.spec, self.weights)
         self.windows: list[Window] = []
         self.loss = float("nan")

@@ -29,6 +29,7 @@ from torch import nn
 
 from polytrain.comm import GroupComm
 from polytrain.strategies.pipeline.actions import Action
+from polytrain.strategies.pipeline.ties import TiedGrads
 
 Params = dict[str, torch.Tensor]
 
@@ -87,6 +88,7 @@ class FlushWeights:
         self.module, self.optimizer = module, optimizer
         self.version = 0
         self.replicas: GroupComm | None = None  # set by the shell when this stage is replicated
+        self.tied: TiedGrads | None = None  # set when this stage shares a parameter with another
 
     def begin_segment(self, order: list[Action]) -> None:
         self.module.zero_grad(set_to_none=True)
@@ -111,6 +113,8 @@ class FlushWeights:
     def end_segment(self) -> None:
         if self.replicas is not None:
             sync_gradients(self.replicas, self.module)
+        if self.tied:
+            self.tied.sum_gradients()
         assert self.optimizer is not None, "a flush without an optimizer updates elsewhere"
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
