@@ -81,9 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatches", type=int, default=8, help="micro-batches M; default 8")
     p.add_argument("--cost", help="slot cost per op, e.g. F=1,B=2 (default F=1,B=1)")
     p.add_argument("--png", help="also draw it to this PNG file")
-    p = sub.add_parser("testbed", help="run a train/compare job on an emulated cluster (root)",
+    p = sub.add_parser("testbed", help="run a train/compare/aco job on an emulated cluster (root)",
                        usage="polytrain testbed --hosts N --nic RATE [--latency T] [--loss P] "
-                             "-- train|compare [options]")
+                             "-- train|compare|aco [options]")
     p.add_argument("--hosts", type=int, required=True, help="emulated hosts (network namespaces)")
     p.add_argument("--nic", required=True, help="link rate per host, e.g. 100mbit, 1gbit")
     p.add_argument("--latency", help="one-way delay, e.g. 1ms (needs the kernel's sch_netem)")

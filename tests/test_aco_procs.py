@@ -9,6 +9,7 @@ import pytest
 
 from polytrain.aco.config import ACOConfig
 from polytrain.aco.launch import run_aco
+from polytrain.launch.netns import missing_privileges
 
 pytestmark = pytest.mark.slow
 
@@ -60,3 +61,42 @@ def test_plain_torchrun_runs_island_colonies(tmp_path: Path) -> None:
     s = json.loads((out / "summary.json").read_text())
     assert s["procs"] == 2 and s["exchanges"] == 2 and sorted(s["best_tour"]) == list(range(20))
     assert s["bytes_sent"] > 0
+
+
+NO_NET = missing_privileges()
+
+
+@pytest.mark.skipif(NO_NET is not None, reason=str(NO_NET))
+def test_aco_on_the_testbed_equals_one_process_and_counts_the_wire(tmp_path: Path) -> None:
+    """`polytrain testbed -- aco`: 2 emulated hosts (one rank each, a real multi-node rendezvous
+    over shaped links) sharing one colony build the same tours as one process, and the
+    interface counters of both hosts are added to the summary beside polytrain's own count."""
+    import subprocess
+    import sys
+
+    one, _ = _run(tmp_path, "p1", procs=1)
+    out = tmp_path / "tb"
+    cmd = [sys.executable, "-m", "polytrain", "testbed", "--hosts", "2", "--nic", "1gbit", "--",
+           "aco", "--tsp", "random:30:2", "--ants", "9", "--iterations", "12", "--local-search",
+           "2opt", "--seed", "3", "--procs", "2", "--no-plots", "--out", str(out)]
+    subprocess.run(cmd, check=True, timeout=300, capture_output=True)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["procs"] == 2 and s["best_tour"] == one["best_tour"]
+    wire = s["testbed"]["wire_bytes_tx"]
+    assert set(wire) == {"0", "1"}
+    # the links carried at least the tours polytrain counted (plus rendezvous, TCP, headers)
+    assert sum(wire.values()) >= s["bytes_sent"] > 0
+
+
+def test_testbed_aco_refuses_bad_options_before_any_host_starts() -> None:
+    from rich.console import Console
+
+    from polytrain.errors import ConfigError
+    from polytrain.launch.testbed_job import run_testbed
+
+    with pytest.raises(ConfigError, match="ants"):
+        run_testbed(2, "1gbit", None, None, None, ["aco", "--tsp", "random:30", "--ants", "0"],
+                    Console())
+    with pytest.raises(ConfigError, match="invalid 'aco' options"):
+        run_testbed(2, "1gbit", None, None, None, ["aco", "--tsp", "random:30", "--nope", "1"],
+                    Console())

@@ -77,6 +77,23 @@ def summary_table(s: dict[str, Any]) -> Table:
     return t
 
 
+def check_aco_args(argv: list[str], world: int) -> None:
+    """Validate an ``aco`` command line for ``world`` processes before anything starts (used by
+    ``polytrain testbed -- aco``): every rule of ``polytrain aco`` applies, one-line errors."""
+    from polytrain.aco.config import ACOConfig
+
+    parser = argparse.ArgumentParser(prog="polytrain aco", add_help=False)
+    sub = parser.add_subparsers(dest="command")
+    add_aco_parser(sub)
+    try:
+        args = parser.parse_args(["aco", *argv])
+    except SystemExit as e:  # argparse already printed the usage line and the reason
+        raise ConfigError(f"invalid 'aco' options after '--': {' '.join(argv)}") from e
+    data = {f: getattr(args, f) for f, *_ in ACO_FLAGS if getattr(args, f) is not None}
+    data["procs"] = world
+    ACOConfig.from_dict(data)
+
+
 def run_aco_cli(args: argparse.Namespace, console: Console) -> int:
     """Validate (ConfigError before anything starts), run, print the summary."""
     from polytrain import api

@@ -1,9 +1,9 @@
-"""``polytrain testbed --hosts N --nic RATE -- train|compare ...``: a job on an emulated cluster.
+"""``polytrain testbed --hosts N --nic RATE -- train|compare|aco ...``: a job on an emulated cluster.
 
-Each strategy runs under one torchrun agent per emulated host (a real multi-node rendezvous);
-rank 0 writes the run directory. Afterwards the testbed's interface counters are added to the
-summary (``testbed.wire_bytes_tx``), so polytrain's own byte accounting can be checked against
-what really crossed the links.
+Each strategy (or the ant colony) runs under one torchrun agent per emulated host (a real
+multi-node rendezvous); rank 0 writes the run directory. Afterwards the testbed's interface
+counters are added to the summary (``testbed.wire_bytes_tx``), so polytrain's own byte
+accounting can be checked against what really crossed the links.
 """
 
 from __future__ import annotations
@@ -77,14 +77,16 @@ def run_testbed(hosts: int, nic: str, latency: str | None, loss: str | None,
                 procs_per_host: int | None, job: list[str], console: Console) -> int:
     from polytrain.launch.testbed import Testbed, run_torchrun
 
-    if not job or job[0] not in ("train", "compare"):
+    if not job or job[0] not in ("train", "compare", "aco"):
         raise ConfigError(
-            "polytrain testbed runs a train or compare job after '--', e.g. "
+            "polytrain testbed runs a train, compare or aco job after '--', e.g. "
             "polytrain testbed --hosts 4 --nic 1gbit -- train --strategy allreduce --procs 4")
     command, args = job[0], job[1:]
     nper = per_host(hosts, args, procs_per_host)
     args = _without(args, "--procs")
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    if command == "aco":
+        return _run_aco(hosts, nic, latency, loss, nper, args, stamp)
     if command == "train":
         strategies = [_take(args, "--strategy") or "allreduce"]
     else:
@@ -115,6 +117,23 @@ def run_testbed(hosts: int, nic: str, latency: str | None, loss: str | None,
         console.print(summary_table(summaries, title=f"comparison on the testbed ({hosts} hosts, {nic})"))
         if "--no-report" not in args:
             write_report(root)
+    return code
+
+
+def _run_aco(hosts: int, nic: str, latency: str | None, loss: str | None, nper: int,
+             args: list[str], stamp: str) -> int:
+    """``polytrain aco`` on the emulated cluster: validated before any host starts, one torchrun
+    agent per host, the interface counters added to the run's summary as for ``train``."""
+    from polytrain.aco.cli import check_aco_args
+    from polytrain.launch.testbed import Testbed, run_torchrun
+
+    check_aco_args(args, hosts * nper)
+    out = Path(_take(args, "--out") or f"runs/{stamp}-testbed-aco")
+    args = _without(args, "--out")
+    with Testbed(hosts, nic, latency=latency, loss=loss) as tb:
+        before = tb.interface_bytes()
+        code = run_torchrun(tb, ["-m", "polytrain", "aco", *args, "--out", str(out)], nper)
+        _annotate(out, before, tb.interface_bytes())
     return code
 
 
