@@ -70,6 +70,9 @@ class CheckpointStore:
         self.root = root
         self.fingerprint = fingerprint
         self.clock = clock
+        # Plans this run resolved from measurements (a pipeline's partition=auto), by name: every
+        # checkpoint stores them, and a resumed or restarted run reuses them (stored_plan).
+        self.plans: dict[str, Any] = {}
 
     # ---- writing ---------------------------------------------------------------------------
     def stage(self, step: int) -> Path:
@@ -94,6 +97,8 @@ class CheckpointStore:
                                 "files": sorted(files)}
         if self.clock is not None:
             meta["t"] = round(self.clock(), 6)
+        if self.plans:
+            meta["plans"] = self.plans
         _fsync_write(tmp / "meta.json", json.dumps(meta).encode())
         files["meta.json"] = _sha256(tmp / "meta.json")
         _fsync_write(tmp / MANIFEST, json.dumps({"files": files}, indent=1).encode())
@@ -164,6 +169,14 @@ class CheckpointStore:
         if not path.is_file():
             raise CheckpointError(f"Checkpoint {ckpt} has no state for rank {rank} ({path.name}).")
         return torch.load(path, map_location="cpu", weights_only=True)
+
+    def stored_plan(self, name: str) -> Any | None:
+        """The plan ``name`` stored with the checkpoint a resume starts from (None: none)."""
+        try:
+            ckpt, _ = self.find_good()
+        except CheckpointError:
+            return None
+        return json.loads((ckpt / "meta.json").read_text()).get("plans", {}).get(name)
 
     @staticmethod
     def step_of(ckpt: Path) -> int:

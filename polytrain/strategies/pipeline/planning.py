@@ -5,6 +5,9 @@
 broadcasts the plan, because timings differ from rank to rank and all stages must agree.
 ``auto`` runs PipeDream's planner: one replica per stage, or (``replicate=true``, gpipe/1f1b) any
 number of data-parallel replicas per stage, as the planner finds fastest for the link.
+A measured partition is stored with every checkpoint; a resumed or restarted run reuses it
+instead of measuring again (a new profile could cut elsewhere, and the checkpoint's per-stage
+state would not fit).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from polytrain.plan.partition import (
 from polytrain.plan.profile import profile_layers
 from polytrain.runtime.job import RankContext
 from polytrain.strategies.pipeline.options import PARTITION_MODES, PipelineOptions, check_replicas
+
+PLAN_NAME = "pipeline.partition"  # in each checkpoint's meta.json (see CheckpointStore.plans)
 
 
 def _param_bytes(layer: nn.Module) -> int:
@@ -64,8 +69,15 @@ def resolve_partition(
     elif mode == "params":
         part = balanced([_param_bytes(layer) for _, layer in layers_of(model)], ranks)
     elif mode in ("time", "auto"):
-        decided = _measured_plan(opts, model, ranks, sample) if ctx.is_leader else None
+        decided = None
+        if ctx.is_leader:  # a resumed run keeps its partition (the checkpoint's layout needs it)
+            decided = ctx.checkpoints.stored_plan(PLAN_NAME) if ctx.resume else None
+            if decided is not None:
+                decided["from_checkpoint"] = True
+            else:
+                decided = _measured_plan(opts, model, ranks, sample)
         decided = ctx.comm.broadcast_json(decided, src=0)
+        ctx.checkpoints.plans[PLAN_NAME] = {k: v for k, v in decided.items() if k != "from_checkpoint"}
         part = Partition(tuple(decided.pop("counts")), tuple(decided.pop("replicas")))
         info = {k: v for k, v in decided.items() if v is not None}
     else:
