@@ -29,11 +29,20 @@ SMALL = {"model": "mlp", "dataset": "digits", "batch_size": 32, "seed": 4, "opti
     ("allreduce", {"compression": "threshold", "tau": -0.5}, "tau must be > 0"),
     ("local-sgd", {"compression": "powersgd"}, "only 'allreduce' runs"),
     ("allreduce", {"compression": "powersgd", "collective": "ring"}, "drop collective=ring"),
+    ("ps", {"compression": "powersgd"}, "only 'allreduce' runs"),
+    ("ps", {"compression": "ring"}, "unknown codec 'ring'"),
 ])
 def test_bad_codec_options_are_refused_before_launch(strategy: str, options: dict[str, Any],
                                                      match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         prepare(make_config({"strategy": strategy, "procs": 2, "options": options}))
+
+
+def test_ps_with_a_codec_refuses_checkpoints() -> None:
+    cfg = make_config({"strategy": "ps", "procs": 3, "checkpoint_every": 2,
+                       "options": {"compression": "topk"}})
+    with pytest.raises(ConfigError, match="residuals of compression= are not checkpointed"):
+        prepare(cfg)
 
 
 def test_a_message_that_does_not_decode_fails_naming_the_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,6 +68,16 @@ def test_lossless_codecs_equal_uncompressed(tmp_path: Path) -> None:
     ref = load_model(runs["none"])
     assert_same_params(load_model(runs["topk1"]), ref)  # float32 tolerance: sums in another order
     assert_same_params(load_model(runs["fp16"]), ref, atol=2e-3, rtol=1e-2)  # fp16 rounding
+
+
+@pytest.mark.slow
+def test_ps_pushes_through_a_lossless_codec_equal_plain_pushes(tmp_path: Path) -> None:
+    runs = {}
+    for name, sets in [("none", []), ("topk1", ["compression=topk", "ratio=1.0", "entropy=zstd"])]:
+        runs[name] = tmp_path / name
+        s = polytrain.train(strategy="ps", procs=3, steps=4, out=str(runs[name]), sets=sets, **SMALL)
+    assert s["strategy_metrics"]["codec"]["entropy"] and s["per_rank"][1]["bytes_by_op"]["ps_push"] > 0
+    assert_same_params(load_model(runs["topk1"]), load_model(runs["none"]), atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.slow

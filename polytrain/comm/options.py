@@ -30,7 +30,7 @@ def check_collective(strategy: str, collective: str, world: int) -> None:
             f"(valid: {', '.join(COLLECTIVES)}).")
 
 
-class CodecOptions(CollectiveOptions):
+class CodecOptions(BaseModel):
     """``--set compression=NAME`` and the codecs' own options (see :mod:`polytrain.comm.codecs`)."""
 
     compression: str = Field("none", description="gradient codec: none, fp16, topk, topk+onebit, ...")
@@ -82,13 +82,14 @@ def check_codec(strategy: str, opts: CodecOptions, world: int, *, hooks: bool) -
     """Refuse what a codec-taking strategy cannot do with these options, before launch.
 
     ``hooks``: the strategy trains through DDP, so PyTorch's ``powersgd`` hook applies."""
-    check_collective(strategy, opts.collective, world)
+    collective = getattr(opts, "collective", "builtin")
+    check_collective(strategy, collective, world)
     if opts.compression == "powersgd" and not hooks:
         raise ConfigError(
             f"Strategy '{strategy}' cannot take compression=powersgd: it is PyTorch's DDP gradient "
             "hook, which only 'allreduce' runs. Use another codec (e.g. topk, onebit) or "
             "--strategy allreduce.")
-    if opts.compression == "powersgd" and opts.collective == "ring":
+    if opts.compression == "powersgd" and collective == "ring":
         raise ConfigError(
             "compression=powersgd runs PyTorch's powerSGD_hook, which all-reduces with the "
             "backend's collective: drop collective=ring (valid with powersgd: builtin).")

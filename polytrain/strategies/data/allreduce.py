@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from polytrain.comm.codecs.engine import Engine
 from polytrain.comm.ddp_hooks import builtin_hook, codec_hook, powersgd, ring_hook
 from polytrain.comm.exchange import codec_report
-from polytrain.comm.options import CodecOptions, check_codec
+from polytrain.comm.options import CodecOptions, CollectiveOptions, check_codec
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
@@ -32,7 +32,7 @@ from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 
 
-class AllreduceOptions(CodecOptions):
+class AllreduceOptions(CollectiveOptions, CodecOptions):
     model_config = ConfigDict(extra="forbid")
     bucket_mb: float = 25.0
 

@@ -32,7 +32,7 @@ from pydantic import ConfigDict, Field
 from polytrain.comm.codecs.engine import Engine
 from polytrain.comm.ddp_hooks import record_ring
 from polytrain.comm.exchange import Item, codec_report, compressed_mean
-from polytrain.comm.options import CodecOptions, check_codec
+from polytrain.comm.options import CodecOptions, CollectiveOptions, check_codec
 from polytrain.comm.ring import ring_all_reduce
 from polytrain.config import JobConfig
 from polytrain.runtime.job import Job, RankContext, RankResult
@@ -42,7 +42,7 @@ from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible, codec_engine
 
 
-class LocalSgdOptions(CodecOptions):
+class LocalSgdOptions(CollectiveOptions, CodecOptions):
     model_config = ConfigDict(extra="forbid")
     period: int = Field(4, ge=0, description="steps between averages; 0 = once, at the end")
     warmup: int = Field(0, ge=0, description="first steps that average after every step")

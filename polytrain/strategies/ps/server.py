@@ -6,6 +6,8 @@ Message protocol (gloo point-to-point, tag 0; all int64 headers have 5 fields)::
                       PUSH, nnz = -1: the gradient shard (n,) f32                 op ps_push
                       PUSH, nnz > 0: indices (nnz,) i32, then values (nnz,) f32   op ps_push
                       PUSH, nnz = 0: nothing more (an all-zero gradient)
+                      PUSH, nnz <= -2: a codec payload of -2-nnz bytes (uint8)   op ps_push
+                      (``--set compression=CODEC``: decoded by the server's ``decoder``)
                       PULL: nothing more;  DONE: nothing more (the worker has finished)
                       SAVE: nothing more (checkpoint at clock; the worker waits for the ack)
     server -> worker  header [version, step, 0, 0, 0]                          op ps_header
@@ -70,6 +72,7 @@ import torch
 from torch import nn
 
 from polytrain.comm import Comm
+from polytrain.comm.codecs.engine import Engine
 from polytrain.runtime.recorder import Recorder
 from polytrain.strategies.ps.busy import BusyClock
 from polytrain.strategies.ps.consistency import Consistency, ProtocolError
@@ -101,8 +104,10 @@ class ParameterServer:
     def __init__(self, comm: Comm, workers: list[int], shard: torch.Tensor, optimizer: str,
                  policy: Consistency, *, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
                  recorder: Recorder | None = None, straggle: Callable[[float], None] | None = None,
-                 on_save: Callable[[int], None] | None = None) -> None:
+                 on_save: Callable[[int], None] | None = None,
+                 decoder: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> None:
         self.comm, self.policy, self.recorder = comm, policy, recorder
+        self.decoder = decoder  # (worker rank, payload bytes) -> gradient shard, for codec pushes
         self.on_save = on_save  # called with the clock once every worker has sent SAVE
         self.saves: dict[int, int] = {}  # worker rank -> clock of its SAVE, until all have sent one
         self.index = {rank: i for i, rank in enumerate(workers)}
@@ -204,7 +209,14 @@ class ParameterServer:
         self._answer()
 
     def _receive_grad(self, src: int, nnz: int) -> torch.Tensor:
-        """The pushed gradient (n,): dense (nnz = -1) or from nnz (index, value) pairs."""
+        """The pushed gradient (n,): dense (nnz = -1), a codec payload (nnz <= -2) or from nnz
+        (index, value) pairs."""
+        if nnz <= -2:
+            if self.decoder is None:
+                raise ProtocolError(f"rank {src} pushed a codec payload to a server without a codec")
+            buf = torch.empty(-2 - nnz, dtype=torch.uint8)
+            self.comm.recv(buf, src, op="ps_push")
+            return self.decoder(src, buf)
         if nnz < 0:
             grad = torch.empty(self.param.shape, dtype=self.param.dtype)
             self.comm.recv(grad, src, op="ps_push")
@@ -294,8 +306,10 @@ class ParameterServer:
 class PSClient:
     """One worker's side: push to and pull from every server at once."""
 
-    def __init__(self, comm: Comm, plan: ShardPlan, servers: list[int], sparse: bool = True) -> None:
+    def __init__(self, comm: Comm, plan: ShardPlan, servers: list[int], sparse: bool = True,
+                 engine: Engine | None = None) -> None:
         self.comm, self.plan, self.servers, self.sparse = comm, plan, servers, sparse
+        self.engine = engine  # a codec for pushes (``compression=``): one residual per server shard
         self.sparse_pushes = 0
         self.sends: list[tuple[Any, torch.Tensor]] = []
         self.recvs: list[tuple[Any, int, torch.Tensor, torch.Tensor]] = []
@@ -321,6 +335,9 @@ class PSClient:
         self._settle_sends()
         for s, rank in enumerate(self.servers):
             part = self.plan.gather(flat_grad, s).contiguous()
+            if self.engine is not None:
+                self._push_encoded(s, rank, part, clock, need)
+                continue
             idx = part.nonzero().squeeze(1) if self.sparse else None
             dense = idx is None or 2 * idx.numel() >= part.numel()
             self._request(s, PUSH, clock, need if need is not None else 0, need is not None,
@@ -332,6 +349,13 @@ class PSClient:
             if idx.numel():
                 pairs = (idx.to(torch.int32), part[idx].contiguous())
                 self.sends += [(self.comm.isend(t, rank, op="ps_push"), t) for t in pairs]
+
+    def _push_encoded(self, s: int, rank: int, part: torch.Tensor, clock: int, need: int | None) -> None:
+        assert self.engine is not None
+        buf = self.engine.encode(s, f"shard of server {s}", part, (part.numel(),))
+        self.engine.done(s)
+        self._request(s, PUSH, clock, need if need is not None else 0, need is not None, -2 - buf.numel())
+        self.sends.append((self.comm.isend(buf, rank, op="ps_push"), buf))
 
     def pull(self, clock: int, need: int) -> None:
         """Ask every server for its shard once its step reaches ``need``."""

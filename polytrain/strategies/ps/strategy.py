@@ -16,15 +16,23 @@ push and server), ``update_lag_hist``/``update_lag_max`` (optimizer applications
 worker's pull and its push), ``dropped_gradients`` (k-of-n: pushes dropped, the most any server
 dropped; per server in ``dropped_by_server``), and per worker ``worker_wait_s`` and
 ``worker_steps`` (steps each computed).
+
+``--set compression=CODEC`` compresses each worker's pushes (one payload per server shard, error
+feedback per shard on the worker; the server decodes with the same codec); pulls stay float32.
+Not yet with checkpoints (the workers' residuals are not saved).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from polytrain.comm.codecs.engine import Engine
+from polytrain.comm.exchange import codec_report
+from polytrain.comm.options import CodecOptions, check_codec
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
@@ -45,7 +53,7 @@ from polytrain.strategies.ps.sharding import (
 from polytrain.strategies.ps.worker import WorkerLoop
 
 
-class PsOptions(BaseModel):
+class PsOptions(CodecOptions):
     model_config = ConfigDict(extra="forbid")
     servers: int = Field(1, ge=1, description="server ranks (the first S ranks); the rest are workers")
     sharding: Literal["layer", "size"] = "layer"
@@ -84,6 +92,7 @@ class Ps(Strategy):
     family = "parameter-server"
     summary = "parameter servers (layer|size sharding) with bsp, async (Downpour), ssp or k-of-n"
     Options = PsOptions
+    supports = Supports(compression=True)
 
     @property
     def opts(self) -> PsOptions:
@@ -102,6 +111,10 @@ class Ps(Strategy):
         return {"options": kept, "workers": cfg.procs - servers}
 
     def supports_for(self, cfg: JobConfig) -> Supports:
+        if self.opts.compressing:
+            return self.declared().without(
+                "the workers' error-feedback residuals of compression= are not checkpointed yet",
+                "checkpoint", "resume")
         if self.opts.consistency == "k-of-n":
             return self.declared().without(
                 "under k-of-n the workers' steps are not one sequence (a late worker skips steps), "
@@ -113,6 +126,7 @@ class Ps(Strategy):
         o = self.opts
         workers = check_roles(self.name, o.servers, world)
         check_divisible(cfg, workers, self.name)
+        check_codec(self.name, o, world, hooks=False)
         if o.staleness is not None and o.consistency != "ssp":
             raise ConfigError(f"Option staleness={o.staleness} applies to consistency=ssp only "
                               f"(got consistency={o.consistency}). Drop it or --set consistency=ssp.")
@@ -154,7 +168,8 @@ class Ps(Strategy):
             server = ParameterServer(ctx.comm, s["workers"], plan.gather(flat_params(model), ctx.rank),
                                      s["optimizer"], policy, lr=cfg.lr, momentum=cfg.momentum,
                                      weight_decay=cfg.weight_decay, recorder=ctx.recorder,
-                                     straggle=ctx.straggle)
+                                     straggle=ctx.straggle,
+                                     decoder=_decoder(o, job, ctx, s["workers"], plan.sizes()[ctx.rank]))
             server.on_save = server_saver(job, ctx, server, s["servers"], o.sharding)
             start = 0
             if ctx.resume:
@@ -163,7 +178,8 @@ class Ps(Strategy):
             _start(job, ctx, start)
             server.serve()
             return self._finish_server(job, ctx, server, plan, s)
-        loop = WorkerLoop(job, ctx, PSClient(ctx.comm, plan, s["servers"], o.sparse_push), policy,
+        engine = (Engine.from_options(o, ctx.world, ctx.rank, cfg.seed) if o.compressing else None)
+        loop = WorkerLoop(job, ctx, PSClient(ctx.comm, plan, s["servers"], o.sparse_push, engine), policy,
                           index=ctx.rank - o.servers, workers=len(s["workers"]),
                           n_push=o.n_push, n_fetch=o.n_fetch)
         if o.consistency == "k-of-n":
@@ -178,6 +194,8 @@ class Ps(Strategy):
                             save=loop.save, restore=loop.restore)
             result = run_loop(job, ctx, spec)
         loop.client.done()
+        if engine is not None:
+            loop.codec = codec_report(engine, ctx.comm, loop.computed, op="ps_push")
         result.role, result.wall_s = "worker", ctx.recorder.now()
         ctx.comm.gather_json(loop.stats())
         return result
@@ -222,7 +240,26 @@ class Ps(Strategy):
             "worker_wait_s": [r["wait_s"] for r in workers],
             "worker_compute_s": [r["compute_s"] for r in workers],
             "sparse_pushes": sum(r["sparse_pushes"] for r in workers),
+            **({"codec": workers[0]["codec"]} if workers and "codec" in workers[0] else {}),
         }
+
+
+def _decoder(o: PsOptions, job: Job, ctx: RankContext, workers: list[int],
+             size: int) -> Callable[[int, torch.Tensor], torch.Tensor] | None:
+    """The server's decoder of codec pushes: one codec per worker (its pushes arrive in order,
+    so the per-push counters that ``randomk`` seeds with stay in step with the worker's)."""
+    if not o.compressing:
+        return None
+    engines = {w: Engine.from_options(o, ctx.world, w, job.config.seed) for w in workers}
+    me = ctx.rank
+
+    def decode(src: int, buf: torch.Tensor) -> torch.Tensor:
+        e = engines[src]
+        grad = e.decode(me, f"shard of server {me}", buf, (size,), source=f" from worker rank {src}")
+        e.done(me)
+        return grad
+
+    return decode
 
 
 def _start(job: Job, ctx: RankContext, start: int = 0) -> None:

@@ -51,6 +51,7 @@ class WorkerLoop:
     computed: int = 0
     last_loss: float = float("nan")
     acc: torch.Tensor | None = None  # gradients computed since the last push (async n_push)
+    codec: dict[str, Any] | None = None  # the push codec's report (compression=), at the end
 
     def __post_init__(self) -> None:
         self.model = self.job.build_model()  # same seed on every rank: same start as the servers
@@ -129,4 +130,5 @@ class WorkerLoop:
     def stats(self) -> dict[str, Any]:
         return {"role": "worker", "rank": self.ctx.rank, "steps_computed": self.computed,
                 "compute_s": round(self.compute_s, 6), "wait_s": round(self.client.wait_s, 6),
-                "sparse_pushes": self.client.sparse_pushes}
+                "sparse_pushes": self.client.sparse_pushes,
+                **({"codec": self.codec} if self.codec is not None else {})}
