@@ -109,9 +109,11 @@ def test_crafted_checkpoint_cannot_run_code(tmp_path: Path, monkeypatch: pytest.
     store = CheckpointStore(tmp_path / "ck", "job-a")
     store.write_rank(1, 0, {"evil": _Payload()})
     store.commit(1, keep=3)  # manifest matches: the attacker wrote the hashes too
-    ckpt, _ = store.find_good()
-    with pytest.raises(Exception, match=r"(?i)weights_only|unsupported|global"):
-        CheckpointStore.load_rank(ckpt, 0)
+    with pytest.raises(CheckpointError, match=r"file rank0\.pt holds Python objects other than"):
+        store.find_good()  # refused when verified (issue 22 item 8), naming the file
+    with pytest.raises(CheckpointError, match=r"rank0\.pt holds Python objects") as err:
+        CheckpointStore.load_rank(tmp_path / "ck" / "step-00000001", 0)
+    assert "weights_only" not in str(err.value)  # no advice to load it unsafely
     assert not (tmp_path / "pwned").exists()
 
 

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -86,7 +87,7 @@ def launch(
     cfg: JobConfig, *, resume: bool = False, run_dir: Path | None = None, console: Console | None = None
 ) -> dict[str, Any]:
     """Validate, run the job on ``cfg.procs`` local processes, and return its summary."""
-    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -114,6 +115,7 @@ def launch(
     if cfg.debug:
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "INFO"  # DETAIL crashes DDP on torch 2.13/CPU
     bind = os.environ.get(BIND_ENV, LOOPBACK)  # `--bind`; one machine: loopback
+    agent_dir = run_dir / "ranks" / "agent"
     lc = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -125,6 +127,9 @@ def launch(
         monitor_interval=0.1,
         local_addr=bind,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        # torch's agent keeps a log tree per run, by default a /tmp/torchelastic_* that nothing
+        # removes: it goes in the run directory and is removed after the run
+        logs_specs=DefaultLogsSpecs(log_dir=str(agent_dir)),
     )
     rank0 = run_dir / "ranks" / "rank0.jsonl"
     label = f"{cfg.strategy} ×{cfg.procs}"
@@ -138,6 +143,8 @@ def launch(
     except SignalException as exc:
         raise Interrupted(_interrupted(run_dir, cfg, exc.sigval, started),
                           128 + int(exc.sigval)) from None
+    finally:
+        shutil.rmtree(agent_dir, ignore_errors=True)
     return read_summary(run_dir)
 
 

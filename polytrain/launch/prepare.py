@@ -82,12 +82,15 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
 
 def check_resume_steps(run_dir: Path, cfg: JobConfig, steps: int) -> int:
     """The step of ``run_dir``'s newest good checkpoint; ConfigError when the job (``steps``)
-    ends there or before: a resume with nothing to train would overwrite the run's results."""
+    ends there or before: a resume with nothing to train would overwrite the run's results.
+    Called before the ranks start; it removes a killed run's half-written checkpoints."""
     from polytrain.runtime.checkpoint import CheckpointStore
     from polytrain.strategies.base import job_fingerprint
 
     store = CheckpointStore(run_dir / "checkpoints", job_fingerprint(cfg))
     done = store.step_of(store.find_good()[0])
+    if steps > done:
+        store.remove_stale()  # no rank runs yet: every half-written checkpoint is a dead run's
     if steps <= done:
         raise ConfigError(
             f"--resume {run_dir}: its newest checkpoint is at step {done} and this job ends at "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +56,22 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _load_problem(e: BaseException) -> str:
+    """What is wrong with a file ``torch.load(weights_only=True)`` refused, in our words."""
+    if isinstance(e, pickle.UnpicklingError):
+        return "holds Python objects other than tensors and plain containers"
+    return f"cannot be read as a checkpoint ({type(e).__name__})"
+
+
+def _unloadable(path: Path) -> str | None:
+    """None when ``path`` loads as tensors only (mapped, not read), else what is wrong."""
+    try:
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:
+        return _load_problem(e)
+    return None
 
 
 def step_dir_name(step: int) -> str:
@@ -111,6 +128,7 @@ class CheckpointStore:
         _fsync_write(pointer, final.name.encode())
         pointer.rename(self.root / "LATEST")
         _fsync_dir(self.root)
+        self.remove_stale(upto=step)  # a killed run's half-written ones
         self._prune(keep)
         return final
 
@@ -121,32 +139,43 @@ class CheckpointStore:
 
     # ---- reading ---------------------------------------------------------------------------
     def verify(self, ckpt: Path) -> str | None:
-        """None when ``ckpt`` is complete and intact, else what is wrong with it."""
+        """None when ``ckpt`` is complete, intact and loadable, else what is wrong with it."""
         try:
             manifest = json.loads((ckpt / MANIFEST).read_text())["files"]
-        except (OSError, ValueError, KeyError) as e:
-            return f"no readable manifest ({e})"
-        for name, digest in manifest.items():
-            f = ckpt / name
+            names = sorted(manifest.items())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            return f"no readable {MANIFEST} ({type(e).__name__})"
+        for name, digest in names:
+            f = ckpt / str(name)
             if not f.is_file():
                 return f"file {name} is missing"
             if _sha256(f) != digest:
                 return f"file {name} does not match its SHA-256 in the manifest"
-        meta = json.loads((ckpt / "meta.json").read_text())
+        try:
+            meta = json.loads((ckpt / "meta.json").read_text())
+            int(meta["step"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return f"its meta.json is missing or unreadable ({type(e).__name__})"
         if meta.get("job_fingerprint") != self.fingerprint:
             return "it belongs to a different job (model, data or strategy differ)"
+        for name, _ in names:
+            if str(name).endswith(".pt"):
+                problem = _unloadable(ckpt / str(name))
+                if problem:
+                    return f"file {name} {problem}"
         return None
 
     def candidates(self) -> list[Path]:
         """Checkpoints newest first, the one LATEST points to leading."""
         done = sorted((p for p in self.root.glob("step-*") if not p.name.endswith(".tmp")),
                       reverse=True)
-        latest = self.root / "LATEST"
-        if latest.is_file():
-            named = self.root / latest.read_text().strip()
-            if named in done:
-                done.remove(named)
-                done.insert(0, named)
+        try:
+            named = self.root / (self.root / "LATEST").read_text().strip()
+        except (OSError, ValueError):  # no pointer, or a garbled one: newest first
+            named = None
+        if named is not None and named in done:
+            done.remove(named)
+            done.insert(0, named)
         return done
 
     def find_good(self) -> tuple[Path, list[str]]:
@@ -168,7 +197,24 @@ class CheckpointStore:
         path = ckpt / f"rank{rank}.pt"
         if not path.is_file():
             raise CheckpointError(f"Checkpoint {ckpt} has no state for rank {rank} ({path.name}).")
-        return torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # never pass on torch's advice to load it with weights_only=False
+            raise CheckpointError(f"Checkpoint file {path} {_load_problem(e)}; polytrain never "
+                                  "loads it. Resume from another run directory.") from None
+
+    def remove_stale(self, upto: int | None = None) -> None:
+        """Remove half-written checkpoints (``step-N.tmp`` left by a killed run), those of steps
+        up to ``upto`` (default: all), and a stale ``LATEST.tmp``."""
+        for tmp in self.root.glob("step-*.tmp"):
+            try:
+                step = int(tmp.name[len("step-"):-len(".tmp")])
+            except ValueError:
+                continue
+            if upto is None or step <= upto:
+                shutil.rmtree(tmp, ignore_errors=True)
+        if upto is None:
+            (self.root / "LATEST.tmp").unlink(missing_ok=True)
 
     def stored_plan(self, name: str) -> Any | None:
         """The plan ``name`` stored with the checkpoint a resume starts from (None: none)."""

@@ -22,3 +22,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "nightly" in item.keywords:
             item.add_marker(skip)
+

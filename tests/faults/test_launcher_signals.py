@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.faults.probes import leftovers
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +28,11 @@ JOB = ["--model", "mlp", "--set", "model.hidden=16", "--procs", "2", "--steps", 
 
 
 def start(run: Path, *extra: str) -> subprocess.Popen[str]:
-    """A long 2-rank job in its own session (as a terminal's foreground job is)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    """A long 2-rank job in its own session (as a terminal's foreground job is), with a private
+    TMPDIR (``tmp`` beside ``run``) that must be empty when it ends, killed or not."""
+    tmp = run.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
     return subprocess.Popen([sys.executable, "-m", "polytrain", "train", *JOB, "--out", str(run),
                              *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -81,6 +85,7 @@ def test_killed_launcher_takes_its_ranks(tmp_path: Path) -> None:
         assert wait_gone(pids, within=5) < 5
     finally:
         proc.kill()
+    assert not leftovers(tmp_path / "tmp")  # no /tmp/torchelastic_* tree
 
 
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT"])
@@ -102,6 +107,7 @@ def test_stop_request_checkpoints_and_keeps_an_interrupted_summary(tmp_path: Pat
     assert took < 15, f"the launcher took {took:.1f} s to stop"
     wait_gone(pids, within=1)
     assert proc.returncode == 128 + sig
+    assert not leftovers(tmp_path / "tmp") and not (run / "ranks" / "agent").exists()
     assert "Traceback" not in err and "death signal" not in err
     lines = [x for x in err.splitlines() if "interrupted" in x]
     assert len(lines) == 1 and f"{how}: every rank stopped after step" in lines[0], err

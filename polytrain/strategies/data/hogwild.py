@@ -237,6 +237,10 @@ class Hogwild(Strategy):
         params = list(model.parameters())
         _, seen = map_shared(model, ctx)
         lock = FileLock(shm_path(ctx).with_suffix(".lock")) if opts.lock else None
+        if lock is not None:  # every rank holds it open: its name can go (nothing left in /dev/shm)
+            ctx.comm.barrier()
+            if ctx.is_leader:
+                shm_path(ctx).with_suffix(".lock").unlink()
         optimizer = torch.optim.SGD(params, lr=job.config.lr)  # for checkpoints; never stepped
         writes: list[tuple[float, float, float]] = []
         waited = 0.0  # seconds spent acquiring the lock
