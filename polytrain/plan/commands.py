@@ -141,8 +141,13 @@ def applies(c: Candidate, cfg: JobConfig) -> str | None:
     return None
 
 
-def first_choice(ranked: list[Candidate], cfg: JobConfig, procs: int | None = None) -> Candidate:
+def first_choice(ranked: list[Candidate], cfg: JobConfig, procs: int | None = None,
+                 codecs: bool = False) -> Candidate:
+    """The fastest candidate that fits and passes its strategy's checks. A gradient codec is
+    never chosen unless ``codecs``: the planner predicts its time, not the accuracy it costs."""
     for c in ranked:
+        if not codecs and c.options.get("compression", "none") != "none":
+            continue
         if c.fits and (procs is None or c.procs == procs) and applies(c, cfg) is None:
             return c
     raise ConfigError(
@@ -174,6 +179,10 @@ def run_plan(cfg: JobConfig, a: PlanArgs, console: Console) -> int:
         console.print(line, highlight=False)
     best = first_choice(ranked, cfg)
     console.print(f"recommended: {command(best, job)}", highlight=False, soft_wrap=True)
+    fastest = first_choice(ranked, cfg, codecs=True)
+    if fastest is not best:
+        console.print(f"faster with a gradient codec, which learns differently (check accuracy): "
+                      f"{command(fastest, job)}", highlight=False, soft_wrap=True)
     out = Path(a.out or f"runs/plan-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(json.dumps([to_json(c, job) for c in ranked], indent=1))

@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polytrain.plan.cluster import Cluster
-from polytrain.plan.cost import allreduce_s, ddp_overlap, group_allgather_s, ps_traffic, tp_block_s
+from polytrain.plan.codecs import CodecPrice
+from polytrain.plan.cost import (
+    allreduce_s,
+    buckets_of,
+    ddp_overlap,
+    group_allgather_s,
+    ps_traffic,
+    tp_block_s,
+)
 from polytrain.plan.profile import Profile
 from polytrain.strategies.ps.sharding import ParamInfo, make_plan
 
@@ -121,8 +129,11 @@ def ring_nic_bytes(nbytes: float, world: int, cluster: Cluster) -> float:
     return 0.0 if cluster.hosts <= 1 else 2 * (world - 1) / world * nbytes
 
 
-def allreduce(scene: Scene, world: int, bucket_mb: float = 25.0) -> Estimate:
-    """DDP: backward overlapped with bucketed all-reduces (`cost.ddp_overlap`)."""
+def allreduce(scene: Scene, world: int, bucket_mb: float = 25.0, codec: CodecPrice | None = None) -> Estimate:
+    """DDP: backward overlapped with bucketed all-reduces (`cost.ddp_overlap`); with a codec, the
+    hook's encode, exchange and decode after backward (the runtime's hook blocks)."""
+    if codec is not None:
+        return _compressed_allreduce(scene, world, codec)
     n, cl = scene.layers, scene.cluster
     per_rank = scene.batch / world
     f, extra = scene.pass_fb(0, 0, per_rank, busy=world)
@@ -152,6 +163,37 @@ def allreduce(scene: Scene, world: int, bucket_mb: float = 25.0) -> Estimate:
         tuple(spans),
         {"buckets": len(buckets)},
     )
+
+
+def _compressed_allreduce(scene: Scene, world: int, c: CodecPrice) -> Estimate:
+    """Forward, backward, then per step: encode, exchange (all-reduce of the payload if the codec
+    is reducible, else all-gather of every rank's payload), decode (W payloads when gathered)."""
+    n, cl = scene.layers, scene.cluster
+    f, b = scene.pass_fb(0, n, scene.batch / world, busy=world)
+    k = scene.compute_scale * cl.contention(world)
+    ranks, buckets = range(world), 0
+    if c.reducible:
+        comm, sent = allreduce_s(c.payload_bytes, ranks, cl), 2 * (world - 1) * c.payload_bytes
+        decode = k * c.decode_s
+        nic = ring_nic_bytes(c.payload_bytes, world, cl)
+    else:  # per DDP bucket: a frame (count + one length per parameter) and sizes
+        backward = [layer.param_bytes for layer in reversed(scene.profile.layers)]
+        buckets = len(buckets_of(backward, 25 * 2**20))
+        frame = c.payload_bytes + 4 * (buckets + len(scene.profile.params))
+        comm = group_allgather_s(world * frame, ranks, cl) + buckets * group_allgather_s(8 * world, ranks, cl)
+        sent = world * (world - 1) * (frame + 8 * buckets)
+        decode = k * c.decode_s * world
+        nic = 0.0 if cl.hosts <= 1 else (world - 1) * (frame + 8 * buckets)
+    opt = scene.optimizer_s(scene.profile.param_bytes)
+    spans, end = _phases(0, 0.0, [
+        ("compute", "forward", f, "F"), ("compute", "backward", b, "B"),
+        ("compute", "other compute", k * c.encode_s, "encode"), ("comm", "comm", comm, c.compression),
+        ("compute", "other compute", decode, "decode"), ("compute", "optimizer", opt, "")])
+    acts = scene.activations(0, n, scene.batch / world)
+    mem = scene.memory(scene.state_bytes(0, n), scene.profile.param_bytes, acts)
+    return Estimate(end, mem, sent, nic, tuple(spans),
+                    {"compression": c.compression, "payload_bytes": c.payload_bytes, "buckets": buckets,
+                     "compression_ratio": round(c.ratio, 2), "encode_s": k * c.encode_s, "decode_s": decode})
 
 
 def local_sgd(scene: Scene, world: int, period: int) -> Estimate:

@@ -23,6 +23,7 @@ import torch
 from polytrain.config import JobConfig
 from polytrain.plan import estimate as est
 from polytrain.plan.cluster import Cluster
+from polytrain.plan.codecs import CodecPrice, cached_price
 from polytrain.plan.estimate import Estimate, Scene
 from polytrain.plan.estimate_pipe import pipeline
 from polytrain.plan.partition import Partition, balanced, uniform
@@ -126,7 +127,7 @@ def estimate_for(cfg: JobConfig, world: int, scene: Scene) -> Estimate | str:
     if s == "single":
         return est.single(scene)
     if s == "allreduce":
-        return est.allreduce(scene, world, float(o.get("bucket_mb", 25.0)))
+        return est.allreduce(scene, world, float(o.get("bucket_mb", 25.0)), _codec(o, world, scene))
     if s == "local-sgd":
         return est.local_sgd(scene, world, max(1, int(o.get("period", 4))))
     if s == "ps":
@@ -150,6 +151,19 @@ def estimate_for(cfg: JobConfig, world: int, scene: Scene) -> Estimate | str:
     if s == "mesh":
         return _mesh(o, world, scene)
     return f"the planner does not model '{s}' yet"
+
+
+def _codec(o: dict[str, Any], world: int, scene: Scene) -> CodecPrice | None:
+    """The run's codec priced (``compression`` and its options), None when it sends fp32."""
+    name = str(o.get("compression", "none"))
+    if name == "none":
+        return None
+    from polytrain.comm.options import CodecOptions
+
+    keys = set(CodecOptions.model_fields) - {"compression", "collective", "entropy", "error_feedback"}
+    if o.get("entropy", "none") != "none":
+        raise ValueError("entropy coding is not priced by the planner (its size depends on the gradients)")
+    return cached_price(name, tuple(sorted((k, v) for k, v in o.items() if k in keys)), scene.profile.params)
 
 
 def _mesh(o: dict[str, Any], world: int, scene: Scene) -> Estimate:

@@ -16,6 +16,7 @@ from typing import Any
 
 from polytrain.errors import ConfigError
 from polytrain.plan import estimate as est
+from polytrain.plan.codecs import DEFAULT_CODECS, cached_price
 from polytrain.plan.estimate import Estimate, Scene
 from polytrain.plan.estimate_pipe import pipeline
 from polytrain.report.units import human_bytes
@@ -44,6 +45,8 @@ class Candidate:
     @property
     def exact(self) -> bool:
         """Equals single-process training (synchronous, no staleness, no averaging period)."""
+        if self.options.get("compression", "none") != "none":
+            return False  # a codec changes what is averaged
         return self.strategy in EXACT or (self.strategy == "ps" and self.options.get("consistency") == "bsp")
 
     @property
@@ -126,6 +129,9 @@ def _all(scene: Scene, w: int) -> Iterator[tuple[str, int, dict[str, Any], Calla
         return
     if _divides(b, w):
         yield "allreduce", w, {}, lambda: est.allreduce(scene, w)
+        for codec, copts in DEFAULT_CODECS:
+            opts = {"compression": codec, **copts}
+            yield "allreduce", w, opts, partial(_compressed, scene, w, codec, copts)
         for period in (4, 16):
             yield "local-sgd", w, {"period": period}, partial(est.local_sgd, scene, w, period)
     for name, opts, fn in _ps(scene, w):
@@ -139,6 +145,11 @@ def _all(scene: Scene, w: int) -> Iterator[tuple[str, int, dict[str, Any], Calla
         yield "owt", w, {}, lambda: est.owt(scene, w)
     for name, opts, fn in _mesh(scene, w):
         yield name, w, opts, fn
+
+
+def _compressed(scene: Scene, w: int, codec: str, opts: dict[str, Any]) -> Estimate:
+    price = cached_price(codec, tuple(sorted(opts.items())), scene.profile.params)
+    return est.allreduce(scene, w, codec=price)
 
 
 def candidates(scene: Scene, memory_limit: int | None = None) -> list[Candidate]:
