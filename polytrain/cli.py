@@ -34,6 +34,8 @@ JOB_FLAGS: list[tuple[str, str, Any, str]] = [
     ("checkpoint_every", "--checkpoint-every", int, "write a checkpoint every N steps (0: never)"),
     ("keep_checkpoints", "--keep-checkpoints", int, "checkpoints to keep; default 3"),
     ("timeout_s", "--timeout", float, "seconds a rank waits for its peers before failing; default 60"),
+    ("on_nonfinite", "--on-nonfinite", str, "stop | skip: a non-finite loss, gradient or parameter "
+     "stops the run (default), or a step with a non-finite gradient is skipped (single, allreduce)"),
     ("out", "--out", str, "run directory; default runs/<time>-<strategy>"),
 ]
 

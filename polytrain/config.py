@@ -66,6 +66,7 @@ class JobConfig(BaseModel):
     slow_rank: int | None = None
     slow_factor: float = 1.0
     timeout_s: float = 60.0
+    on_nonfinite: Literal["stop", "skip"] = "stop"
     out: str | None = None
     debug: bool = False
 

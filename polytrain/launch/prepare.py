@@ -11,6 +11,7 @@ from polytrain.data import DataSpec, dataset_spec, validate_dataset_options
 from polytrain.errors import ConfigError
 from polytrain.models import is_user_model, validate_model
 from polytrain.models.contract import check_job
+from polytrain.runtime.divergence import check_on_nonfinite
 from polytrain.runtime.supports import Request, refusal, requested
 from polytrain.strategies import Strategy, get_strategy_class, make_strategy, registry
 
@@ -24,6 +25,7 @@ RESUMABLE_CHANGES = {
     "eval_every",
     "keep_checkpoints",
     "out",
+    "on_nonfinite",
 }
 
 
@@ -76,6 +78,7 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
             f"Use --set slow_rank=R with 0 <= R < --procs."
         )
     strategy.check(cfg, cfg.procs)
+    check_on_nonfinite(cfg)
     steps = total_steps(cfg, spec.train_size)
     return Prepared(cfg, strategy, spec, steps)
 

@@ -8,24 +8,50 @@ the same step; in any strategy the first rank that fails stops the job (the laun
 the others and names the rank and the step).
 A NaN loss alone is not checked: ranks without a loss of their own (pipeline stages before the
 last, servers) report NaN as "no loss here"; their parameters are checked instead.
+
+``--on-nonfinite skip`` (``single``, ``allreduce``): the shared plain step looks at the gradient
+after it is synchronised and before the update; a step whose gradient holds NaN/inf is skipped
+(no update, optimizer state untouched, a ``skipped`` event) and training goes on. The flag needs
+no message of its own: a NaN or inf on any rank's gradient reaches every rank's averaged
+gradient through the all-reduce the step already does, so every rank skips the same steps.
+Strategies whose ranks do not share one synchronised gradient (pipelines, servers, model
+parallel shards) refuse ``skip`` before launch: they could not skip the same steps everywhere.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 
-from polytrain.errors import DivergedError
+from polytrain.config import JobConfig
+from polytrain.errors import ConfigError, DivergedError
+
+SKIPS = ("single", "allreduce")  # strategies whose step is the shared plain step on one gradient
 
 
-def check_finite(step: int, loss: float, model: nn.Module) -> None:
-    """Raise DivergedError naming ``step`` when ``loss`` is infinite or a parameter is not finite."""
-    flags = [torch.isfinite(p.detach()).all() for p in model.parameters()]
-    finite = bool(torch.stack(flags).all()) if flags else True
-    if math.isinf(loss) or not finite:
-        what = "the loss is infinite" if math.isinf(loss) else "a parameter is NaN or infinite"
+def check_on_nonfinite(cfg: JobConfig) -> None:
+    if cfg.on_nonfinite == "skip" and cfg.strategy not in SKIPS:
+        raise ConfigError(
+            f"--on-nonfinite skip is honoured by {', '.join(SKIPS)} (one synchronised gradient, "
+            f"so every rank skips the same steps), not by {cfg.strategy}. Use --on-nonfinite "
+            "stop (the default), or one of those strategies.")
+
+
+def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
+    """Whether every tensor is free of NaN/inf: one reduction each and one host sync."""
+    flags = [torch.isfinite(t.detach()).all() for t in tensors if t is not None]
+    return bool(torch.stack(flags).all()) if flags else True
+
+
+def check_finite(step: int, loss: float, model: nn.Module, skipping: bool = False) -> None:
+    """Raise DivergedError naming ``step`` when ``loss`` is infinite or a parameter is not finite
+    (``skipping``: a non-finite loss was a skipped step; only the parameters count)."""
+    finite = all_finite(model.parameters())
+    if (math.isinf(loss) and not skipping) or not finite:
+        what = "a parameter is NaN or infinite" if not finite else "the loss is infinite"
         raise DivergedError(
             f"training diverged at step {step}: {what} (loss {loss}). The "
             "newest checkpoint is the last good state; lower --lr (or check the data and "

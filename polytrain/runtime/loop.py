@@ -35,7 +35,7 @@ from torch import nn
 
 from polytrain.runtime import interrupt
 from polytrain.runtime.checkpoint import CheckpointStore
-from polytrain.runtime.divergence import check_finite
+from polytrain.runtime.divergence import all_finite, check_finite
 from polytrain.runtime.job import Job, RankContext, RankResult
 
 StepFn = Callable[[int, torch.Tensor, torch.Tensor], float]
@@ -87,6 +87,7 @@ def plain_step(job: Job, ctx: RankContext, forward: Callable[[torch.Tensor], tor
     a data-parallel gradient all-reduce).
     """
     rec = ctx.recorder
+    skip_nonfinite = job.config.on_nonfinite == "skip"
 
     def step(i: int, x: torch.Tensor, y: torch.Tensor) -> float:
         x, y = x.to(ctx.device), y.to(ctx.device)
@@ -97,6 +98,10 @@ def plain_step(job: Job, ctx: RankContext, forward: Callable[[torch.Tensor], tor
             loss.backward()
         if before_update is not None:
             before_update()
+        if skip_nonfinite and not all_finite(p.grad for g in optimizer.param_groups for p in g["params"]):
+            optimizer.zero_grad(set_to_none=True)  # --on-nonfinite skip: no update this step
+            rec.emit("skipped", step=i, reason="non-finite gradient")
+            return float(loss.detach())
         with rec.span("optimizer", step=i):
             optimizer.step()
         return float(loss.detach())
@@ -196,7 +201,7 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
         loss = run_step(step)
         if spec.after_update is not None:
             spec.after_update(step, loss)
-        check_finite(step, loss, spec.model)  # before this step's record and checkpoint
+        check_finite(step, loss, spec.model, cfg.on_nonfinite == "skip")  # before record, checkpoint
         if spec.reports:
             ctx.recorder.step(step, loss, samples=samples_at(step))
         ctx.recorder.sample_resources(step=step)

@@ -74,3 +74,49 @@ def test_divergence_on_two_ranks_fails_the_launch(tmp_path: Path) -> None:
     same_step = r"rank \d failed at step (\d+): DivergedError: training diverged at step \1"
     with pytest.raises(RankFailure, match=same_step):
         polytrain.train(model="mlp", optimizer="sgd", lr=1e30, steps=20, out=str(tmp_path / "r"))
+
+
+def test_skip_is_refused_where_ranks_could_not_skip_the_same_steps() -> None:
+    from polytrain.launch.prepare import prepare
+
+    with pytest.raises(ConfigError, match="--on-nonfinite skip is honoured by single, allreduce"):
+        prepare(load_config(overrides={"strategy": "gpipe", "model": "mlp", "on_nonfinite": "skip"}))
+    with pytest.raises(ConfigError, match="on_nonfinite"):
+        load_config(overrides={"on_nonfinite": "ignore"})
+
+
+SPIKE = '''
+import os
+import torch
+from torch import nn
+
+class Spike(nn.Module):
+    """Rank 1's output is NaN in its 3rd forward (step 3)."""
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+    def forward(self, x):
+        self.calls += 1
+        if os.environ.get("RANK") == "1" and self.calls == 3:
+            return x * float("nan")
+        return x
+
+def make():
+    return [nn.Flatten(), nn.Linear(64, 16), Spike(), nn.ReLU(), nn.Linear(16, 10)]
+'''
+
+
+@pytest.mark.slow
+def test_skip_drops_the_same_step_on_every_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NaN on rank 1 only: the all-reduce the step already does carries it to rank 0, so both
+    ranks skip step 3 (no extra message) and the run ends with finite parameters."""
+    (tmp_path / "spike.py").write_text(SPIKE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    summary = polytrain.train(strategy="allreduce", procs=2, model="spike:make", optimizer="sgd",
+                              lr=0.1, steps=5, on_nonfinite="skip", out=str(out))
+    assert summary["skipped_steps"] == [3] and summary["steps_run"] == 5
+    events = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sorted((e["rank"], e["step"]) for e in events if e["event"] == "skipped") == [(0, 3), (1, 3)]
+    model = torch.load(out / "model.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in model.values())
