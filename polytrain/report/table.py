@@ -60,9 +60,32 @@ SUMMARY_COLUMNS: tuple[Column, ...] = (
 )
 
 
+def _codec(s: Summary) -> str:
+    """`topk(ratio=0.01) 101x, 1.2 KB/step, 3.1 ms/step`: a compressed run's codec figures."""
+    metrics = s.get("strategy_metrics")
+    c = metrics.get("codec") if isinstance(metrics, Mapping) else None
+    if not isinstance(c, Mapping):
+        return MISSING
+    parts = [str(c.get("codec", "?"))]
+    if is_number(c.get("ratio_vs_fp32")):
+        parts.append(f"{c['ratio_vs_fp32']:.3g}x")
+    if is_number(c.get("wire_bytes_per_step")):
+        parts.append(human_bytes(c["wire_bytes_per_step"]) + "/step")
+    if is_number(c.get("codec_s_per_step")):
+        parts.append(human_seconds(c["codec_s_per_step"]) + "/step")
+    return ", ".join(parts)
+
+
+def _has_codec(s: Summary) -> bool:
+    metrics = s.get("strategy_metrics")
+    return isinstance(metrics, Mapping) and "codec" in metrics
+
+
 def summary_columns(summaries: Sequence[Summary], target_accuracy: float | None = None) -> list[Column]:
-    """The columns to show; time-to-accuracy only when some summary has it."""
+    """The columns to show; time-to-accuracy and the codec only when some summary has them."""
     columns = list(SUMMARY_COLUMNS)
+    if any(_has_codec(s) for s in summaries):
+        columns.append(Column("Codec (ratio, wire, time)", _codec, numeric=False))
     if any("time_to_accuracy_s" in s for s in summaries):
         header = "Time to acc."
         if target_accuracy is not None:
