@@ -80,22 +80,20 @@ def assign_paths(model: nn.Module, density: dict[str, float], threshold: float) 
         elif isinstance(mod, nn.Embedding | nn.EmbeddingBag):
             path, reason = "ps", f"embedding (nn.{kind})"
         elif d is not None and d < threshold:
-            path, reason = "ps", f"row density {d:.2%} < sparse_threshold {threshold:.2%}"
+            path, reason = "ps", f"row density {d:.1%} < sparse_threshold {threshold:.1%}"
         else:
-            shown = "not measured" if d is None else f"{d:.2%}"
-            path, reason = "allreduce", f"row density {shown} >= sparse_threshold {threshold:.2%}"
+            shown = "not measured" if d is None else f"{d:.1%}"
+            path, reason = "allreduce", f"row density {shown} >= {threshold:.1%}"
         out.append(Assignment(name, tuple(p.shape), kind, d, path, reason))  # type: ignore[arg-type]
     return out
 
 
 def paths_table(assignments: list[Assignment]) -> str:
     """The console table of the paths (one line per parameter)."""
-    rows = [("parameter", "shape", "path", "rows touched", "why")]
-    for a in assignments:
-        dens = "-" if a.density is None else f"{a.density:.2%}"
-        rows.append((a.name, "×".join(map(str, a.shape)) or "()", a.path, dens, a.reason))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
+    rows = [("parameter", "shape", "path", "why")]
+    rows += [(a.name, "×".join(map(str, a.shape)) or "()", a.path, a.reason) for a in assignments]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3]
                      for r in rows)
 
 

@@ -198,7 +198,10 @@ class RowExchange:
 
     def step(self, grads: Sequence[torch.Tensor] | None) -> list[Message]:
         """One synchronous exchange. A worker passes its gradients (R_k, D_k) and gets the
-        servers' replies; a server-only rank passes None (and gets [])."""
+        servers' replies; a server-only rank passes None (and gets []). Nothing is sent when
+        no parameter is server-held (a dense model: all-reduce only)."""
+        if not self.params:
+            return []
         sends: list[Any] = []
         own_push: list[Message] = []
         if grads is not None:
