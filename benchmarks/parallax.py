@@ -1,6 +1,6 @@
 """``hybrid-ps-ar`` (Parallax) against ``ps`` and ``allreduce`` on a sparse and a dense model.
 
-    .venv/bin/python benchmarks/parallax.py [--workers 4] [--nic 100mbit] [--steps 10] [--repeats 5]
+    sudo .venv/bin/python benchmarks/parallax.py [--workers 4] [--nic 100mbit] [--steps 10] [--repeats 5]
     .venv/bin/python benchmarks/parallax.py --local       # no testbed: ranks on loopback
 
 Testbed (needs root): every rank on its own emulated host, links shaped to ``--nic``. All three
