@@ -2,6 +2,7 @@
 on the emulated cluster: one server per two workers, every rank on its own host (needs root).
 
     sudo .venv/bin/python benchmarks/ps_sharding.py [--workers 2,4,8] [--nic 100mbit] [--steps 8]
+        [--repeats 5]
 
 002 measured (VGG-16, 10 GbE, TF 1.15): equal at 1-2 workers (one server, so one plan), size-based
 +20 % at 4 workers, +66 % at 8. Here: ``vgg16`` at width 8 (2.0 M parameters, fc1 = 76 %,
@@ -10,6 +11,8 @@ is measured on the first worker's step events after the first step (start-up exc
 ``--threads 1`` (default) gives each rank one torch thread: all emulated hosts share this
 machine's cores, and with polytrain's default (cores / local ranks = all cores per host) the
 ranks oversubscribe them and the run measures CPU contention instead of the network.
+The two plans alternate, the order reversed every repeat; median (min–max) over the repeats,
+and size / layer paired within a repeat.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE)]
 
-from harness import write_results  # noqa: E402
+from harness import alternating, fmt_spread, write_results  # noqa: E402
 
 
 def step_seconds(run: Path, rank: int) -> float:
@@ -70,26 +73,36 @@ def main() -> None:
     p.add_argument("--width", type=int, default=8)
     p.add_argument("--consistency", default="bsp")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (0: polytrain's default)")
+    p.add_argument("--repeats", type=int, default=5)
     a = p.parse_args()
     tmp = Path(tempfile.mkdtemp())
     rows: list[dict[str, Any]] = []
+    raw: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for w in (int(x) for x in a.workers.split(",")):
-        pair = {}
-        for sharding in ("layer", "size"):
-            pair[sharding] = run(w, sharding, a.nic, a.steps, a.per_worker, tmp / f"{w}-{sharding}",
-                                 a.width, a.consistency, a.threads)
-            rows.append(pair[sharding])
-            print(rows[-1], flush=True)
-        pair["size"]["size / layer"] = pair["size"]["samples/s"] / pair["layer"]["samples/s"]
+        runs: dict[str, list[dict[str, Any]]] = {"layer": [], "size": []}
+        for r, sharding in alternating(["layer", "size"], a.repeats):
+            runs[sharding].append(run(w, sharding, a.nic, a.steps, a.per_worker, tmp / f"{w}-{sharding}{r}",
+                                      a.width, a.consistency, a.threads))
+            print(runs[sharding][-1], flush=True)
+        raw[f"workers={w}"] = runs
+        paired = [s["samples/s"] / lay["samples/s"]
+                  for lay, s in zip(runs["layer"], runs["size"], strict=True)]
+        for sharding, rs in runs.items():
+            rows.append({**{k: rs[0][k] for k in ("workers", "servers", "sharding", "nic")},
+                         "step s": fmt_spread([x["step s"] for x in rs], 3),
+                         "samples/s": fmt_spread([x["samples/s"] for x in rs], 1),
+                         "size / layer": fmt_spread(paired, 2) if sharding == "size" else "",
+                         **{k: rs[0][k] for k in ("server params", "server MB", "server busy s")}})
     name = f"ps_sharding_{a.nic}_w{a.workers.replace(',', '-')}"
     name += "" if a.threads == 1 else f"_threads{a.threads}"
-    write_results(name, rows,
-                  ["workers", "servers", "sharding", "nic", "step s", "samples/s", "size / layer",
-                   "server params", "server MB", "server busy s"],
-                  notes="002 (VGG-16, 10 GbE): size/layer = 1.0 at 2 workers, 1.20 at 4, 1.66 at 8. "
-                        "server MB: sent + received per server; server busy s: wall time spent "
-                        "receiving a push or handling a message (pushes are received concurrently).")
-
+    write_results(name, rows, list(rows[0]), extra={"repeats": raw},
+                  notes=f"{a.steps} steps, {a.per_worker} samples per worker per step, vgg16 width "
+                        f"{a.width}; "
+                        f"{a.repeats} repeats, the plans alternating; median (min–max); size / layer "
+                        "paired within a repeat. 002 (VGG-16, 10 GbE): size/layer = 1.0 at 2 workers, "
+                        "1.20 at 4, 1.66 at 8. server MB: sent + received per server; server busy s: wall "
+                        "time spent receiving a push or handling a message (pushes are received "
+                        "concurrently); both of the first repeat (per-repeat values in the JSON).")
 
 if __name__ == "__main__":
     main()
