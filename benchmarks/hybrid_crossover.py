@@ -6,6 +6,9 @@ pays pipeline bubbles and activation traffic instead. Reports where the hybrid o
     python benchmarks/hybrid_crossover.py [--workers 2,4] [--steps 20]
     sudo .venv/bin/python benchmarks/hybrid_crossover.py --testbed --nic 1gbit --workers 2,4,8
     sudo .venv/bin/python benchmarks/hybrid_crossover.py --testbed --model vgg16 --batch 64 ...
+
+The two strategies alternate at every W, the order reversed every repeat (``--repeats``, default 5);
+median (min–max) of throughput, and hybrid / DP paired within a repeat.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def run(strategy: str, workers: int, a: argparse.Namespace, out: Path, extra: li
 
 
 def main() -> None:
-    from harness import write_results
+    from harness import alternating, fmt_spread, spread, write_results
 
     p = argparse.ArgumentParser()
     p.add_argument("--workers", default="2,4")
@@ -50,32 +53,31 @@ def main() -> None:
     p.add_argument("--model", choices=sorted(MODELS), default="mlp")
     p.add_argument("--testbed", action="store_true")
     p.add_argument("--nic", default="1gbit")
+    p.add_argument("--repeats", type=int, default=5)
     a = p.parse_args()
     tmp = Path(tempfile.mkdtemp())
-    rows, crossover = [], None
+    rows, raw, ahead, behind = [], {}, [], []
     for w in (int(x) for x in a.workers.split(",")):
-        dp = run("allreduce", w, a, tmp / f"ar{w}", [])
-        hy = run("mesh", w, a, tmp / f"mesh{w}", ["--set", "pp=2", "--set", f"dp={w // 2}"])
-        if crossover is None and hy > dp:
-            crossover = w
+        runs: dict[str, list[float]] = {"allreduce": [], "mesh": []}
+        for r, strategy in alternating(["allreduce", "mesh"], a.repeats):
+            extra = ["--set", "pp=2", "--set", f"dp={w // 2}"] if strategy == "mesh" else []
+            runs[strategy].append(run(strategy, w, a, tmp / f"{strategy}{w}-{r}", extra))
+            print(w, strategy, runs[strategy][-1], flush=True)
+        raw[f"workers={w}"] = runs
+        paired = [h / d for h, d in zip(runs["mesh"], runs["allreduce"], strict=True)]
+        (ahead if spread(paired)["median"] > 1 else behind).append(str(w))
         rows.append({"workers": w, "link": a.nic if a.testbed else "loopback",
-                     "allreduce samples/s": dp, f"mesh dp={w // 2}×pp=2 samples/s": hy,
-                     "hybrid / DP": hy / dp})
-    ahead = ", ".join(str(r["workers"]) for r in rows if r["hybrid / DP"] > 1)  # type: ignore[operator]
-    behind = ", ".join(str(r["workers"]) for r in rows if r["hybrid / DP"] <= 1)  # type: ignore[operator]
-    cols = ["workers", "link", "allreduce samples/s", "hybrid / DP"]
-    for r in rows:  # the mesh column's name carries dp; give every row the same key for the table
-        key = next(k for k in r if k.startswith("mesh"))
-        r["mesh dp×pp=2 samples/s"] = r.pop(key)
-    cols.insert(3, "mesh dp×pp=2 samples/s")
+                     "allreduce samples/s": fmt_spread(runs["allreduce"], 1),
+                     "mesh dp×pp=2 samples/s": fmt_spread(runs["mesh"], 1),
+                     "hybrid / DP (paired)": fmt_spread(paired, 2)})
     name = f"hybrid_crossover_testbed_{a.nic}" if a.testbed else "hybrid_crossover"
-    write_results(name + ("" if a.model == "mlp" else f"_{a.model}"), rows, cols,
-                  notes=f"{MODELS[a.model][1]}, batch {a.batch}, {a.steps} steps, mesh with the "
-                        f"default 1f1b schedule and 2 micro-batches per replica; every emulated host "
-                        f"shares this machine's 2 cores. Hybrid faster at W = {ahead or 'none'}; "
-                        f"data parallelism faster at W = {behind or 'none'}; first W where the hybrid "
-                        f"is faster: {crossover if crossover else 'not reached'}.")
-
+    write_results(name + ("" if a.model == "mlp" else f"_{a.model}"), rows, list(rows[0]),
+                  extra={"repeats": raw},
+                  notes=f"{MODELS[a.model][1]}, batch {a.batch}, {a.steps} steps, mesh dp=W/2 x pp=2 with "
+                        f"the default 1f1b schedule and 2 micro-batches per replica; every emulated host "
+                        f"shares this machine's 2 cores. {a.repeats} repeats, the strategies alternating; "
+                        f"median (min–max). Hybrid faster by the median at W = {', '.join(ahead) or 'none'}; "
+                        f"data parallelism at W = {', '.join(behind) or 'none'}.")
 
 if __name__ == "__main__":
     main()

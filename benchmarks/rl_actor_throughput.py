@@ -5,7 +5,9 @@ what actors can generate and send: each actor steps CartPole ε-greedily with a 
 forward pass, computes n-step priorities every 50 transitions and sends them to the replay
 process. A reference row plays the same loop in one process with no communication at all.
 
-    python benchmarks/rl_actor_throughput.py [--seconds 10] [--actors 1,2,4]
+    python benchmarks/rl_actor_throughput.py [--seconds 10] [--actors 1,2,4] [--repeats 5]
+
+The setups take turns, the order reversed every repeat; median (min–max) over the repeats.
 """
 
 from __future__ import annotations
@@ -16,15 +18,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from harness import write_results  # noqa: E402
+from harness import alternating, fmt_spread, write_results  # noqa: E402
 
 
-def in_process(seconds: float) -> float:
+def in_process(seconds: float) -> dict[str, float]:
     """Steps/s of the actor loop alone: env step + ε-greedy forward + n-step rows, no sends."""
     import torch
 
@@ -75,25 +78,35 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--actors", default="1,2,4")
+    p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
-    rows: list[dict[str, object]] = []
-    load = os.getloadavg()[0]
-    alone = in_process(args.seconds)
-    rows.append({"setup": "1 actor loop in-process, no comm", "actors": 1, "processes": 1, **alone,
-                 "per_actor_steps_per_s": alone["env_steps_per_s"], "load_before": load})
-    for n in (int(x) for x in args.actors.split(",")):
+    setups = [0, *(int(x) for x in args.actors.split(","))]  # 0: the loop in-process, no comm
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in setups}
+    for _, n in alternating(setups, args.repeats):
         load = os.getloadavg()[0]
-        rows.append({"setup": f"apex, {n} actor(s) + replay + idle learner", **apex(n, args.seconds),
-                     "load_before": load})
-    notes = (f"{os.cpu_count()} CPUs. `*_cpu_us_per_step`: CPU time (process time, all threads) of all "
-             "processes of that role per env step; `cpu_cores_used`: CPU seconds of the run's processes per "
-             "wall second. `load_before`: the 1-minute load average when the row started (the machine is "
-             "shared; other jobs take cores from these processes).")
-    write_results("rl_actor_throughput", rows,
-                  ["setup", "processes", "env_steps_per_s", "per_actor_steps_per_s", "actor_cpu_us_per_step",
-                   "replay_cpu_us_per_step", "learner_cpu_us_per_step", "cpu_cores_used",
-                   "bytes_per_env_step", "load_before"], notes)
-
+        if n == 0:
+            alone = in_process(args.seconds)
+            row = {"actors": 1, "processes": 1, **alone, "per_actor_steps_per_s": alone["env_steps_per_s"]}
+        else:
+            row = apex(n, args.seconds)
+        runs[n].append({**row, "load_before": load})
+        print(n, runs[n][-1], flush=True)
+    keys = ["env_steps_per_s", "per_actor_steps_per_s", "actor_cpu_us_per_step", "replay_cpu_us_per_step",
+            "learner_cpu_us_per_step", "cpu_cores_used", "bytes_per_env_step", "load_before"]
+    rows: list[dict[str, object]] = []
+    for n, rs in runs.items():
+        setup = (f"apex, {n} actor(s) + replay + idle learner" if n
+                 else "1 actor loop in-process, no comm")
+        rows.append({"setup": setup, "processes": rs[0]["processes"],
+                     **{k: fmt_spread([r[k] for r in rs], 2 if k == "cpu_cores_used" else 0)
+                        for k in keys if k in rs[0]}})
+    notes = (f"{os.cpu_count()} CPUs. {args.repeats} repeats of {args.seconds:g} s per setup, the setups "
+             "taking turns; median (min–max). `*_cpu_us_per_step`: CPU time (process time, all threads) of "
+             "all processes of that role per env step; `cpu_cores_used`: CPU seconds of the run's processes "
+             "per wall second. `load_before`: the 1-minute load average when the run started (the machine "
+             "is shared; other jobs take cores from these processes).")
+    write_results("rl_actor_throughput", rows, ["setup", "processes", *keys], notes,
+                  extra={"repeats": {str(k): v for k, v in runs.items()}})
 
 if __name__ == "__main__":
     main()
