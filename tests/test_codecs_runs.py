@@ -18,6 +18,7 @@ from polytrain.errors import ConfigError
 from polytrain.launch.prepare import prepare
 from polytrain.runtime.recorder import Recorder
 from tests.conftest import assert_same_params, load_model
+from tests.test_resume_all import _cut_back as cut_back
 
 SMALL = {"model": "mlp", "dataset": "digits", "batch_size": 32, "seed": 4, "optimizer": "sgd", "lr": 0.1}
 
@@ -36,13 +37,6 @@ def test_bad_codec_options_are_refused_before_launch(strategy: str, options: dic
                                                      match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         prepare(make_config({"strategy": strategy, "procs": 2, "options": options}))
-
-
-def test_ps_with_a_codec_refuses_checkpoints() -> None:
-    cfg = make_config({"strategy": "ps", "procs": 3, "checkpoint_every": 2,
-                       "options": {"compression": "topk"}})
-    with pytest.raises(ConfigError, match="residuals of compression= are not checkpointed"):
-        prepare(cfg)
 
 
 def test_a_message_that_does_not_decode_fails_naming_the_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,12 +89,18 @@ def test_topk_one_percent_with_error_feedback_keeps_accuracy(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy,sets", [("allreduce", ["compression=topk", "ratio=0.05"]),
-                                           ("local-sgd", ["compression=onebit", "period=3"])])
-def test_residuals_survive_checkpoint_and_resume(tmp_path: Path, strategy: str, sets: list[str]) -> None:
+@pytest.mark.parametrize("strategy,procs,sets", [
+    ("allreduce", 2, ["compression=topk", "ratio=0.05"]),
+    ("local-sgd", 2, ["compression=onebit", "period=3"]),
+    ("ps", 3, ["compression=dgc", "ratio=0.05"]),
+])
+def test_residuals_survive_checkpoint_and_resume(tmp_path: Path, strategy: str, procs: int,
+                                                 sets: list[str]) -> None:
+    """Cut a checkpointed run back to its step-3 checkpoint and resume: the same parameters (the
+    residuals, dgc's velocity and local-sgd's anchor come back; without them the runs differ)."""
     full, part = tmp_path / "full", tmp_path / "part"
-    polytrain.train(strategy=strategy, procs=2, steps=6, out=str(full), sets=sets, **SMALL)
-    polytrain.train(strategy=strategy, procs=2, steps=3, checkpoint_every=3, out=str(part), sets=sets,
+    polytrain.train(strategy=strategy, procs=procs, steps=6, checkpoint_every=3, out=str(full), sets=sets,
                     **SMALL)
-    polytrain.train(resume=str(part), steps=6)
+    cut_back(full, part, 3)
+    polytrain.train(resume=str(part))
     assert_same_params(load_model(part), load_model(full), atol=1e-6, rtol=1e-6)

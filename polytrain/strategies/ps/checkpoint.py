@@ -22,6 +22,7 @@ change when S does.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -131,13 +132,17 @@ def worker_state(ctx: RankContext, model: nn.Module) -> dict[str, Any]:
     return {"model": model.state_dict(), "rng": torch.get_rng_state(), "rank": torch.tensor(ctx.rank)}
 
 
-def restore_worker(ctx: RankContext, model: nn.Module, index: int, workers: int) -> int:
-    """Load worker ``index``'s parameters and RNG from the newest good checkpoint; its step."""
+def restore_worker(ctx: RankContext, model: nn.Module, index: int, workers: int,
+                   extra: Callable[[dict[str, Any]], None] | None = None) -> int:
+    """Load worker ``index``'s parameters and RNG from the newest good checkpoint; its step.
+    ``extra`` receives the worker's whole saved state (e.g. its codec's residuals)."""
     ckpt = newest_checkpoint(ctx)
     old_servers = rank_files(ckpt) - workers
     state = CheckpointStore.load_rank(ckpt, old_servers + index)
     model.load_state_dict(state["model"])
     torch.set_rng_state(state["rng"])
+    if extra is not None:
+        extra(state)
     return CheckpointStore.step_of(ckpt)
 
 

@@ -303,6 +303,11 @@ class ParameterServer:
         }
 
 
+def shard_name(s: int) -> str:
+    """How codec errors (and residuals) name server ``s``'s shard of the flat parameters."""
+    return f"shard of server {s}"
+
+
 class PSClient:
     """One worker's side: push to and pull from every server at once."""
 
@@ -352,7 +357,7 @@ class PSClient:
 
     def _push_encoded(self, s: int, rank: int, part: torch.Tensor, clock: int, need: int | None) -> None:
         assert self.engine is not None
-        buf = self.engine.encode(s, f"shard of server {s}", part, (part.numel(),))
+        buf = self.engine.encode(s, shard_name(s), part, (part.numel(),))
         self.engine.done(s)
         self._request(s, PUSH, clock, need if need is not None else 0, need is not None, -2 - buf.numel())
         self.sends.append((self.comm.isend(buf, rank, op="ps_push"), buf))

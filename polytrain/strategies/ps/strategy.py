@@ -19,7 +19,8 @@ dropped; per server in ``dropped_by_server``), and per worker ``worker_wait_s`` 
 
 ``--set compression=CODEC`` compresses each worker's pushes (one payload per server shard, error
 feedback per shard on the worker; the server decodes with the same codec); pulls stay float32.
-Not yet with checkpoints (the workers' residuals are not saved).
+A worker's checkpoint holds its residuals (and dgc's velocity) as flat vectors, so a resume may
+re-shard them; the per-push counters restart at 0 on both sides.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.ps.checkpoint import restore_server, server_saver
 from polytrain.strategies.ps.consistency import histogram, make_consistency
-from polytrain.strategies.ps.server import ParameterServer, PSClient, gather_shards
+from polytrain.strategies.ps.server import ParameterServer, PSClient, gather_shards, shard_name
 from polytrain.strategies.ps.sharding import (
     ShardPlan,
     flat_params,
@@ -111,10 +112,6 @@ class Ps(Strategy):
         return {"options": kept, "workers": cfg.procs - servers}
 
     def supports_for(self, cfg: JobConfig) -> Supports:
-        if self.opts.compressing:
-            return self.declared().without(
-                "the workers' error-feedback residuals of compression= are not checkpointed yet",
-                "checkpoint", "resume")
         if self.opts.consistency == "k-of-n":
             return self.declared().without(
                 "under k-of-n the workers' steps are not one sequence (a late worker skips steps), "
@@ -255,7 +252,7 @@ def _decoder(o: PsOptions, job: Job, ctx: RankContext, workers: list[int],
 
     def decode(src: int, buf: torch.Tensor) -> torch.Tensor:
         e = engines[src]
-        grad = e.decode(me, f"shard of server {me}", buf, (size,), source=f" from worker rank {src}")
+        grad = e.decode(me, shard_name(me), buf, (size,), source=f" from worker rank {src}")
         e.done(me)
         return grad
 

@@ -20,10 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from polytrain.comm.codecs.engine import Engine
 from polytrain.runtime.job import Job, RankContext
 from polytrain.strategies.ps.consistency import Consistency
-from polytrain.strategies.ps.server import PSClient
-from polytrain.strategies.ps.sharding import flat_grads, load_flat
+from polytrain.strategies.ps.server import PSClient, shard_name
+from polytrain.strategies.ps.sharding import ShardPlan, flat_grads, load_flat
 
 
 def work_seconds(wall0: float, cpu0: float) -> float:
@@ -32,6 +33,31 @@ def work_seconds(wall0: float, cpu0: float) -> float:
     while other ranks computed, and a straggler that sleeps (F-1)x that would turn CPU contention
     into extra slowness (measured: ssp with a 30x straggler ran at half bsp's speed)."""
     return min(time.perf_counter() - wall0, time.process_time() - cpu0)
+
+
+def codec_state(engine: Engine, plan: ShardPlan) -> dict[str, torch.Tensor]:
+    """The push codec's per-shard state (residuals, dgc's velocity) as flat (N,) vectors."""
+    residuals = engine.ef.residuals if engine.ef is not None else {}
+    velocity = engine.codec.state_dict()
+    out = {}
+    for key, get in (("residual", lambda s: residuals.get(shard_name(s))),
+                     ("velocity", lambda s: velocity.get(str(s)))):
+        flat = torch.zeros(plan.total)
+        for s in range(plan.servers):
+            t = get(s)
+            if t is not None:
+                plan.scatter(flat, s, t)
+        out[key] = flat
+    return out
+
+
+def load_codec_state(engine: Engine, plan: ShardPlan, state: dict[str, torch.Tensor]) -> None:
+    """Inverse of :func:`codec_state` under ``plan`` (which may differ from the saved one)."""
+    if engine.ef is not None:
+        engine.ef.load_state_dict({shard_name(s): plan.gather(state["residual"], s).contiguous()
+                                   for s in range(plan.servers)})
+    engine.codec.load_state_dict({str(s): plan.gather(state["velocity"], s).contiguous()
+                                  for s in range(plan.servers)})
 
 
 @dataclass
@@ -109,13 +135,22 @@ class WorkerLoop:
         """Checkpoint at ``step``: this worker's file, then the servers' (see :mod:`.checkpoint`)."""
         from polytrain.strategies.ps.checkpoint import worker_state
 
-        self.ctx.checkpoints.write_rank(step, self.ctx.rank, worker_state(self.ctx, self.model))
+        state = worker_state(self.ctx, self.model)
+        if self.client.engine is not None:
+            state["codec"] = codec_state(self.client.engine, self.client.plan)
+        self.ctx.checkpoints.write_rank(step, self.ctx.rank, state)
         self.client.save(step)
 
     def restore(self) -> int:
         from polytrain.strategies.ps.checkpoint import restore_worker
 
-        return restore_worker(self.ctx, self.model, self.index, self.workers)
+        engine, plan = self.client.engine, self.client.plan
+
+        def codec(state: dict[str, Any]) -> None:
+            if engine is not None and "codec" in state:
+                load_codec_state(engine, plan, state["codec"])
+
+        return restore_worker(self.ctx, self.model, self.index, self.workers, codec)
 
     def run_k_of_n(self, k: int) -> None:
         """k-of-n: compute the step after the servers' newest, push it, wait for its aggregate."""
