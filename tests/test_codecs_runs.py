@@ -56,11 +56,14 @@ def test_a_message_that_does_not_decode_fails_naming_the_parameters(monkeypatch:
 def test_lossless_codecs_equal_uncompressed(tmp_path: Path) -> None:
     runs = {}
     for name, sets in [("none", []), ("fp16", ["compression=fp16"]),
-                       ("topk1", ["compression=topk", "ratio=1.0", "collective=ring"])]:
+                       ("topk1", ["compression=topk", "ratio=1.0", "collective=ring"]),
+                       ("mesh-topk1", ["compression=topk", "ratio=1.0", "dp=2"])]:
         runs[name] = tmp_path / name
-        polytrain.train(strategy="allreduce", procs=2, steps=4, out=str(runs[name]), sets=sets, **SMALL)
+        polytrain.train(strategy="mesh" if name.startswith("mesh") else "allreduce", procs=2, steps=4,
+                        out=str(runs[name]), sets=sets, **SMALL)
     ref = load_model(runs["none"])
     assert_same_params(load_model(runs["topk1"]), ref)  # float32 tolerance: sums in another order
+    assert_same_params(load_model(runs["mesh-topk1"]), ref)  # mesh's dp dimension, same codec path
     assert_same_params(load_model(runs["fp16"]), ref, atol=2e-3, rtol=1e-2)  # fp16 rounding
 
 

@@ -34,7 +34,8 @@ def _ring_spans(run: Path) -> list[dict[str, object]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy,options", [("allreduce", {}), ("local-sgd", {"period": 2})])
+@pytest.mark.parametrize("strategy,options", [("allreduce", {}), ("local-sgd", {"period": 2}),
+                                              ("mesh", {"dp": 3})])
 def test_ring_training_equals_builtin(tmp_path: Path, strategy: str, options: dict[str, int]) -> None:
     runs = {}
     for coll in ("builtin", "ring"):

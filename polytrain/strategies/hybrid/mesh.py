@@ -11,24 +11,33 @@ through the pipeline executor (`polytrain.strategies.pipeline.flush`, as ``layer
 the pipeline options do not apply there and are refused). At the flush the ranks holding the
 same piece in every replica all-reduce its gradients (mean over D) — ``dp_allreduce`` bytes — so
 every replica applies the update single-process training applies to the whole batch. The rank
-layout is :class:`~polytrain.runtime.layout.Layout`.
+layout is :class:`~polytrain.runtime.layout.Layout`. That data-parallel all-reduce takes
+``collective=ring`` (polytrain's ring over the dp group) and ``compression=CODEC`` (per parameter,
+:func:`polytrain.comm.exchange.compressed_mean`; residuals in every rank's checkpoint).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+import torch
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from torch import nn
 
 from polytrain.comm import GroupComm, new_groups
+from polytrain.comm.codecs.engine import Engine
+from polytrain.comm.ddp_hooks import record_ring
+from polytrain.comm.exchange import Item, codec_report, compressed_mean
+from polytrain.comm.options import CodecOptions, CollectiveOptions, check_codec
+from polytrain.comm.ring import ring_all_reduce
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.layout import Layout
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
-from polytrain.strategies.data.allreduce import check_divisible
+from polytrain.strategies.data.allreduce import check_divisible, codec_engine, codec_loop_fields
 from polytrain.strategies.model.layerwise import check_partition_text, utilisation
 from polytrain.strategies.model.megatron import shard_transformer
 from polytrain.strategies.model.shard_collectives import (
@@ -43,7 +52,7 @@ from polytrain.strategies.pipeline.flush import FlushPipeline, Pipelined
 PIPELINE_OPTIONS = {"schedule", "microbatches", "partition"}
 
 
-class MeshOptions(BaseModel):
+class MeshOptions(CollectiveOptions, CodecOptions):
     model_config = ConfigDict(extra="forbid")
     dp: int = -1
     pp: int = 1
@@ -86,6 +95,7 @@ class Mesh(Strategy):
     family = "hybrid"
     summary = "2-D hybrid: dp × pp (replicated pipelines) or dp × tp (replicated tensor groups)"
     Options = MeshOptions
+    supports = Supports(compression=True)
 
     @property
     def opts(self) -> MeshOptions:
@@ -94,6 +104,11 @@ class Mesh(Strategy):
     def check(self, cfg: JobConfig, world: int) -> None:
         layout = self.opts.layout.resolve(world)
         check_divisible(cfg, layout.dp, self.name)
+        check_codec(self.name, self.opts, world, hooks=False)
+        if self.opts.collective == "ring" and layout.dp < 2:
+            raise ConfigError(f"Strategy 'mesh' with collective=ring all-reduces over the dp dimension, "
+                              f"which needs dp >= 2 (got dp={layout.dp}). Use dp=2 or more, or "
+                              "collective=builtin (valid: builtin, ring).")
         if layout.tp > 1:
             check_transformer(cfg, layout.tp, self.name)
             given = sorted(set(self.opts.model_fields_set) & PIPELINE_OPTIONS)
@@ -120,24 +135,29 @@ class Mesh(Strategy):
         groups = _mesh_groups(ctx, layout)
         d, _, _ = layout.coords(ctx.rank)
         dp = Wire(groups["dp"], ctx.recorder)
+        engine = codec_engine(self.opts, job, ctx)
         if layout.tp > 1:
-            result = self._tensor(job, ctx, groups["tp"], dp, d)
+            result = self._tensor(job, ctx, groups["tp"], dp, d, engine)
         else:
             ranks = layout.pp_groups()[d]
-            result = self._pipeline(job, ctx, ranks, groups["pp"], dp, d, layout)
+            result = self._pipeline(job, ctx, ranks, groups["pp"], dp, d, layout, engine)
         result.strategy_metrics.update({"layout": layout.to_json(),
                                         "replica": d if ctx.is_leader else None})
+        if engine is not None:
+            result.strategy_metrics["codec"] = codec_report(engine, ctx.comm, result.steps, op="dp_codec")
         return result
 
-    def _tensor(self, job: Job, ctx: RankContext, tp_comm: GroupComm, dp: Wire, d: int) -> RankResult:
+    def _tensor(self, job: Job, ctx: RankContext, tp_comm: GroupComm, dp: Wire, d: int,
+                engine: Engine | None) -> RankResult:
         model = job.build_model().to(ctx.device)
         shapes = {k: v.shape for k, v in model.state_dict().items()}
         tp = Wire(tp_comm, ctx.recorder)
         dims = shard_transformer(model, tp)
         optimizer = job.make_optimizer(model.parameters())
-        inner = plain_step(job, ctx, model, optimizer, before_update=_sync(model, dp))
+        inner = plain_step(job, ctx, model, optimizer,
+                           before_update=_sync(model, dp, engine, self.opts.collective, ctx))
         spec = LoopSpec(model=model, optimizer=optimizer, step_fn=inner, part=d, parts=dp.size,
-                        replicated=False, eval_model=Evaluating(model, tp))
+                        eval_model=Evaluating(model, tp), **_codec_fields(engine, ctx))
         result = run_loop(job, ctx, spec)
         if d == 0:  # replica 0's tensor group rebuilds the full model (rank 0 keeps it)
             full = gather_state(tp, model.state_dict(), dims, shapes)
@@ -147,14 +167,14 @@ class Mesh(Strategy):
         return result
 
     def _pipeline(self, job: Job, ctx: RankContext, ranks: list[int], pp_comm: GroupComm,
-                  dp: Wire, d: int, layout: Layout) -> RankResult:
+                  dp: Wire, d: int, layout: Layout, engine: Engine | None) -> RankResult:
         mb = self.opts.microbatches or layout.pp
         pipe = FlushPipeline(job, ctx, ranks, pp_comm, self.opts.partition, self.opts.schedule, mb,
                              job.batch_size // layout.dp, pipelines=layout.pp_groups())
         assert pipe.optimizer is not None
-        step = pipe.train_step(before_update=_sync(pipe.module, dp))
+        step = pipe.train_step(before_update=_sync(pipe.module, dp, engine, self.opts.collective, ctx))
         spec = LoopSpec(model=pipe.module, optimizer=pipe.optimizer, step_fn=step, part=d,
-                        parts=dp.size, replicated=False, eval_model=Pipelined(pipe))
+                        parts=dp.size, eval_model=Pipelined(pipe), **_codec_fields(engine, ctx))
         result = run_loop(job, ctx, spec)
         result.model_state = pipe.gather() if d == 0 else None
         util = utilisation(ctx, result.wall_s)
@@ -165,11 +185,35 @@ class Mesh(Strategy):
         return result
 
 
-def _sync(model: nn.Module, dp: Wire) -> Any:
-    params = list(model.parameters())
+def _codec_fields(engine: Engine | None, ctx: RankContext) -> dict[str, Any]:
+    fields = codec_loop_fields(engine, ctx)
+    fields.pop("evaluates", None)  # every rank holds a piece: the mesh's own evaluation decides
+    return {"replicated": False, **fields}
 
+
+def _sync(model: nn.Module, dp: Wire, engine: Engine | None, collective: str, ctx: RankContext) -> Any:
+    """The dp all-reduce of the gradients (mean over replicas): builtin, ring, or a codec."""
+    named = list(model.named_parameters())
+    params = [p for _, p in named]
+
+    @torch.no_grad()
     def sync() -> None:
-        all_reduce_grads(params, dp, "dp_allreduce", mean=True)
+        if dp.size == 1 or (engine is None and collective == "builtin"):
+            all_reduce_grads(params, dp, "dp_allreduce", mean=True)
+            return
+        items = [Item(i, n, p.grad) for i, (n, p) in enumerate(named) if p.grad is not None]
+        if engine is not None:
+            means = compressed_mean(engine, dp.comm, items, collective=collective, op="dp_codec",
+                                    rec=ctx.recorder)
+        else:
+            flat = torch.cat([it.tensor.reshape(-1) for it in items])
+            record_ring(ctx.recorder, ring_all_reduce(flat, dp.comm, op="dp_allreduce"))
+            means, pos = [], 0
+            for it in items:
+                means.append(flat[pos : pos + it.tensor.numel()].div_(dp.size))
+                pos += it.tensor.numel()
+        for it, m in zip(items, means, strict=True):
+            it.tensor.copy_(m.view_as(it.tensor))
 
     return sync
 
