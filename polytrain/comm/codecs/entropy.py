@@ -7,6 +7,9 @@ undoes both; a frame zstd cannot read is a :class:`PayloadError`.
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import torch
 
 from polytrain.comm.codecs.payload import Payload, PayloadError, Schema, pack, unpack
@@ -29,12 +32,22 @@ def undelta(p: Payload) -> Payload:
     return Payload({**p.fields, "indices": idx.cumsum(0, dtype=torch.int64).to(torch.int32)})
 
 
-def compress(p: Payload) -> torch.Tensor:
-    import zstandard  # a dependency; imported here so polytrain loads without it until asked
+_local = threading.local()
 
+
+def _compressor() -> Any:
+    """One compressor per thread, reused (building one costs more than compressing a small
+    payload; a zstd compressor must not be shared between threads)."""
+    if not hasattr(_local, "cctx"):
+        import zstandard  # a dependency; imported here so polytrain loads without it until asked
+
+        _local.cctx = zstandard.ZstdCompressor(level=LEVEL, write_checksum=True, write_content_size=True)
+    return _local.cctx
+
+
+def compress(p: Payload) -> torch.Tensor:
     raw = pack(delta(p)).numpy().tobytes()
-    cctx = zstandard.ZstdCompressor(level=LEVEL, write_checksum=True, write_content_size=True)
-    return torch.frombuffer(bytearray(cctx.compress(raw)), dtype=torch.uint8)
+    return torch.frombuffer(bytearray(_compressor().compress(raw)), dtype=torch.uint8)
 
 
 def decompress(buf: torch.Tensor, schema: Schema, limit: int) -> Payload:

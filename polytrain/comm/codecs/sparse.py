@@ -34,8 +34,9 @@ def scatter(idx: torch.Tensor, values: torch.Tensor, numel: int) -> torch.Tensor
     return out
 
 
-class TopK(Codec):
-    name = "topk"
+class _Ratio(Codec):
+    """A sparsifier that keeps a fraction ``ratio`` of the entries."""
+
     sparse = True
 
     def __init__(self, ratio: float, gen: torch.Generator | None = None) -> None:
@@ -44,7 +45,11 @@ class TopK(Codec):
 
     @property
     def label(self) -> str:
-        return f"topk(ratio={self.ratio:g})"
+        return f"{self.name}(ratio={self.ratio:g})"
+
+
+class TopK(_Ratio):
+    name = "topk"
 
     def schema(self) -> Schema:
         return (("indices", torch.int32), ("values", torch.float32))
@@ -61,18 +66,9 @@ class TopK(Codec):
         return scatter(p["indices"], p["values"], numel)
 
 
-class RandomK(Codec):
+class RandomK(_Ratio):
     name = "randomk"
-    sparse = True
     reducible = True  # same indices on every rank: the values vectors sum
-
-    def __init__(self, ratio: float, gen: torch.Generator | None = None) -> None:
-        super().__init__(gen)
-        self.ratio = ratio
-
-    @property
-    def label(self) -> str:
-        return f"randomk(ratio={self.ratio:g})"
 
     def schema(self) -> Schema:
         return (("values", torch.float32),)
