@@ -10,7 +10,9 @@ run W workers on the same global batch (16 samples per worker) with plain SGD; `
 
 * sparse: ``sparse-bow`` on ``bow-ids`` — a 100,000 × 32 EmbeddingBag (12.8 MB, > 99 % of the
   parameters) + a small MLP; a step touches < 1 % of the embedding's rows;
-* dense: ``cnn`` on ``synthetic-images`` (3×32×32; 530 k parameters, 2.1 MB of gradient).
+* dense: ``cnn`` on ``synthetic-images`` (3×32×32; 530 k parameters, 2.1 MB of gradient);
+* gpt (``--jobs gpt``): ``gpt-mini`` (d_model 32, 2 blocks) on ``chars`` (T = 32) with a
+  100,000-row token embedding (``vocab=100000``) of which a step touches at most 256 rows.
 
 Per run: seconds per step from worker 0's step clock (steps 1 to N−1, as ``ps_sharding.py``
 measures, so start-up and the last step are left out), samples/s, bytes per step (polytrain's
@@ -41,6 +43,8 @@ from harness import alternating, fmt_spread, write_results  # noqa: E402
 JOBS = {
     "sparse": ["--model", "sparse-bow", "--dataset", "bow-ids", "--lr", "0.5"],
     "dense": ["--model", "cnn", "--dataset", "synthetic-images", "--lr", "0.05"],
+    "gpt": ["--model", "gpt-mini", "--dataset", "chars", "--set", "model.vocab=100000",
+            "--set", "model.d_model=32", "--set", "data.seq_len=32", "--lr", "0.5"],
 }
 STRATEGIES = ("hybrid-ps-ar", "allreduce", "ps")
 

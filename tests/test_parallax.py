@@ -14,7 +14,12 @@ from polytrain.config import make_config
 from polytrain.errors import ConfigError
 from polytrain.launch.prepare import prepare
 from polytrain.strategies import make_strategy
-from polytrain.strategies.hybrid.parallax_plan import RowPartition, assign_paths, row_density
+from polytrain.strategies.hybrid.parallax_plan import (
+    RowPartition,
+    assign_paths,
+    paths_table,
+    row_density,
+)
 from polytrain.strategies.hybrid.parallax_rows import LazyRows
 from tests.conftest import assert_same_params, load_model, step_losses
 
@@ -33,6 +38,14 @@ def test_embeddings_go_to_servers_dense_to_allreduce_and_the_threshold_decides_t
     off = {a.name: a.path for a in assign_paths(model, density, threshold=0.0)}
     assert off == {"0.weight": "ps", "1.weight": "allreduce", "1.bias": "allreduce",
                    "2.weight": "allreduce", "2.bias": "allreduce"}
+
+
+def test_the_console_table_lists_server_held_parameters_and_counts_the_rest() -> None:
+    model = nn.Sequential(nn.Embedding(50, 4), *[nn.Linear(4, 4) for _ in range(8)])
+    paths = assign_paths(model, {}, threshold=0.1)
+    table = paths_table(paths)
+    assert "0.weight" in table and "(16 more)" in table and "8.bias" not in table
+    assert "8.bias" in paths_table(paths, most=20)
 
 
 def test_row_density_counts_rows_with_any_nonzero_entry() -> None:

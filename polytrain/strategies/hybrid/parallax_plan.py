@@ -88,10 +88,15 @@ def assign_paths(model: nn.Module, density: dict[str, float], threshold: float) 
     return out
 
 
-def paths_table(assignments: list[Assignment]) -> str:
-    """The console table of the paths (one line per parameter)."""
+def paths_table(assignments: list[Assignment], most: int = 12) -> str:
+    """The console table of the paths: a line per parameter, or, past ``most`` lines, every
+    server-held one and a count of the rest (summary.json lists them all)."""
     rows = [("parameter", "shape", "path", "why")]
-    rows += [(a.name, "×".join(map(str, a.shape)) or "()", a.path, a.reason) for a in assignments]
+    shown = assignments if len(assignments) <= most else [a for a in assignments if a.path == "ps"]
+    rows += [(a.name, "×".join(map(str, a.shape)) or "()", a.path, a.reason) for a in shown]
+    if len(shown) < len(assignments):
+        rows.append((f"({len(assignments) - len(shown)} more)", "", "allreduce",
+                     "dense (each in summary.json: strategy_metrics.paths)"))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3]
                      for r in rows)
