@@ -68,6 +68,31 @@ def row(label: str, mine: list[dict[str, Any]], base_bytes: float, target: float
             "codec ms/step": fmt_spread([r["codec_ms"] for r in mine], 2) if ratios else "-"}
 
 
+def plot(runs: dict[str, list[dict[str, Any]]], target: float) -> None:
+    """results/codecs.png: bytes per step and rank (log) against time to the target accuracy,
+    one point per repeat, medians larger."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, mine in runs.items():
+        pts = [(r["tta_s"], r["bytes_per_rank_step"]) for r in mine if r["tta_s"] is not None]
+        if not pts:
+            continue
+        line = ax.scatter(*zip(*pts, strict=True), s=12, alpha=0.5)
+        med = (spread([p[0] for p in pts])["median"], spread([p[1] for p in pts])["median"])
+        ax.scatter(*med, s=70, color=line.get_facecolor()[0], label=label, edgecolors="black")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"time to {target:.0%} test accuracy (s)")
+    ax.set_ylabel("bytes sent per step and rank")
+    ax.set_title("allreduce codecs, mlp on digits, 2 ranks (loopback)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(HERE / "results" / "codecs.png", dpi=110)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--procs", type=int, default=2)
@@ -78,7 +103,11 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--cases", default="", help="comma-separated labels to run (default: all)")
+    p.add_argument("--plot-only", action="store_true", help="redraw results/codecs.png from codecs.json")
     a = p.parse_args()
+    if a.plot_only:
+        plot(json.loads((HERE / "results" / "codecs.json").read_text())["repeats"], a.target)
+        return
     cases = [c for c in CASES if not a.cases or c[0] in a.cases.split(",")]
     tmp = Path(tempfile.mkdtemp())
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in cases}
@@ -87,6 +116,7 @@ def main() -> None:
         print(label, runs[label][-1], flush=True)
     base = spread([r["bytes_per_rank_step"] for r in runs[cases[0][0]]])["median"]
     rows = [row(label, mine, base, a.target) for label, mine in runs.items()]
+    plot(runs, a.target)
     write_results("codecs", rows, list(rows[0]), extra={"repeats": runs},
                   notes=f"allreduce, {a.model} on digits, {a.procs} ranks on this machine (loopback), "
                         f"batch 64, SGD lr {a.lr} momentum 0.9 (dgc: 0 + dgc_momentum 0.9), {a.steps} "
