@@ -49,7 +49,7 @@ def main() -> None:
     for _, schedule in alternating(schedules, a.repeats):
         with tempfile.TemporaryDirectory() as tmp:
             s = polytrain.train(strategy="strads", procs=a.procs, steps=a.steps, out=f"{tmp}/run",
-                                sets=[f"schedule={schedule}"])
+                                sets=[f"schedule={schedule}"], report=False)
             events = [json.loads(x) for x in Path(f"{tmp}/run/metrics.jsonl").read_text().splitlines()]
         steps = [e for e in events if e["event"] == "step" and e["rank"] == 0]
         hit = next((e for e in steps if e["loss"] <= best * (1 + 1e-3)), None)
