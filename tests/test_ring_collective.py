@@ -35,16 +35,16 @@ def _ring_spans(run: Path) -> list[dict[str, object]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy,options", [("allreduce", {}), ("local-sgd", {"period": 2}),
-                                              ("mesh", {"dp": 3})])
+                                              ("mesh", {"dp": 2})])
 def test_ring_training_equals_builtin(tmp_path: Path, strategy: str, options: dict[str, int]) -> None:
     runs = {}
     for coll in ("builtin", "ring"):
         runs[coll] = tmp_path / coll
-        polytrain.train(strategy=strategy, procs=3, out=str(runs[coll]),
+        polytrain.train(strategy=strategy, procs=2, out=str(runs[coll]),
                         sets=[f"{k}={v}" for k, v in {**options, "collective": coll}.items()],
                         **COMMON)
     assert_same_params(load_model(runs["ring"]), load_model(runs["builtin"]))
     spans = [s for s in _ring_spans(runs["ring"]) if s["rank"] == 0]
     phases = {str(s["name"]) for s in spans}
-    assert phases == {f"ring {k} {i}" for k in ("reduce-scatter", "all-gather") for i in range(2)}
+    assert phases == {f"ring {k} 0" for k in ("reduce-scatter", "all-gather")}  # 2(W-1) phases, W=2
     assert not _ring_spans(runs["builtin"])
