@@ -83,6 +83,7 @@ def one_run(model: str, strategy: str, microbatches: int, steps: int, batch: int
         batch_size=batch,
         optimizer="momentum",
         lr=0.01,
+        timeout_s=float(os.environ.get("BUBBLE_TIMEOUT_S", "60")),
         out=str(out),
         sets=[*sets, f"microbatches={microbatches}"],
     )

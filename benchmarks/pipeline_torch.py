@@ -4,6 +4,12 @@ Target: polytrain's throughput / PyTorch's >= 1.0.
 
     python benchmarks/pipeline_torch.py [--steps 40] [--warmup 5] [--microbatches 4] [--repeats 5]
                                          [--schedules gpipe,1f1b] [--launcher 0|1] [--name NAME]
+                                         [--model mlp|gpt]
+
+``--model gpt``: a user's model instead of the zoo's — the nanoGPT-style ``UntiedGPT`` of
+``tests/userzoo/nanogpt.py`` (4 blocks, width 128, 4 heads, on 64-character windows of the chars
+corpus) cut by polytrain's tracer at ``split=transformer.h.2``; both runtimes get the same two
+traced segments as their stages (PyTorch's ``PipelineStage`` takes any module).
 
 Equal settings on both sides: the same process settings (polytrain's stages keep freed memory in
 the heap, freeze setup's objects out of the garbage collector and pause it during the loop; the
@@ -37,16 +43,22 @@ sys.path.insert(0, str(HERE))
 
 from harness import fmt_spread, write_results  # noqa: E402
 
-MODEL_OPTIONS = {"depth": 3, "hidden": 1024}
-COUNTS = (2, 2)
-BATCH, LR, SEED = 256, 0.01, 0
+# name -> model, dataset, data options, model options, layer counts per stage, global batch
+MODELS: dict[str, dict[str, Any]] = {
+    "mlp": {"model": "mlp", "dataset": "digits", "data": {}, "options": {"depth": 3, "hidden": 1024},
+            "counts": (2, 2), "batch": 256},
+    "gpt": {"model": "userzoo.nanogpt:UntiedGPT", "dataset": "chars", "data": {"seq_len": 64},
+            "options": {"n_layer": 4, "n_head": 4, "n_embd": 128, "split": "transformer.h.2"},
+            "counts": (1, 1), "batch": 32},
+}
+LR, SEED = 0.01, 0
 # Runs whose ranks reported and then died at interpreter exit ("terminate called without an active
 # exception", about 1 run in 10 on torch 2.13/gloo, also before the heap and buffer changes): the
 # measured loop had finished, so the figure stands; the count is reported with the results.
 TEARDOWN_CRASHES: list[str] = []
 
 
-def worker(schedule_name: str, steps: int, microbatches: int, warmup: int) -> None:
+def worker(schedule_name: str, steps: int, microbatches: int, warmup: int, name: str) -> None:
     """One rank of the PyTorch pipeline (run by torchrun), with the process settings polytrain's
     stages use: the heap kept (`polytrain.strategies.pipeline.heap`), setup's objects frozen, the
     collector paused during the loop."""
@@ -67,15 +79,16 @@ def worker(schedule_name: str, steps: int, microbatches: int, warmup: int) -> No
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    data = load_dataset("digits", {}, seed=SEED)
+    m = MODELS[name]
+    data = load_dataset(m["dataset"], m["data"], seed=SEED)
     torch.manual_seed(SEED)
-    model = resolve_model("mlp", data.spec, MODEL_OPTIONS)
-    module = cut(model, Partition(COUNTS))[rank]
+    model = resolve_model(m["model"], data.spec, m["options"])
+    module = cut(model, Partition(m["counts"]))[rank]
     stage = PipelineStage(module, rank, world, torch.device("cpu"))
     cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule_name]
     schedule = cls(stage, n_microbatches=microbatches, loss_fn=lambda out, y: task_loss(data.spec, out, y))
     optimizer = torch.optim.SGD(module.parameters(), lr=LR, momentum=0.9)
-    batches = GlobalBatches(data.x_train, data.y_train, BATCH, SEED)
+    batches = GlobalBatches(data.x_train, data.y_train, m["batch"], SEED)
     gc.freeze()
     gc.disable()
     dist.barrier()
@@ -96,7 +109,7 @@ def worker(schedule_name: str, steps: int, microbatches: int, warmup: int) -> No
     cpu = time.process_time() - c0
     gc.enable()
     dist.barrier()
-    _report((steps - warmup) * BATCH / (t1 - t0), cpu)
+    _report((steps - warmup) * m["batch"] / (t1 - t0), cpu)
 
 
 def _report(samples_per_s: float, cpu_s: float) -> None:
@@ -111,7 +124,7 @@ def _report(samples_per_s: float, cpu_s: float) -> None:
     dist.destroy_process_group()
 
 
-def polytrain_worker(schedule_name: str, steps: int, microbatches: int, warmup: int) -> None:
+def polytrain_worker(schedule_name: str, steps: int, microbatches: int, warmup: int, name: str) -> None:
     """One rank of polytrain's pipeline under the same torchrun, without polytrain's launcher."""
     import tempfile
 
@@ -128,21 +141,23 @@ def polytrain_worker(schedule_name: str, steps: int, microbatches: int, warmup: 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    sets = {"microbatches": microbatches, "partition": ",".join(map(str, COUNTS)),
+    m = MODELS[name]
+    sets = {"microbatches": microbatches, "partition": ",".join(map(str, m["counts"])),
             "heap": os.environ.get("POLYTRAIN_HEAP", "keep")}
     cfg = make_config(
         {
             "strategy": schedule_name,
             "procs": world,
-            "model": "mlp",
-            "dataset": "digits",
+            "model": m["model"],
+            "dataset": m["dataset"],
+            "data_options": m["data"],
             "steps": steps,
-            "batch_size": BATCH,
+            "batch_size": m["batch"],
             "optimizer": "momentum",
             "lr": LR,
             "seed": SEED,
             "options": sets,
-            "model_options": MODEL_OPTIONS,
+            "model_options": m["options"],
         }
     )
     tmp = Path(tempfile.mkdtemp())
@@ -160,16 +175,17 @@ def polytrain_worker(schedule_name: str, steps: int, microbatches: int, warmup: 
     c0 = time.process_time()
     make_strategy(cfg.strategy, cfg.options).run(Job.from_config(cfg), ctx)
     ends = {e["step"]: e["t"] for e in ctx.recorder.events if e["event"] == "step"}
-    _report((steps - warmup) * BATCH / (ends[steps] - ends[warmup]), time.process_time() - c0)
+    _report((steps - warmup) * m["batch"] / (ends[steps] - ends[warmup]), time.process_time() - c0)
 
 
-def torchrun_side(worker_name: str, steps: int, microbatches: int, warmup: int) -> float:
+def torchrun_side(worker_name: str, steps: int, microbatches: int, warmup: int, name: str) -> float:
     """samples/s of ``--worker worker_name`` on 2 ranks under plain torchrun."""
     # faulthandler: a rank that aborts at exit prints every thread's Python stack (kept below)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+           "PYTHONFAULTHANDLER": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(Path(__file__).resolve()), "--worker", worker_name, "--steps", str(steps),
-           "--microbatches", str(microbatches), "--warmup", str(warmup)]  # fmt: skip
+           "--microbatches", str(microbatches), "--warmup", str(warmup), "--model", name]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
     if not lines:
@@ -179,15 +195,16 @@ def torchrun_side(worker_name: str, steps: int, microbatches: int, warmup: int) 
     return float(json.loads(lines[-1])["samples_per_s"])
 
 
-def launcher_side(schedule: str, steps: int, microbatches: int, root: Path) -> float:
+def launcher_side(schedule: str, steps: int, microbatches: int, root: Path, name: str) -> float:
     """samples/s of the same job through ``polytrain.train`` (polytrain's own launcher)."""
     import polytrain
 
+    m = MODELS[name]
     out = root / f"{schedule}-{time.monotonic_ns()}"
-    sets = [f"model.{k}={v}" for k, v in MODEL_OPTIONS.items()]
-    sets += [f"microbatches={microbatches}", "partition=" + ",".join(map(str, COUNTS))]
-    summary = polytrain.train(strategy=schedule, procs=2, model="mlp", dataset="digits", steps=steps,
-                              batch_size=BATCH, optimizer="momentum", lr=LR, seed=SEED, out=str(out),
+    sets = [f"microbatches={microbatches}", "partition=" + ",".join(map(str, m["counts"]))]
+    summary = polytrain.train(strategy=schedule, procs=2, model=m["model"], dataset=m["dataset"],
+                              data_options=m["data"], model_options=m["options"], steps=steps,
+                              batch_size=m["batch"], optimizer="momentum", lr=LR, seed=SEED, out=str(out),
                               sets=sets)  # fmt: skip
     return float(summary["throughput_samples_per_s"])
 
@@ -203,12 +220,13 @@ def compare(schedule: str, args: argparse.Namespace, root: Path) -> dict[str, An
         pair = [("ours", f"polytrain-{schedule}"), ("theirs", schedule)]
         for side, worker_name in pair if i % 2 == 0 else pair[::-1]:
             (ours if side == "ours" else theirs).append(
-                torchrun_side(worker_name, args.steps, args.microbatches, args.warmup))
+                torchrun_side(worker_name, args.steps, args.microbatches, args.warmup, args.model))
         if args.launcher:
-            launched.append(launcher_side(schedule, args.steps, args.microbatches, root))
+            launched.append(launcher_side(schedule, args.steps, args.microbatches, root, args.model))
     med = statistics.median
     paired = sorted(a / b for a, b in zip(ours, theirs, strict=True))
     return {
+        "model": args.model,
         "schedule": schedule,
         "P": 2,
         "M": args.microbatches,
@@ -235,16 +253,20 @@ def main() -> None:
     ap.add_argument("--schedules", default="gpipe,1f1b")
     ap.add_argument("--launcher", type=int, default=0, help="also time polytrain.train (1: do)")
     ap.add_argument("--name", default="pipeline_torch", help="results file name")
+    ap.add_argument("--model", choices=sorted(MODELS), default="mlp")
     args = ap.parse_args()
     if args.worker:
         name = args.worker.removeprefix("polytrain-")
         run = polytrain_worker if args.worker.startswith("polytrain-") else worker
-        run(name, args.steps, args.microbatches, args.warmup)
+        run(name, args.steps, args.microbatches, args.warmup, args.model)
         return
     with tempfile.TemporaryDirectory() as tmp:
         rows = [compare(schedule, args, Path(tmp)) for schedule in args.schedules.split(",")]
+    what = {"mlp": "mlp depth 3 width 1024 cut 2,2, global batch 256",
+            "gpt": "UntiedGPT (tests/userzoo/nanogpt.py: 4 blocks, n_embd 128, 4 heads) on chars windows "
+                   "of 64, traced and cut at transformer.h.2, global batch 32"}[args.model]
     notes = (
-        f"mlp depth 3 width 1024 cut 2,2, global batch 256, SGD momentum, 2 ranks on gloo; {args.repeats} "
+        f"{what}, SGD momentum, 2 ranks on gloo; {args.repeats} "
         f"pairs of runs of {args.steps} steps, the order alternating within each pair; throughput: rank "
         f"0, steps {args.warmup + 1}..{args.steps} (the first {args.warmup} outside the timer on both "
         "sides). Both under the same plain torchrun with the same process settings (heap kept, setup "
@@ -256,8 +278,8 @@ def main() -> None:
     write_results(
         args.name,
         rows,
-        ["schedule", "P", "M", "polytrain samples/s", "torch.pipelining samples/s", "ratio of medians",
-         "paired ratio", "pairs_at_or_above_1", "polytrain_train_samples_per_s"],
+        ["model", "schedule", "P", "M", "polytrain samples/s", "torch.pipelining samples/s",
+         "ratio of medians", "paired ratio", "pairs_at_or_above_1", "polytrain_train_samples_per_s"],
         notes,
     )
 
