@@ -56,11 +56,11 @@ def _step_seconds(run: Path, rank: int) -> float:
 
 
 def run(job: str, strategy: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
-    servers = int(strategy == "ps")
+    servers = 1 if strategy == "ps" else a.hybrid_servers if strategy == "hybrid-ps-ar" else 0
     procs = a.workers + servers
     train = ["train", "--strategy", strategy, "--procs", str(procs), *JOBS[job],
              "--steps", str(a.steps), "--batch-size", str(16 * a.workers), "--optimizer", "sgd",
-             "--out", str(out), "--no-report", *(["--set", "servers=1"] if servers else [])]
+             "--out", str(out), "--no-report", *(["--set", f"servers={servers}"] if servers else [])]
     testbed = [] if a.local else ["testbed", "--hosts", str(procs), "--nic", a.nic, "--"]
     cmd = [sys.executable, "-m", "polytrain", *testbed, *train]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -68,7 +68,7 @@ def run(job: str, strategy: str, a: argparse.Namespace, out: Path) -> dict[str, 
     if done.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
     s = json.loads((out / "summary.json").read_text())
-    step_s = _step_seconds(out, servers)  # ps: the servers come first, worker 0 is rank 1
+    step_s = _step_seconds(out, int(strategy == "ps"))  # ps: servers first, worker 0 is rank 1
     wire = sum((s.get("testbed") or {}).get("wire_bytes_tx", {}).values())
     m = s["strategy_metrics"]
     return {"job": job, "strategy": strategy, "hosts": procs if not a.local else "-",
@@ -83,14 +83,15 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for job in JOBS:
         mine = [r for r in rows if r["job"] == job]
+        ran = [s for s in STRATEGIES if any(r["strategy"] == s for r in mine)]
         if not mine:
             continue
         best = max(statistics.median(r["samples/s"] for r in mine if r["strategy"] == s)
-                   for s in STRATEGIES)
-        for s in STRATEGIES:
+                   for s in ran)
+        for s in ran:
             rs = [r for r in mine if r["strategy"] == s]
             rate = [r["samples/s"] for r in rs]
-            out.append({"job": job, "strategy": s, "repeat": "median (min–max)",
+            out.append({"job": job, "strategy": s, "hosts": rs[0]["hosts"], "repeat": "median (min–max)",
                         "step ms": fmt_spread([r["step ms"] for r in rs], 0),
                         "samples/s": fmt_spread(rate, 0),
                         "vs best": f"{statistics.median(rate) / best:.2f}",
@@ -107,22 +108,28 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--jobs", default="sparse,dense")
     p.add_argument("--local", action="store_true", help="ranks on loopback, no testbed")
+    p.add_argument("--hybrid-servers", type=int, default=0,
+                   help="hybrid-ps-ar's dedicated servers (0: one on every worker)")
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
     a = p.parse_args()
+    chosen = a.strategies.split(",")
     tmp = Path(tempfile.mkdtemp())
     rows = []
     for job in a.jobs.split(","):
-        for rep, strategy in alternating(STRATEGIES, a.repeats):
+        for rep, strategy in alternating(chosen, a.repeats):
             row = {"repeat": rep, **run(job, strategy, a, tmp / f"{job}-{strategy}-{rep}")}
             rows.append(row)
             print(row, flush=True)
     where = "ranks on loopback (no link shaping)" if a.local else \
         f"one rank per emulated host at {a.nic} (polytrain testbed)"
-    name = f"parallax_{a.jobs.replace(',', '_')}_{'local' if a.local else a.nic}"
-    write_results(name, summarise(rows), ["job", "strategy", "step ms", "samples/s", "vs best",
+    name = f"parallax_{a.jobs.replace(',', '_')}_{'local' if a.local else a.nic}" + \
+        (f"_hybrid{a.hybrid_servers}servers" if a.hybrid_servers else "")
+    write_results(name, summarise(rows), ["job", "strategy", "hosts", "step ms", "samples/s", "vs best",
                                           "MB/step counted", "accuracy"],
                   notes=f"{a.workers} workers, 16 samples each per step, SGD, {a.steps} steps per run "
                         f"(step time over steps 1..{a.steps - 1}), {a.repeats} interleaved repeats; "
-                        f"{where}; ps has one more rank (its server); one torch thread per rank. "
+                        f"{where}; ps has one more rank (its server), hybrid-ps-ar "
+                        f"{a.hybrid_servers or 'no'} dedicated server rank(s); one torch thread per rank. "
                         "Bytes: polytrain's counted bytes of all ranks per step. Per-run rows "
                         "(with the interfaces' wire bytes) are in the JSON.",
                   extra={"runs": rows})
