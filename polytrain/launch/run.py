@@ -6,13 +6,16 @@ it to every interface (``*:port``). This wrapper runs torchrun's own ``main`` wi
 TCPStore server it starts bound to ``ADDR`` (an address of this host on the cluster's trusted
 network, or 127.0.0.1 for ``--standalone``), and sets ``POLYTRAIN_BIND`` so a store rank 0
 creates itself binds there too. ``ADDR`` defaults to 127.0.0.1. A failed worker group is
-stopped at once rather than after torch's 30 s grace (see :mod:`polytrain.launch.agent`).
+stopped at once rather than after torch's 30 s grace (see :mod:`polytrain.launch.agent`), and
+the agent's log tree (without ``--log-dir``) is removed when torchrun ends.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 
 from polytrain.errors import ConfigError
 from polytrain.launch.agent import prompt_stop
@@ -44,8 +47,17 @@ def main(argv: list[str]) -> None:
     except ConfigError as err:
         raise SystemExit(f"error: {err}") from None
     os.environ[BIND_ENV] = addr
-    with stores_bound_to(addr), prompt_stop({}):  # a failed group is stopped at once
-        torchrun_main(rest)
+    logs = None
+    if not any(a.startswith(("--log-dir", "--log_dir")) for a in rest):
+        # torch's agent would leave a /tmp/torchelastic_* tree per run: ours is removed after
+        logs = tempfile.mkdtemp(prefix="polytrain-torchrun-")
+        rest = ["--log-dir", logs, *rest]
+    try:
+        with stores_bound_to(addr), prompt_stop({}):  # a failed group is stopped at once
+            torchrun_main(rest)
+    finally:
+        if logs is not None:
+            shutil.rmtree(logs, ignore_errors=True)
 
 
 if __name__ == "__main__":

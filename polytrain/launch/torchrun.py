@@ -12,16 +12,18 @@ the newest good checkpoint by itself.
 from __future__ import annotations
 
 import os
+import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from polytrain.config import load_config
-from polytrain.errors import ConfigError
+from polytrain.errors import ConfigError, PolytrainError
 from polytrain.launch.prepare import check_resume_steps, prepare, resume_config
 from polytrain.launch.rundir import TESTBED_ENV, read_summary, write_config
-from polytrain.launch.worker import run_rank
+from polytrain.launch.worker import exit_now, run_rank
 
 
 def train_under_torchrun(
@@ -54,15 +56,18 @@ def train_under_torchrun(
     run_dir.mkdir(parents=True, exist_ok=True)
     if fresh and rank == 0:
         write_config(run_dir, cfg)
-    run_rank(
-        {
-            "config": cfg.model_dump(),
-            "run_dir": str(run_dir),
-            "resume": bool(resume),
-            "rank_logs": False,
-            "progress": True,
-        }
-    )
+    payload = {"config": cfg.model_dump(), "run_dir": str(run_dir), "resume": bool(resume),
+               "rank_logs": False, "progress": True}
+    try:
+        run_rank(payload)
+    except BaseException as exc:  # recorded in ranks/rank{R}.error.json by run_rank
+        if isinstance(exc, PolytrainError):
+            print(f"error: rank {rank}: {exc}", file=sys.stderr)
+        else:
+            traceback.print_exc()
+        # no interpreter teardown: with a peer that stopped answering it waits on stuck
+        # transfers for seconds, and the agent restarts (or stops) the job only once we exit
+        exit_now(1)
     if rank == 0:
         from polytrain.report import format_summary, write_report
 
