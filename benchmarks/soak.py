@@ -18,6 +18,7 @@ process of the job is alive, the job's private TMPDIR is empty (torch's per-user
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -38,26 +39,51 @@ JOB = ["--strategy", "allreduce", "--model", "mlp", "--batch-size", "32", "--opt
        "--lr", "0.05", "--checkpoint-every", "100", "--no-report"]
 
 
+class Tail:
+    """A rank's event file read incrementally: only new lines are parsed, and only the events
+    the soak needs (a whole-file parse of a long run takes seconds, which would count as
+    recovery time). A rewind (a resume) replaces the file: the tail starts over."""
+
+    WANTED = ('"event": "process"', '"event": "step"', '"event": "start"')
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.inode, self.offset = path, -1, 0
+        self.events: list[dict[str, Any]] = []
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return self.events
+        if st.st_ino != self.inode or st.st_size < self.offset:
+            self.inode, self.offset, self.events = st.st_ino, 0, []
+        with self.path.open() as f:
+            f.seek(self.offset)
+            for line in f:
+                if not line.endswith("\n"):
+                    break
+                self.offset += len(line.encode())
+                if any(w in line for w in self.WANTED):
+                    with contextlib.suppress(ValueError):
+                        self.events.append(json.loads(line))
+        return self.events
+
+
+_TAILS: dict[Path, Tail] = {}
+
+
 def _events(path: Path) -> list[dict[str, Any]]:
-    out = []
-    try:
-        for line in path.read_text().splitlines():
-            if line.endswith("}"):
-                out.append(json.loads(line))
-    except (OSError, ValueError):
-        pass
-    return out
+    return _TAILS.setdefault(path, Tail(path)).read()
 
 
 def _generation(run: Path, rank: int) -> tuple[int, int, int] | None:
     """(generation, pid, newest step) of ``rank``'s current process, from its event file."""
     evs = _events(run / "ranks" / f"rank{rank}.jsonl")
-    procs = [e for e in evs if e["event"] == "process"]
+    procs = [i for i, e in enumerate(evs) if e["event"] == "process"]
     if not procs:
         return None
-    last = procs[-1]
-    after = evs[evs.index(last):]
-    steps = [e["step"] for e in after if e["event"] == "step"]
+    last = evs[procs[-1]]
+    steps = [e["step"] for e in evs[procs[-1]:] if e["event"] == "step"]
     return last["generation"], last["pid"], max(steps, default=0)
 
 

@@ -39,18 +39,17 @@ def start(run: Path, *extra: str) -> subprocess.Popen[str]:
 
 
 def rank_pids(run: Path, steps: int = 3, timeout: float = 120, ranks: int = 2) -> list[int]:
-    """The ranks' pids, once rank 0 has recorded ``steps`` steps (and every rank has started)."""
+    """The ranks' pids, once every rank has started and one has recorded ``steps`` steps."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        pids = []
+        pids, stepped = [], 0
         for rank in range(ranks):
             path = run / "ranks" / f"rank{rank}.jsonl"
             lines = path.read_text().splitlines() if path.exists() else []
             evs = [json.loads(x) for x in lines if x.endswith("}")]
-            done = sum(e["event"] == "step" for e in evs) >= steps or rank > 0
-            if done and any(e["event"] == "process" for e in evs):
-                pids.append(next(e["pid"] for e in evs if e["event"] == "process"))
-        if len(pids) == ranks:
+            stepped = max(stepped, sum(e["event"] == "step" for e in evs))
+            pids += [e["pid"] for e in evs if e["event"] == "process"][:1]
+        if len(pids) == ranks and stepped >= steps:
             return pids
         time.sleep(0.2)
     raise AssertionError("the ranks never started training")
