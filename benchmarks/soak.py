@@ -157,7 +157,7 @@ def soak(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     tmp.mkdir()
     env = {**os.environ, "PYTHONPATH": str(HERE.parent), "TMPDIR": str(tmp)}
     shm_before = _shm()
-    restarts = 4 * a.max_faults
+    restarts = a.max_faults + 5
     cmd = [sys.executable, "-m", "polytrain.launch.run", "--standalone", "--nproc-per-node", "2",
            "--max-restarts", str(restarts), "--monitor-interval", "0.1", "-m", "polytrain", "train",
            *JOB, "--steps", str(a.steps), "--timeout", str(a.timeout), "--out", str(run)]

@@ -173,7 +173,12 @@ def _rank_record(ctx: RankContext, result: RankResult) -> dict[str, Any]:
 
 
 def _finish(job: Job, ctx: RankContext, result: RankResult) -> None:
-    """Gather every rank's record and events at rank 0, which writes the run directory."""
+    """Gather every rank's record and events at rank 0, which writes the run directory.
+
+    No barrier follows: the other ranks would wait on rank 0's writing (the whole run's events,
+    seconds for a long run) within ``--timeout``, and a timeout there failed a finished job; a
+    soak run under torchrun then restarted from its last checkpoint and failed again, over and
+    over. The other ranks have nothing left to do once their part is gathered."""
     from polytrain.launch.rundir import write_results
 
     records = ctx.comm.gather_json(_rank_record(ctx, result))
@@ -181,4 +186,3 @@ def _finish(job: Job, ctx: RankContext, result: RankResult) -> None:
     if ctx.is_leader:
         assert records is not None and events is not None
         write_results(job, ctx, records, [e for evs in events for e in evs], result.model_state)
-    ctx.comm.barrier()
