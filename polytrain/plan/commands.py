@@ -202,13 +202,16 @@ def parse_sweep(text: str) -> tuple[int, int]:
 
 
 def sweep(prof: Profile, cluster: Cluster, batch: int, scale: float, lo: int, hi: int) -> dict[str, Any]:
-    """Best predicted samples/s per strategy for host counts LO, 2·LO, ... HI; the crossover."""
+    """Best predicted samples/s per strategy for host counts LO, 2·LO, ... HI; the crossover
+    (uncompressed strategies only: ``allreduce`` here is plain data parallelism)."""
     rows, hosts = [], lo
     each: dict[str, int] = {}  # hybrid -> first rank count at which it beats allreduce
     while hosts <= hi:
         cl = cluster.with_hosts(hosts)
         best: dict[str, Candidate] = {}
         for c in candidates(Scene(prof, cl, batch, scale)):
+            if c.options.get("compression", "none") != "none":
+                continue  # the crossover is DP against MP: codecs are priced in `plan`, not swept
             if c.procs == cl.world and (
                 c.strategy not in best or c.samples_per_s > best[c.strategy].samples_per_s
             ):
