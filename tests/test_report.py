@@ -228,6 +228,15 @@ def test_single_run_report(tmp_path: Path) -> None:
     assert md.startswith("# polytrain run: allreduce") and "Time to" not in md
 
 
+def test_regression_run_with_loss_only_evaluations_gets_a_report(tmp_path: Path) -> None:
+    """lasso/strads evaluate a loss and no accuracy: the report is written, without eval points."""
+    events = allreduce_events(1, 5, random.Random(2))
+    events += [{"event": "eval", "rank": 0, "t": 0.1 * s, "step": s, "loss": 1.0 / s} for s in (2, 4)]
+    write_run(tmp_path / "run", "strads", ["worker"], events)
+    names = {f.name for f in write_report(tmp_path / "run")}
+    assert "report.md" in names and "timeline.png" in names
+
+
 def test_report_from_rank_files_tolerates_cut_last_line(tmp_path: Path) -> None:
     run = tmp_path / "run"
     write_run(run, "allreduce", ["worker", "worker"], allreduce_events(2, 3, random.Random(2)))

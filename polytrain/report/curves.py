@@ -51,11 +51,12 @@ def loss_curve(events: Iterable[Event]) -> list[LossPoint]:
 
 
 def eval_curve(events: Iterable[Event]) -> list[EvalPoint]:
-    """Evaluation accuracy over time, sorted by time."""
+    """Evaluation accuracy over time, sorted by time (evaluations without one — a regression's
+    loss-only evaluation — have no point)."""
     points = [
         EvalPoint(step=int(e["step"]), t=float(e["t"]), accuracy=float(e["accuracy"]))
         for e in events
-        if e.get("event") == "eval"
+        if e.get("event") == "eval" and e.get("accuracy") is not None
     ]
     return sorted(points, key=lambda p: p.t)
 

@@ -24,7 +24,7 @@ SUMMARY_KEYS = ("strategy", "world_size")
 
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "step": ("step", "loss", "samples"),
-    "eval": ("step", "accuracy"),
+    "eval": ("step",),  # with `accuracy` (classification) and/or `loss` (regression: lasso, strads)
     "span": ("name", "cat", "start", "end"),
 }
 """Fields each event kind must carry (besides `event`, `rank`, `t`); other kinds pass through."""

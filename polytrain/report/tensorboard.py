@@ -37,8 +37,9 @@ def export_tensorboard(run_dir: Path, tag: str | None = None) -> Path:
             writer.add_scalar(f"{prefix}/train_loss", p.loss, global_step=p.step)
         for e in run.events:
             if e.get("event") == "eval":
-                writer.add_scalar(f"{prefix}/test_accuracy", float(e["accuracy"]), global_step=e["step"])
-                writer.add_scalar(f"{prefix}/test_loss", float(e["loss"]), global_step=e["step"])
+                for key in ("accuracy", "loss"):
+                    if e.get(key) is not None:
+                        writer.add_scalar(f"{prefix}/test_{key}", float(e[key]), global_step=e["step"])
         last = summary.get("steps_run") or summary.get("steps") or 0
         writer.add_scalar(f"{prefix}/throughput_samples_per_s",
                           float(summary.get("throughput_samples_per_s") or 0.0), global_step=last)
