@@ -114,7 +114,7 @@ def resume_config(run_dir: Path, overrides: dict[str, Any], sets: list[str]) -> 
     wanted = load_config(stored_path, overrides, sets)
     changed = sorted(
         k
-        for k in stored.model_fields
+        for k in type(stored).model_fields
         if getattr(stored, k) != getattr(wanted, k) and k not in RESUMABLE_CHANGES
     )
     if stored.strategy == wanted.strategy:  # a layout the strategy re-shards may change
