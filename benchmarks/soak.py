@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from polytrain.launch.agent import process_state
+
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
@@ -107,11 +109,8 @@ def _fds_threads(pid: int) -> tuple[int, int]:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+    state = process_state(pid)
+    return state is not None and state not in ("Z", "X")
 
 
 def _job_processes(marker: str) -> list[int]:

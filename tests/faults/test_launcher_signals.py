@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from polytrain.launch.agent import process_state
 from tests.conftest import ROOT
 from tests.faults.probes import leftovers
 
@@ -57,11 +58,8 @@ def rank_pids(run: Path, steps: int = 3, timeout: float = 120, ranks: int = 2) -
 
 def alive(pid: int) -> bool:
     """Running (a zombie, dead but not yet reaped by its new parent, does not count)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+    state = process_state(pid)
+    return state is not None and state not in ("Z", "X")
 
 
 def wait_gone(pids: list[int], within: float) -> float:
