@@ -10,7 +10,9 @@ bandwidth = 2(W−1)/W · bytes / time (nccl-tests' definition), time = the slow
 link ceiling for bulk TCP is 95.6 % of the rate (the shaper counts frame headers; see
 ``polytrain/launch/testbed.py``). CPU-bound is judged from what was measured during the timed
 calls: the machine's CPU busy fraction (``/proc/stat``) and the ranks' CPU seconds per wall
-second; a case is marked CPU-bound when the machine was ≥ 90 % busy during the calls.
+second (summed over ranks, as a share of the machine's cores; the busy fraction also counts
+other jobs on the machine and the kernel's shaping); a case is marked CPU-bound when the
+machine was ≥ 90 % busy during the ring's calls.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def row_of(hosts: int, nic: str, res: dict[str, Any]) -> dict[str, Any]:
     bus = {k: [2 * (hosts - 1) / hosts * nbytes * 8 / c["wall_s"] for c in res["calls"] if c["kind"] == k]
            for k in ("builtin", "ring")}
     busy = {k: [c["machine_busy"] for c in res["calls"] if c["kind"] == k] for k in bus}
-    cpu = {k: [c["rank_cpu_s_mean"] / c["wall_s"] for c in res["calls"] if c["kind"] == k] for k in bus}
+    cpu = {k: [c["rank_cpu_s_mean"] * hosts / c["wall_s"] / (os.cpu_count() or 1)
+               for c in res["calls"] if c["kind"] == k] for k in bus}
     ratios = [r / b for r, b in zip(bus["ring"], bus["builtin"], strict=True)]  # per interleaved pair
     bound = statistics.median(busy["ring"]) >= CPU_BOUND_BUSY
     return {"hosts": hosts, "nic": nic, "MiB": res["mib"],
@@ -69,8 +72,8 @@ def row_of(hosts: int, nic: str, res: dict[str, Any]) -> dict[str, Any]:
             "ring bus Mbit/s": fmt_spread([b / 1e6 for b in bus["ring"]], 1),
             "machine CPU busy (ring, builtin)": f"{statistics.median(busy['ring']):.0%}, "
                                                f"{statistics.median(busy['builtin']):.0%}",
-            "rank CPU/wall (ring, builtin)": f"{statistics.median(cpu['ring']):.2f}, "
-                                             f"{statistics.median(cpu['builtin']):.2f}",
+            "ranks' share of the cores (ring, builtin)": f"{statistics.median(cpu['ring']):.0%}, "
+                                                         f"{statistics.median(cpu['builtin']):.0%}",
             "CPU-bound": "yes" if bound else "no", "sums equal": res["ok"]}
 
 
