@@ -74,6 +74,8 @@ def test_ps_pushes_through_a_lossless_codec_equal_plain_pushes(tmp_path: Path) -
         runs[name] = tmp_path / name
         s = polytrain.train(strategy="ps", procs=3, steps=4, out=str(runs[name]), sets=sets, **SMALL)
     assert s["strategy_metrics"]["codec"]["entropy"] and s["per_rank"][1]["bytes_by_op"]["ps_push"] > 0
+    pulls = s["strategy_metrics"]["pull_codec"]  # the replies went through the codec as well
+    assert pulls["dense_replies"] == 2 and pulls["payload_bytes"] != pulls["fp32_bytes"]
     assert_same_params(load_model(runs["topk1"]), load_model(runs["none"]), atol=1e-6, rtol=1e-6)
 
 
@@ -96,6 +98,7 @@ def test_topk_one_percent_with_error_feedback_keeps_accuracy(tmp_path: Path) -> 
     ("allreduce", 2, ["compression=topk", "ratio=0.05"]),
     ("local-sgd", 2, ["compression=onebit", "period=3"]),
     ("ps", 3, ["compression=dgc", "ratio=0.05"]),
+    ("ps", 3, ["compression=topk", "ratio=0.05"]),  # compressed pulls: dense again after a checkpoint
 ])
 def test_residuals_survive_checkpoint_and_resume(tmp_path: Path, strategy: str, procs: int,
                                                  sets: list[str]) -> None:

@@ -67,11 +67,12 @@ class Engine:
         t0 = time.perf_counter()
         key = self.key(index)
         x = self.codec.pre(g.reshape(-1).float(), key)
-        if self.ef is not None:
-            x = self.ef.add(name, x)
-        p = self.codec.encode(x, shape, key)
-        if self.ef is not None:
-            self.ef.keep(name, x, self.codec.decode(p, x.numel(), shape, key))
+        if self.ef is None:
+            p = self.codec.encode(x, shape, key)
+        else:
+            x64 = self.ef.add(name, x)  # float64: see error_feedback's exactness note
+            p = self.codec.encode(x64.float(), shape, key)
+            self.ef.keep(name, x64, self.codec.decode(p, x.numel(), shape, key))
         self.codec.post(p, key)
         self.raw_bytes += 4 * g.numel()
         self.encode_s += time.perf_counter() - t0

@@ -10,8 +10,10 @@ Message protocol (gloo point-to-point, tag 0; all int64 headers have 5 fields)::
                       (``--set compression=CODEC``: decoded by the server's ``decoder``)
                       PULL: nothing more;  DONE: nothing more (the worker has finished)
                       SAVE: nothing more (checkpoint at clock; the worker waits for the ack)
-    server -> worker  header [version, step, 0, 0, 0]                          op ps_header
-                      then the parameter shard (n,) f32                          op ps_pull
+    server -> worker  header [version, step, code, 0, 0]                       op ps_header
+                      code = 0: then the parameter shard (n,) f32                op ps_pull
+                      code <= -2: a codec payload of -2-code bytes (uint8): the
+                      change since the worker's copy (:mod:`.pulls`)              op ps_pull
                       (for a PULL, or a PUSH with reply = 1, once step >= need)
                       SAVE ack: header [version, step, 0, 0, 0] alone            op ps_ack
                       (once every worker has sent SAVE for that clock and the server's
@@ -46,7 +48,9 @@ growing by a shard per reply).
 
 A worker sends a shard sparsely when fewer than half its entries are non-zero (8 bytes per
 non-zero instead of 4 per entry; lossless): on sparse data (``sparse-bow``) a batch touches
-few input features, so few columns of the first layer's weight. Pulls stay dense.
+few input features, so few columns of the first layer's weight. Pulls are dense, or with a codec
+the compressed change since the worker's copy (:mod:`.pulls`; the worker then posts the payload
+receive once the header has told it the size).
 
 A PUSH with reply = 1 is a push and a pull in one message: the server registers the pull while
 it handles the push, so under SSP/BSP all pulls that wait for step t are answered the moment the
@@ -76,6 +80,7 @@ from polytrain.comm.codecs.engine import Engine
 from polytrain.runtime.recorder import Recorder
 from polytrain.strategies.ps.busy import BusyClock
 from polytrain.strategies.ps.consistency import Consistency, ProtocolError
+from polytrain.strategies.ps.pulls import PullDecoder, PullEncoder
 from polytrain.strategies.ps.sharding import ShardPlan
 
 PUSH, PULL, DONE, SAVE = 1, 2, 3, 4
@@ -105,8 +110,10 @@ class ParameterServer:
                  policy: Consistency, *, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
                  recorder: Recorder | None = None, straggle: Callable[[float], None] | None = None,
                  on_save: Callable[[int], None] | None = None,
-                 decoder: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> None:
+                 decoder: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+                 pulls: PullEncoder | None = None) -> None:
         self.comm, self.policy, self.recorder = comm, policy, recorder
+        self.pulls = pulls  # compressed replies (None: the dense shard)
         self.decoder = decoder  # (worker rank, payload bytes) -> gradient shard, for codec pushes
         self.on_save = on_save  # called with the clock once every worker has sent SAVE
         self.saves: dict[int, int] = {}  # worker rank -> clock of its SAVE, until all have sent one
@@ -257,13 +264,14 @@ class ParameterServer:
             return
         self.pending = [(r, n) for r, n in self.pending if step < n]
         snapshot = self.param.detach().clone()  # one copy serves every reply of this moment
-        head = torch.tensor([self.version, step, 0, 0, 0], dtype=torch.int64)
         for rank, _ in ready:
             w = self.index[rank]
             self.read_step[w], self.read_version[w] = step, self.version
+            code, data = (0, snapshot) if self.pulls is None else self.pulls.reply(rank, snapshot)
+            head = torch.tensor([self.version, step, code, 0, 0], dtype=torch.int64)
             sends = self.replies.setdefault(rank, [])
             sends.append((self.comm.isend(head, rank, op="ps_header"), head))
-            sends.append((self.comm.isend(snapshot, rank, op="ps_pull"), snapshot))
+            sends.append((self.comm.isend(data, rank, op="ps_pull"), data))
         self.replies_max = max(self.replies_max, self.in_flight())
 
     def _save(self, src: int, clock: int) -> None:
@@ -277,6 +285,8 @@ class ParameterServer:
         if self.on_save is None:
             raise ProtocolError("a worker asked for a checkpoint, but this server cannot write one")
         self.on_save(clocks.pop())
+        if self.pulls is not None:
+            self.pulls.reset()  # the next replies are dense: a resume replays this run
         head = torch.tensor([self.version, self.policy.step, 0, 0, 0], dtype=torch.int64)
         for rank in self.saves:
             self.replies.setdefault(rank, []).append((self.comm.isend(head, rank, op="ps_ack"), head))
@@ -300,6 +310,7 @@ class ParameterServer:
             "accepted": list(self.policy.accepted),
             "staleness": {str(k): n for k, n in sorted(self.staleness.items())},
             "update_lag": {str(k): n for k, n in sorted(self.update_lag.items())},
+            **({"pulls": self.pulls.stats()} if self.pulls is not None else {}),
         }
 
 
@@ -312,9 +323,10 @@ class PSClient:
     """One worker's side: push to and pull from every server at once."""
 
     def __init__(self, comm: Comm, plan: ShardPlan, servers: list[int], sparse: bool = True,
-                 engine: Engine | None = None) -> None:
+                 engine: Engine | None = None, pulls: PullDecoder | None = None) -> None:
         self.comm, self.plan, self.servers, self.sparse = comm, plan, servers, sparse
         self.engine = engine  # a codec for pushes (``compression=``): one residual per server shard
+        self.pulls = pulls  # compressed replies: the payload's size comes in the header
         self.sparse_pushes = 0
         self.sends: list[tuple[Any, torch.Tensor]] = []
         self.recvs: list[tuple[Any, int, torch.Tensor, torch.Tensor]] = []
@@ -327,7 +339,8 @@ class PSClient:
             head = torch.zeros(HEADER, dtype=torch.int64)
             data = torch.empty(self.plan.sizes()[s])
             self.recvs.append((self.comm.irecv(head, rank, op="ps_header"), s, head, data))
-            self.recvs.append((self.comm.irecv(data, rank, op="ps_pull"), s, head, data))
+            if self.pulls is None:
+                self.recvs.append((self.comm.irecv(data, rank, op="ps_pull"), s, head, data))
         head = torch.tensor([kind, clock, need, int(reply), nnz], dtype=torch.int64)
         self.sends.append((self.comm.isend(head, rank, op="ps_header"), head))
 
@@ -372,6 +385,8 @@ class PSClient:
         """Wait for the requested shards: (flat parameters (N,), steps, versions per server)."""
         t0 = time.perf_counter()
         steps, versions = [0] * len(self.servers), [0] * len(self.servers)
+        if self.pulls is not None:
+            self._wait_compressed(steps, versions)
         for i, (work, s, head, data) in enumerate(self.recvs):
             work.wait()
             if i % 2:  # the data message of this server has arrived
@@ -382,6 +397,21 @@ class PSClient:
         self.recvs, self.sends = [], []
         self.wait_s += time.perf_counter() - t0
         return self.flat, steps, versions
+
+    def _wait_compressed(self, steps: list[int], versions: list[int]) -> None:
+        """Compressed replies: each header gives its payload's size; then apply each payload."""
+        assert self.pulls is not None
+        posted = []
+        for work, s, head, _ in self.recvs:
+            work.wait()
+            data = self.pulls.receive_buffer(int(head[2]), self.plan.sizes()[s])
+            posted.append((self.comm.irecv(data, self.servers[s], op="ps_pull"), s, head, data))
+        for work, s, head, data in posted:
+            work.wait()
+            versions[s], steps[s] = int(head[0]), int(head[1])
+            view = self.plan.gather(self.flat, s).contiguous()
+            self.plan.scatter(self.flat, s, self.pulls.apply(s, self.servers[s], int(head[2]), data, view))
+        self.recvs = []
 
     def save(self, clock: int) -> None:
         """Ask every server to checkpoint at ``clock`` (after this worker's push of it) and wait
@@ -396,6 +426,8 @@ class PSClient:
             work.wait()
         self.sends = []
         self.wait_s += time.perf_counter() - t0
+        if self.pulls is not None:
+            self.pulls.reset()  # as the servers did: their next replies are dense
 
     def done(self) -> None:
         """Tell every server this worker has finished (after its last push)."""

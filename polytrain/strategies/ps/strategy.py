@@ -18,7 +18,9 @@ dropped; per server in ``dropped_by_server``), and per worker ``worker_wait_s`` 
 ``worker_steps`` (steps each computed).
 
 ``--set compression=CODEC`` compresses each worker's pushes (one payload per server shard, error
-feedback per shard on the worker; the server decodes with the same codec); pulls stay float32.
+feedback per shard on the worker; the server decodes with the same codec) and, with
+``compress_pulls=true`` (the default; not with ``dgc``), the server's replies: the change since
+the worker's copy, with the server's per-worker copy as the error feedback (:mod:`.pulls`).
 A worker's checkpoint holds its residuals (and dgc's velocity) as flat vectors, so a resume may
 re-shard them; the per-push counters restart at 0 on both sides.
 """
@@ -43,6 +45,7 @@ from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.ps.checkpoint import restore_server, server_saver
 from polytrain.strategies.ps.consistency import histogram, make_consistency
+from polytrain.strategies.ps.pulls import PullDecoder, PullEncoder, pulls_compressible
 from polytrain.strategies.ps.server import ParameterServer, PSClient, gather_shards, shard_name
 from polytrain.strategies.ps.sharding import (
     ShardPlan,
@@ -65,6 +68,8 @@ class PsOptions(CodecOptions):
     n_fetch: int = Field(1, ge=1, description="async: fetch parameters every n_fetch steps")
     server_optimizer: Literal["sgd", "momentum", "adagrad", "adam"] | None = None
     sparse_push: bool = Field(True, description="push (index, value) pairs when under half non-zero")
+    compress_pulls: bool = Field(True, description="with compression=: replies as codec-compressed "
+                                                   "parameter changes (not dgc)")
 
 
 def model_plan(cfg: JobConfig, kind: str, servers: int) -> ShardPlan:
@@ -166,7 +171,9 @@ class Ps(Strategy):
                                      s["optimizer"], policy, lr=cfg.lr, momentum=cfg.momentum,
                                      weight_decay=cfg.weight_decay, recorder=ctx.recorder,
                                      straggle=ctx.straggle,
-                                     decoder=_decoder(o, job, ctx, s["workers"], plan.sizes()[ctx.rank]))
+                                     decoder=_decoder(o, job, ctx, s["workers"], plan.sizes()[ctx.rank]),
+                                     pulls=PullEncoder(o, ctx.world, ctx.rank, cfg.seed)
+                                     if pulls_compressible(o) else None)
             server.on_save = server_saver(job, ctx, server, s["servers"], o.sharding)
             start = 0
             if ctx.resume:
@@ -176,8 +183,9 @@ class Ps(Strategy):
             server.serve()
             return self._finish_server(job, ctx, server, plan, s)
         engine = (Engine.from_options(o, ctx.world, ctx.rank, cfg.seed) if o.compressing else None)
-        loop = WorkerLoop(job, ctx, PSClient(ctx.comm, plan, s["servers"], o.sparse_push, engine), policy,
-                          index=ctx.rank - o.servers, workers=len(s["workers"]),
+        pulls = PullDecoder(o, ctx.world, cfg.seed) if pulls_compressible(o) else None
+        client = PSClient(ctx.comm, plan, s["servers"], o.sparse_push, engine, pulls)
+        loop = WorkerLoop(job, ctx, client, policy, index=ctx.rank - o.servers, workers=len(s["workers"]),
                           n_push=o.n_push, n_fetch=o.n_fetch)
         if o.consistency == "k-of-n":
             _start(job, ctx)
@@ -238,7 +246,17 @@ class Ps(Strategy):
             "worker_compute_s": [r["compute_s"] for r in workers],
             "sparse_pushes": sum(r["sparse_pushes"] for r in workers),
             **({"codec": workers[0]["codec"]} if workers and "codec" in workers[0] else {}),
+            **({"pull_codec": _pull_report(servers)} if servers and "pulls" in servers[0] else {}),
         }
+
+
+def _pull_report(servers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Compressed pulls over all servers: payload bytes sent vs the dense float32 replies."""
+    sent = sum(r["pulls"]["payload_bytes"] for r in servers)
+    fp32 = sum(r["pulls"]["fp32_bytes"] for r in servers)
+    return {"codec": servers[0]["pulls"]["codec"], "payload_bytes": sent, "fp32_bytes": fp32,
+            "dense_replies": sum(r["pulls"]["dense_replies"] for r in servers),
+            "ratio_vs_fp32": round(fp32 / sent, 3) if sent else None}
 
 
 def _decoder(o: PsOptions, job: Job, ctx: RankContext, workers: list[int],

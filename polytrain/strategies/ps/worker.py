@@ -42,7 +42,7 @@ def codec_state(engine: Engine, plan: ShardPlan) -> dict[str, torch.Tensor]:
     out = {}
     for key, get in (("residual", lambda s: residuals.get(shard_name(s))),
                      ("velocity", lambda s: velocity.get(str(s)))):
-        flat = torch.zeros(plan.total)
+        flat = torch.zeros(plan.total, dtype=torch.float64 if key == "residual" else torch.float32)
         for s in range(plan.servers):
             t = get(s)
             if t is not None:
