@@ -183,20 +183,51 @@ def run_one(
     }
 
 
-def measure(steps: int, only: set[int] | None) -> list[dict[str, Any]]:
+def measure(steps: int, only: set[int] | None, repeats: int, resume: bool) -> list[dict[str, Any]]:
+    """Run every (scenario, strategy) ``repeats`` times, repeats interleaved (repeat r of every
+    scenario before repeat r+1 of any), saving after each run; with ``resume`` the runs already in
+    the raw file are kept and skipped, so a measurement can go in chunks (``--scenarios``)."""
     from harness import command_line, git_commit
 
-    rows = json.loads(RAW.read_text())["runs"] if RAW.exists() and only else []
-    for i, (model, hosts, nic, strategies) in enumerate(SCENARIOS):
-        if only is not None and i not in only:
-            continue
-        rows = [r for r in rows if r["scenario"] != i]
-        for strategy, opts in strategies:
-            row = {"scenario": i, **run_one(model, hosts, nic, strategy, opts, steps)}
-            print(json.dumps({k: v for k, v in row.items() if k != "step_times"}), flush=True)
-            rows.append(row)
-            RAW.write_text(json.dumps({"steps": steps, "commit": git_commit(), "command": command_line(),
-                                       "runs": rows}, indent=1))
+    rows = json.loads(RAW.read_text())["runs"] if RAW.exists() and resume else []
+    done = {(r["scenario"], r["strategy"], r.get("repeat", 0)) for r in rows if "measured_step_s" in r}
+    rows = [r for r in rows if "measured_step_s" in r]
+    for rep in range(repeats):
+        for i, (model, hosts, nic, strategies) in enumerate(SCENARIOS):
+            if only is not None and i not in only:
+                continue
+            for strategy, opts in strategies:
+                if (i, strategy, rep) in done:
+                    continue
+                row = {"scenario": i, "repeat": rep, **run_one(model, hosts, nic, strategy, opts, steps)}
+                print(json.dumps({k: v for k, v in row.items() if k != "step_times"}), flush=True)
+                rows.append(row)
+                RAW.write_text(json.dumps({"steps": steps, "commit": git_commit(), "command": command_line(),
+                                           "runs": rows}, indent=1))
+    return rows
+
+
+def merge_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (scenario, strategy): the median over repeats of each run's median step time,
+    with min-max and every repeat's value kept; peak RSS is the largest seen."""
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault((r["scenario"], r["strategy"]), []).append(r)
+    rows = []
+    for (_, _), group in sorted(groups.items()):
+        per = [g["measured_step_s"] for g in group]
+        rows.append(
+            {
+                **group[0],
+                "measured_step_s": statistics.median(per),
+                "repeat_step_s": per,
+                "measured_min_ms": min(per) * 1e3,
+                "measured_max_ms": max(per) * 1e3,
+                "repeats": len(per),
+                "peak_rss_bytes": max(g["peak_rss_bytes"] for g in group),
+                "load_start": statistics.median(g["load_start"] for g in group),
+            }
+        )
     return rows
 
 
@@ -239,7 +270,7 @@ def predict(
             cluster.intra_bps,
             cluster.latency_s + alpha,
             cluster.intra_alpha + alpha,
-            cluster.cores,
+            cores,
         )
         e = estimate_for(
             cfg, r["hosts"], Scene(profiles[r["model"]], cluster, cfg.batch_size, scale, overhead)
@@ -306,7 +337,7 @@ def analyse(raw: dict[str, Any]) -> None:
 
     from polytrain.plan.predict import cached_profile
 
-    rows = [r for r in raw["runs"] if "measured_step_s" in r]
+    rows = merge_repeats([r for r in raw["runs"] if "measured_step_s" in r])
     failed = [r for r in raw["runs"] if "measured_step_s" not in r]
     profiles = {}
     for m in sorted({r["model"] for r in rows}):  # the profile the runs themselves cached (same load)
@@ -356,6 +387,9 @@ def analyse(raw: dict[str, Any]) -> None:
         "strategy",
         "opts",
         "measured_ms",
+        "measured_min_ms",
+        "measured_max_ms",
+        "repeats",
         "predicted_ms",
         "error_%",
         "load_start",
@@ -365,7 +399,7 @@ def analyse(raw: dict[str, Any]) -> None:
         [
             {
                 k: r.get(k)
-                for k in [*cols, "step_times", "peak_rss_bytes", "predicted_memory_bytes", "load_end"]
+                for k in [*cols, "repeat_step_s", "peak_rss_bytes", "predicted_memory_bytes", "load_end"]
             }
             for r in rows
         ],
@@ -385,11 +419,16 @@ def main() -> None:
     p.add_argument(
         "--analyse", action="store_true", help="only recompute from results/plan_accuracy_raw.json"
     )
-    p.add_argument("--scenarios", help="re-measure only these scenario numbers, e.g. 3,5")
+    p.add_argument("--scenarios", help="measure only these scenario numbers, e.g. 3,5")
+    p.add_argument("--repeats", type=int, default=5, help="runs per (scenario, strategy), interleaved")
+    p.add_argument("--resume", action="store_true", help="keep and skip the runs already in the raw file")
+    p.add_argument("--no-analyse", action="store_true", help="measure only (a chunk); analyse later")
     a = p.parse_args()
     if not a.analyse:
         only = {int(x) for x in a.scenarios.split(",")} if a.scenarios else None
-        measure(a.steps, only)
+        measure(a.steps, only, a.repeats, a.resume)
+        if a.no_analyse:
+            return
     analyse(json.loads(RAW.read_text()))
 
 
