@@ -114,6 +114,7 @@ SCENARIOS: list[tuple[str, int, str, list[tuple[str, dict[str, Any]]]]] = [
     ),
 ]
 RAW = HERE / "results" / "plan_accuracy_raw.json"
+PROFILES = Path(tempfile.gettempdir()) / "plan_accuracy_profiles"
 
 
 def step_times(run_dir: Path, skip: int = 2) -> list[float]:
@@ -248,6 +249,10 @@ def _config(row: dict[str, Any]) -> Any:
     return load_config(None, over, sets)
 
 
+def _model_config(model: str) -> Any:
+    return _config({"model": model, "strategy": "single", "hosts": 1, "options": {}})
+
+
 def predict(
     rows: list[dict[str, Any]],
     profiles: dict[str, Any],
@@ -339,9 +344,13 @@ def analyse(raw: dict[str, Any]) -> None:
 
     rows = merge_repeats([r for r in raw["runs"] if "measured_step_s" in r])
     failed = [r for r in raw["runs"] if "measured_step_s" not in r]
+    # each model profiled once in a fresh process (its peak-RSS growth is the runtime memory), cached
+    # in PROFILES: the runs' own cache was written by rank 0 after training, which already held it all
+    os.environ["POLYTRAIN_CACHE"] = str(PROFILES)
     profiles = {}
-    for m in sorted({r["model"] for r in rows}):  # the profile the runs themselves cached (same load)
-        profiles[m] = cached_profile(_config({"model": m, "strategy": "single", "hosts": 1, "options": {}}))
+    for m in sorted({r["model"] for r in rows}):
+        subprocess.run([sys.executable, __file__, "--profile-model", m], check=True)
+        profiles[m] = cached_profile(_model_config(m))
     calib = {i for i in range(len(SCENARIOS)) if i % 2 == 0}
     held = set(range(len(SCENARIOS))) - calib
     scale, alpha, cores, overhead = fit([r for r in rows if r["scenario"] in calib], profiles)
@@ -419,11 +428,18 @@ def main() -> None:
     p.add_argument(
         "--analyse", action="store_true", help="only recompute from results/plan_accuracy_raw.json"
     )
+    p.add_argument("--profile-model", help=argparse.SUPPRESS)  # analyse: profile in a fresh process
     p.add_argument("--scenarios", help="measure only these scenario numbers, e.g. 3,5")
     p.add_argument("--repeats", type=int, default=5, help="runs per (scenario, strategy), interleaved")
     p.add_argument("--resume", action="store_true", help="keep and skip the runs already in the raw file")
     p.add_argument("--no-analyse", action="store_true", help="measure only (a chunk); analyse later")
     a = p.parse_args()
+    if a.profile_model:
+        from polytrain.plan.predict import cached_profile
+
+        os.environ["POLYTRAIN_CACHE"] = str(PROFILES)
+        cached_profile(_model_config(a.profile_model), repeats=5)
+        return
     if not a.analyse:
         only = {int(x) for x in a.scenarios.split(",")} if a.scenarios else None
         measure(a.steps, only, a.repeats, a.resume)

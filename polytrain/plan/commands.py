@@ -75,7 +75,8 @@ def run_profile(cfg: JobConfig, out: str | None, comm: bool, console: Console) -
     console.print(format_records(prof), highlight=False, markup=False)
     console.print(
         f"optimizer step {prof.optimizer_s * 1e3:.3f} ms; "
-        f"process base {prof.base_memory_bytes / 2**20:.0f} MiB",
+        f"process base {prof.base_memory_bytes / 2**20:.0f} MiB, "
+        f"runtime and data {prof.runtime_memory_bytes / 2**20:.0f} MiB",
         highlight=False,
     )
     for kind, ab in prof.comm.items():

@@ -95,7 +95,7 @@ class Scene:
         return self.profile.optimizer_s * param_bytes / total * self.compute_scale
 
     def memory(self, *parts: float) -> int:
-        return int(self.profile.base_memory_bytes + sum(parts))
+        return int(self.profile.base_memory_bytes + self.profile.runtime_memory_bytes + sum(parts))
 
 
 def _phases(rank: int, t0: float, items: list[tuple[str, str, float, str]]) -> tuple[list[Span], float]:

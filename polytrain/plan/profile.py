@@ -2,7 +2,7 @@
 
 For each child layer of an ``nn.Sequential``: forward time, backward time (input and weight
 gradients), the bytes of its output (the activation a stage boundary after it would send) and
-of its parameters. Times are medians over ``repeats`` runs after ``warmup`` runs, on one batch
+of its parameters. Times are the fastest of ``repeats`` runs after ``warmup`` runs, on one batch
 of the size the pipeline will process (a micro-batch for gpipe/1f1b, a mini-batch for pipedream).
 
 Profiling leaves the model as it found it: each layer is profiled on a deep copy (batch-norm
@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import statistics
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -111,6 +110,8 @@ def _sync(device: torch.device) -> None:
 
 
 def _median_s(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
+    """The fastest of ``repeats`` runs: on a machine shared with other work the minimum is the
+    stable figure (other processes only ever add time); the planner scales it by contention."""
     times = []
     for _ in range(repeats):
         _sync(device)
@@ -118,7 +119,7 @@ def _median_s(fn: Callable[[], None], device: torch.device, repeats: int) -> flo
         fn()
         _sync(device)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def _profile_layer(
@@ -222,6 +223,10 @@ class Profile:
     device: str = "cpu"
     threads: int = 1
     task: str = "classify"  # the dataset's task (classify | lm)
+    # resident bytes a training process holds beyond the fresh process and the modelled tensors
+    # (its dataset, the allocator/autograd working set of forward and backward): the peak RSS
+    # growth while profiling minus parameters, gradients, activations and one input batch
+    runtime_memory_bytes: int = 0
 
     @property
     def param_bytes(self) -> int:
@@ -262,6 +267,23 @@ def _rss_bytes() -> int:
         return 0
 
 
+def _reset_peak_rss() -> None:
+    """Reset this process's VmHWM (Linux: write 5 to clear_refs); ignored where not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_bytes() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, ValueError, StopIteration):
+        return _rss_bytes()
+
+
 def _layers_or_whole(model: nn.Module) -> nn.Sequential:
     return model if isinstance(model, nn.Sequential) else nn.Sequential(OrderedDict(model=model))
 
@@ -290,6 +312,7 @@ def measure_profile(cfg: Any, repeats: int = 5, threads: int = 1) -> Profile:
     from polytrain.runtime.job import Job
 
     torch.set_num_threads(threads)
+    _reset_peak_rss()
     base = _rss_bytes()
     job = Job.from_config(cfg)
     model = _layers_or_whole(job.build_model())
@@ -300,6 +323,7 @@ def measure_profile(cfg: Any, repeats: int = 5, threads: int = 1) -> Profile:
     small = big[: max(1, cfg.batch_size // 8)]
     full = profile_layers(model, big, repeats)
     part = profile_layers(model, small, repeats)
+    grown = _peak_rss_bytes() - base
     state = OPTIMIZER_STATE.get(cfg.optimizer, 2)
     scale = cfg.batch_size / small.shape[0]
     records = []
@@ -333,6 +357,12 @@ def measure_profile(cfg: Any, repeats: int = 5, threads: int = 1) -> Profile:
         device=str(big.device),
         threads=threads,
         task=job.spec.task,
+        runtime_memory_bytes=max(
+            0,
+            grown
+            - sum(2 * f.param_bytes + f.activation_bytes for f in full)
+            - int(big.numel() * big.element_size()),
+        ),
     )
 
 
