@@ -209,14 +209,15 @@ def measure(steps: int, only: set[int] | None, repeats: int, resume: bool) -> li
 
 
 def merge_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (scenario, strategy): the median over repeats of each run's median step time,
+    """One row per (scenario, strategy): the median over repeats of each run's mean step time,
     with min-max and every repeat's value kept; peak RSS is the largest seen."""
     groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for r in runs:
         groups.setdefault((r["scenario"], r["strategy"]), []).append(r)
     rows = []
     for (_, _), group in sorted(groups.items()):
-        per = [g["measured_step_s"] for g in group]
+        # each run's mean step (after warm-up): what the planner predicts, periodic syncs included
+        per = [statistics.mean(g["step_times"]) for g in group]
         rows.append(
             {
                 **group[0],

@@ -17,6 +17,8 @@ A message of S bytes over a link costs α + S/β (α: latency per message, s; β
 - parameter-server link load (`ps_traffic`): from the shard plan's bytes per server, every worker
   pushes each server its shard and pulls it back; per host NIC the bytes in and out per step, and
   the time the busiest NIC (or intra link) needs for them;
+- shared cores (`shared_cores`): where all ranks share a machine's cores (the testbed), a
+  collective over n > cores ranks pays α·n/cores per message (each hop waits to be scheduled);
 - tensor-parallel collectives: per transformer block, two all-reduces of the (B, T, D) activations
   in forward and two of their gradients in backward (Megatron's f and g), `tp_block_s`.
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from polytrain.plan.cluster import Cluster
 
@@ -79,9 +81,19 @@ def hosts_of(cluster: Cluster, ranks: Sequence[int]) -> int:
     return len({cluster.host_of(r) for r in ranks})
 
 
+def shared_cores(cluster: Cluster, n: int) -> Cluster:
+    """On shared cores (the testbed) every hop of a collective over ``n`` ranks waits for the next
+    rank to be scheduled: each message's α grows by the cores' contention, n/cores when n > cores."""
+    k = cluster.contention(n)
+    if k == 1.0:
+        return cluster
+    return replace(cluster, latency_s=cluster.latency_s * k, intra_latency_s=cluster.intra_alpha * k)
+
+
 def allreduce_s(nbytes: float, ranks: Sequence[int], cluster: Cluster, nic_share: int = 1) -> float:
     """Fastest of flat ring, tree and two-level all-reduce of ``nbytes`` over ``ranks``."""
     n = len(ranks)
+    cluster = shared_cores(cluster, n)
     hosts = hosts_of(cluster, ranks)
     if hosts <= 1:
         link = intra_link(cluster)
@@ -105,6 +117,7 @@ def two_level_allreduce_s(
 def group_allgather_s(
     total_bytes: float, ranks: Sequence[int], cluster: Cluster, nic_share: int = 1
 ) -> float:
+    cluster = shared_cores(cluster, len(ranks))
     link = intra_link(cluster) if hosts_of(cluster, ranks) <= 1 else nic_link(cluster, nic_share)
     return allgather_s(total_bytes, len(ranks), link)
 

@@ -65,10 +65,13 @@ class Scene:
     def fb(self, lo: int, hi: int, batch: float, busy: int = 1, split: int = 1) -> tuple[float, float]:
         """(forward, backward) seconds of layers [lo, hi) at ``batch`` samples, ``busy`` ranks
         computing at once, each layer's work divided ``split`` ways (tensor / column split)."""
-        k = self.compute_scale * self.cluster.contention(busy) / split
+        k = self.compute_scale * self.cluster.contention(busy)
         f = b = 0.0
         for layer in self.profile.layers[lo:hi]:
             lf, lb = layer.times(batch, self.profile.batch_size)
+            # a split layer's share of the work shrinks; its per-call fixed time does not
+            lf = layer.forward_fixed_s + (lf - layer.forward_fixed_s) / split
+            lb = layer.backward_fixed_s + (lb - layer.backward_fixed_s) / split
             f, b = f + lf * k, b + lb * k
         return f, b
 
