@@ -240,6 +240,9 @@ def ps(scene: Scene, world: int, servers: int, sharding: str, consistency: str) 
     f, b = scene.pass_fb(0, n, scene.batch / workers, busy=workers)
     apply = scene.optimizer_s(max(sizes))
     if consistency in ("bsp", "k-of-n"):
+        # the server sums every worker's push into its shard (one add per worker, each about one
+        # SGD update of the shard) before it applies the update
+        apply *= workers + 1
         items = [
             ("compute", "forward", f, "F"),
             ("compute", "backward", b, "B"),
