@@ -81,7 +81,7 @@ def hosts_of(cluster: Cluster, ranks: Sequence[int]) -> int:
     return len({cluster.host_of(r) for r in ranks})
 
 
-def shared_cores(cluster: Cluster, n: int) -> Cluster:
+def shared_cores(cluster: Cluster, n: float) -> Cluster:
     """On shared cores (the testbed) every hop of a collective over ``n`` ranks waits for the next
     rank to be scheduled: each message's α grows by the cores' contention, n/cores when n > cores."""
     k = cluster.contention(n)

@@ -9,7 +9,7 @@ Rank layout as `runtime.layout.Layout` numbers it: rank = d·pp + s.
 
 from __future__ import annotations
 
-from polytrain.plan.cost import allreduce_s, p2p_s
+from polytrain.plan.cost import allreduce_s, p2p_s, shared_cores
 from polytrain.plan.estimate import Estimate, Scene, Span
 from polytrain.plan.partition import LayerCost, Partition, pipedream_plan
 from polytrain.plan.simulate import StageTimes, pipeline_step, schedule_orders
@@ -65,15 +65,16 @@ def pipeline(
     part = partition or plan_partition(scene, stages, micro)
     fb = [scene.pass_fb(a, b, micro) for a, b in part.bounds]
     acts = [prof.layers[b - 1].activation_bytes * micro / prof.batch_size for _, b in part.bounds[:-1]]
-    messages = tuple(p2p_s(x, s, s + 1, cl) for s, x in enumerate(acts))
     stage_params = [sum(r.param_bytes for r in prof.layers[a:b]) for a, b in part.bounds]
     # a stream schedule updates after every backward: the update is part of each backward
     updates = [0.0 if flush else scene.optimizer_s(p) for p in stage_params]
     count = microbatches if flush else 1
     # shared cores: a first pass finds how many ranks compute at once on average (the schedule's
-    # bubbles leave some idle), the second slows compute by that contention
-    slow = 1.0
+    # bubbles leave some idle), the second slows compute and each message's α by that contention
+    slow, busy = 1.0, 1.0
     for _ in range(2):
+        link = shared_cores(cl, busy)
+        messages = tuple(p2p_s(x, s, s + 1, link) for s, x in enumerate(acts))
         times = StageTimes(
             tuple(f * slow for f, _ in fb),
             tuple((b + u) * slow for (_, b), u in zip(fb, updates, strict=True)),
@@ -82,7 +83,8 @@ def pipeline(
         est = pipeline_step(schedule, times, count)
         work = sum(e - s for row in est.timeline.values() for _, s, e in row)
         span = max((row[-1][2] for row in est.timeline.values() if row), default=0.0)
-        slow = cl.contention(dp * work / span) if span > 0 else 1.0
+        busy = dp * work / span if span > 0 else 1.0
+        slow = cl.contention(busy)
     sync = (
         max(
             allreduce_s(p, range(s, dp * stages, stages), cl, nic_share=min(cl.procs_per_host, stages))
