@@ -125,3 +125,15 @@ def test_cluster_parse_and_errors() -> None:
     assert parse_bytes("16GiB") == 16 * 2**30 and parse_bytes("500MB") == 500 * MB
     with pytest.raises(ConfigError, match="memory-limit"):
         parse_bytes("lots")
+
+
+def test_shared_cores_scale_alpha_by_hand() -> None:
+    # 8 hosts, one rank each, all on 2 shared cores: each message's α is 8/2 = 4 times 1 ms.
+    # Ring (tiny message): 2*7 messages * 4 ms; tree: 2*3 levels * 4 ms = 24 ms is the faster
+    cl = Cluster(hosts=8, procs_per_host=1, nic_bps=1e12, intra_bps=1e12, latency_s=1e-3, cores=2)
+    assert allreduce_s(1.0, range(8), cl) == pytest.approx(0.024, rel=1e-6)
+    # 2 ranks on 2 cores: no contention, α unchanged (tree = ring = 2 messages of 1 ms)
+    assert allreduce_s(1.0, [0, 1], cl) == pytest.approx(0.002, rel=1e-6)
+    # without shared cores nothing changes
+    free = Cluster(hosts=8, procs_per_host=1, nic_bps=1e12, intra_bps=1e12, latency_s=1e-3)
+    assert allreduce_s(1.0, range(8), free) == pytest.approx(0.006, rel=1e-6)
