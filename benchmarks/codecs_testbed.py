@@ -4,6 +4,8 @@ against uncompressed ``allreduce`` and PyTorch's PowerSGD hook, in the same run.
 
     sudo .venv/bin/python benchmarks/codecs_testbed.py --job vgg [--repeats 5] [--hosts 4] [--nic 100mbit]
     sudo .venv/bin/python benchmarks/codecs_testbed.py --job gpt [--repeats 5]
+    sudo .venv/bin/python benchmarks/codecs_testbed.py --job gpt \
+        --cases "uncompressed,fp16,topk 10% zstd,dgc 10% zstd" --name codecs_testbed_gpt_moderate
 
 Jobs (Adam for all cases: VGG-16's shape without batch norm does not leave chance level in 600
 SGD steps on this data; measured):
@@ -57,6 +59,9 @@ CASES: dict[str, list[str]] = {
     "topk+onebit 1% zstd": ["compression=topk+onebit", "ratio=0.01", "entropy=zstd"],
     "topk 1% zstd": ["compression=topk", "ratio=0.01", "entropy=zstd"],
     "topk+onebit 5% zstd": ["compression=topk+onebit", "ratio=0.05", "entropy=zstd"],
+    "fp16": ["compression=fp16"],
+    "topk 10% zstd": ["compression=topk", "ratio=0.1", "entropy=zstd"],
+    "dgc 10% zstd": ["compression=dgc", "ratio=0.1", "entropy=zstd", "dgc_momentum=0", "dgc_warmup=50"],
 }
 DEFAULT_CASES = "uncompressed,powersgd rank 2,dgc 1% zstd,topk+onebit 1% zstd"
 
@@ -125,6 +130,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated, of: {', '.join(CASES)}")
+    p.add_argument("--name", default="", help="results file name (default codecs_testbed_JOB)")
     a = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="codecs-testbed-"))
     runs = []
@@ -133,7 +139,7 @@ def main() -> None:
         runs.append(r)
         print({k: v for k, v in r.items() if k != "evals"}, flush=True)
     rows = summarise(a.job, runs)
-    write_results(f"codecs_testbed_{a.job}", rows, list(rows[0]), extra={"runs": runs},
+    write_results(a.name or f"codecs_testbed_{a.job}", rows, list(rows[0]), extra={"runs": runs},
                   notes=f"allreduce on {a.hosts} emulated hosts at {a.nic} (polytrain testbed), one rank "
                         f"and one torch thread per host, global batch {16 * a.hosts}, Adam, {a.steps} "
                         f"steps, seed = repeat, {a.repeats} interleaved repeats; median (min–max). Target "
