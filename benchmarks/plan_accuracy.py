@@ -366,6 +366,10 @@ def analyse(raw: dict[str, Any]) -> None:
     hits, total, lines = recommended_hits(rows, {r["scenario"] for r in rows})
     held_hits, held_total, _ = recommended_hits(rows, held & {r["scenario"] for r in rows})
     mem = stats([r["predicted_memory_bytes"] / r["peak_rss_bytes"] - 1 for r in rows])
+    by_strategy = {  # signed median error per strategy over all scenarios: which terms are off
+        s: round(statistics.median(r["error"] for r in rows if r["strategy"] == s), 3)
+        for s in sorted({r["strategy"] for r in rows})
+    }
     summary = {
         "calibration": {
             "compute_scale": scale,
@@ -381,6 +385,7 @@ def analyse(raw: dict[str, Any]) -> None:
         "crossover_hosts_measured": crossover(rows, "measured_step_s"),
         "crossover_hosts_predicted": crossover(rows, "predicted_step_s"),
         "memory_vs_peak_rss": mem,
+        "median_signed_error_by_strategy": by_strategy,
         "failed_runs": failed,
         "loadavg_end": os.getloadavg(),
         "git_commit": subprocess.run(
