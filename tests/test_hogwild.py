@@ -4,6 +4,8 @@ is reported by benchmarks/dp_hogwild.py, never asserted here."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import torch
 import polytrain
 from polytrain.config import make_config
 from polytrain.errors import ConfigError
+from polytrain.runtime.divergence import all_finite
 from polytrain.strategies import make_strategy
 from polytrain.strategies.data.hogwild import (
     interleaved,
@@ -46,6 +49,33 @@ def test_sparse_write_equals_dense() -> None:
     expected = w.detach() - 0.1 * g
     sgd_write([w], 0.1)
     torch.testing.assert_close(w.detach(), expected)
+
+
+def test_finite_check_of_memory_written_concurrently(tmp_path: Path) -> None:
+    # another process keeps adding to a shared mapping of finite values; the divergence check on
+    # a private copy never calls it non-finite (a check on the mapping itself can: isfinite may
+    # read an element twice, and two reads of a changing element differ)
+    path, n = str(tmp_path / "shared"), 4096
+    flat = torch.from_file(path, shared=True, size=n, dtype=torch.float32)
+    flat.copy_(torch.randn(n))
+    pid = os.fork()
+    if pid == 0:  # the writer
+        mine = torch.from_file(path, shared=True, size=n, dtype=torch.float32)
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            mine.add_(torch.randn(n) * 1e-3)
+        os._exit(0)
+    checks, running = 0, True
+    try:
+        while running:
+            assert all_finite([flat], snapshot=True)
+            checks += 1
+            running = os.waitpid(pid, os.WNOHANG) == (0, 0)
+    finally:
+        if running:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+    assert checks > 100 and all_finite([flat])
 
 
 def test_one_host_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -40,16 +40,24 @@ def check_on_nonfinite(cfg: JobConfig) -> None:
             "stop (the default), or one of those strategies.")
 
 
-def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
-    """Whether every tensor is free of NaN/inf: one reduction each and one host sync."""
-    flags = [torch.isfinite(t.detach()).all() for t in tensors if t is not None]
+def all_finite(tensors: Iterable[torch.Tensor | None], snapshot: bool = False) -> bool:
+    """Whether every tensor is free of NaN/inf: one reduction each and one host sync.
+
+    ``snapshot``: check a private copy. ``isfinite`` may read an element more than once, so on
+    memory another process writes concurrently (``hogwild``'s shared copy) two reads of one
+    element can differ and a finite tensor reads as non-finite; a copy reads each element once.
+    """
+    flags = [torch.isfinite(t.detach().clone() if snapshot else t.detach()).all()
+             for t in tensors if t is not None]
     return bool(torch.stack(flags).all()) if flags else True
 
 
-def check_finite(step: int, loss: float, model: nn.Module, skipping: bool = False) -> None:
+def check_finite(step: int, loss: float, model: nn.Module, skipping: bool = False,
+                 snapshot: bool = False) -> None:
     """Raise DivergedError naming ``step`` when ``loss`` is infinite or a parameter is not finite
-    (``skipping``: a non-finite loss was a skipped step; only the parameters count)."""
-    finite = all_finite(model.parameters())
+    (``skipping``: a non-finite loss was a skipped step; only the parameters count;
+    ``snapshot``: parameters other processes write concurrently, see ``all_finite``)."""
+    finite = all_finite(model.parameters(), snapshot)
     if (math.isinf(loss) and not skipping) or not finite:
         what = "a parameter is NaN or infinite" if not finite else "the loss is infinite"
         raise DivergedError(

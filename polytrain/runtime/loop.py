@@ -13,7 +13,8 @@ solver with its own data):
 * ``save``/``restore``: the strategy's own checkpoint protocol (e.g. ``ps``: the servers write
   their shards and optimizer state at a consistent cut), replacing the collective default;
   ``quiesce``: every rank waits at a barrier before and after the snapshot (ranks that write
-  into one shared copy, e.g. ``hogwild``, must not write while it is read);
+  into one shared copy, e.g. ``hogwild``, must not write while it is read); such ranks also
+  check their parameters for NaN/inf on a private copy (see ``check_finite``);
 * ``evaluate``: the strategy's own evaluation (default ``job.evaluate(eval_model)``),
   ``evaluates``: whether this rank evaluates (default: the leader, or every rank when the
   parameters are not replicated); ``final_eval``: whether it also evaluates at the end and
@@ -201,7 +202,8 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
         loss = run_step(step)
         if spec.after_update is not None:
             spec.after_update(step, loss)
-        check_finite(step, loss, spec.model, cfg.on_nonfinite == "skip")  # before record, checkpoint
+        check_finite(step, loss, spec.model, cfg.on_nonfinite == "skip",  # before record, checkpoint
+                     snapshot=spec.quiesce)
         if spec.reports:
             ctx.recorder.step(step, loss, samples=samples_at(step))
         ctx.recorder.sample_resources(step=step)
