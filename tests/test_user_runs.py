@@ -158,12 +158,16 @@ def test_strategies_name_prints_options() -> None:
 
 
 def test_tensor_parallel_user_gpt_equals_single(tmp_path: Path) -> None:
-    """The tied nanoGPT-style GPT: MLPs split by the derived plan or the user's; the tied
-    embedding/head and the attention stay replicated."""
+    """The tied nanoGPT-style GPT: attention heads (fused c_attn in thirds, nanoGPT's
+    C = x.size() traced as the local width) and MLPs split by the derived plan or the user's;
+    the tied embedding/head stays replicated."""
     train(tmp_path / "single", "single", 1, **GPT)
-    user = "transformer.h.*.mlp.c_fc:colwise,transformer.h.*.mlp.c_proj:rowwise"
+    user = ("transformer.h.*.attn.c_attn:qkv,transformer.h.*.attn.c_proj:rowwise,"
+            "transformer.h.*.attn:heads,"
+            "transformer.h.*.mlp.c_fc:colwise,transformer.h.*.mlp.c_proj:rowwise")
     for name, plan in (("auto", "auto"), ("user", user)):
-        train(tmp_path / name, "tensor", 2, options={"tp_plan": plan}, **GPT)
+        summary = train(tmp_path / name, "tensor", 2, options={"tp_plan": plan}, **GPT)
+        assert summary["strategy_metrics"]["sharded_parameters"] == 2 * 6
         assert_same_params(load_model(tmp_path / name), load_model(tmp_path / "single"))
         a, b = step_losses(tmp_path / name), step_losses(tmp_path / "single")
         for s in a:

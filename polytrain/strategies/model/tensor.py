@@ -16,23 +16,26 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from polytrain.config import JobConfig
+from polytrain.data import dataset_spec
 from polytrain.errors import ConfigError
 from polytrain.models.gpt import CausalSelfAttention
-from polytrain.models.registry import is_user_model
+from polytrain.models.registry import build_model, is_user_model
 from polytrain.models.user import UserModule
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.model.megatron import ShardDims, check_heads, shard_transformer
 from polytrain.strategies.model.shard_collectives import Evaluating, Wire, gather_state
+from polytrain.strategies.model.tp_attention import local_comms
 from polytrain.strategies.model.tp_plan import apply_plan, derive_plan, parse_plan, unchunk
 
 
 class TensorOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     tp_plan: str = Field("auto", description=(
-        "auto: gpt-mini's Megatron split, or a plan derived for standard MLP blocks; or "
-        "MODULE_PATTERN:colwise|rowwise,... (as DTensor's parallelize_module)"))
+        "auto: gpt-mini's Megatron split, or a plan derived for standard attention and MLP "
+        "blocks; or MODULE_PATTERN:colwise|rowwise|qkv|heads,... (as DTensor's "
+        "parallelize_module; heads on an attention module)"))
 
 
 def shard_model(model: nn.Module, wire: Wire, tp_plan: str) -> tuple[ShardDims, ShardDims]:
@@ -66,6 +69,11 @@ class Tensor(Strategy):
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_transformer(cfg, world, self.name)
+        if is_user_model(cfg.model):  # the plan applied (and its attention proven) before launch
+            opts: TensorOptions = self.options  # type: ignore[assignment]
+            spec = dataset_spec(cfg.dataset, cfg.data_options)
+            model = build_model(cfg.model, spec, cfg.model_options)
+            shard_model(model, Wire(local_comms(world)[0]), opts.tp_plan)
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         model = job.build_model().to(ctx.device)
