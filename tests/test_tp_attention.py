@@ -75,12 +75,19 @@ def tensor_equals_single(model: nn.Module, plan: str) -> int:
     return len(plans[0][0])
 
 
-def test_nanogpt_attention_and_mlp_derived_equal_single() -> None:
-    """Fused c_attn (q|k|v in thirds), nanoGPT's C = x.size() read traced as the local width."""
+GPT_PLAN = ("transformer.h.*.attn.c_attn:qkv,transformer.h.*.attn.c_proj:rowwise,"
+            "transformer.h.*.attn:heads,transformer.h.*.mlp.c_fc:colwise,"
+            "transformer.h.*.mlp.c_proj:rowwise")
+
+
+@pytest.mark.parametrize("plan", ["auto", GPT_PLAN])
+def test_nanogpt_attention_and_mlp_equal_single(plan: str) -> None:
+    """Fused c_attn (q|k|v in thirds), nanoGPT's C = x.size() read traced as the local width;
+    derived, and the same plan written out."""
     torch.manual_seed(0)
     gpt = GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=16))
     # per layer: c_attn weight+bias, attn c_proj weight, c_fc weight+bias, mlp c_proj weight
-    assert tensor_equals_single(gpt, "auto") == 12
+    assert tensor_equals_single(gpt, plan) == 12
 
 
 def test_separate_qkv_derived_equal_single() -> None:

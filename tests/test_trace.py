@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+from torch import nn
 from userzoo.nanogpt import GPT, GPTConfig, UntiedGPT
 from userzoo.resnet import resnet18
 
@@ -65,3 +68,86 @@ def test_split_is_a_model_option_for_any_strategy() -> None:
     assert len(model) == 2
     with pytest.raises(ConfigError, match="zoo model 'cnn' is already a list of layers"):
         build_model("cnn", dataset_spec("digits"), {"split": "auto"})
+
+
+# --- torch.export first, torch.fx where it cannot, a clear error where neither can ------------
+
+
+class Clamp(nn.Module):
+    """Data-dependent Python control flow: torch.export cannot trace it; FX keeps it whole."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / 2 if float(x.abs().max()) > 1e3 else x
+
+
+class ClampNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.clamp, self.b = nn.Linear(4, 8), Clamp(), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.clamp(torch.relu(self.a(x))))
+
+
+class Branchy(ClampNet):
+    """The branch in its own forward: neither tracer can follow it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x)) if float(x.sum()) > 0 else self.b(-self.a(x))
+
+
+def test_export_first_keeps_ties_modes_and_buffers() -> None:
+    torch.manual_seed(0)
+    cfg = GPTConfig(block_size=16, vocab_size=50, n_layer=2, n_head=2, n_embd=16, dropout=0.2)
+    tied = GPT(cfg)
+    cut = split_model(tied, "transformer.h.1", torch.zeros(2, 16, dtype=torch.long))
+    assert (cut.tracer, cut.tracer_fallback) == ("torch.export", None)
+    (tie,) = find_ties(cut, list(cut.children()))  # named by use: the head's segment says lm_head
+    assert tie.stages == (0, 1) and any(n.endswith("lm_head.weight") for n in tie.names)
+    idx = torch.randint(0, 50, (3, 16))  # another batch size than the example's
+    torch.manual_seed(5)
+    ours = cut(idx)  # training mode: dropout draws the same masks in the same order
+    torch.manual_seed(5)
+    torch.testing.assert_close(ours, tied(idx)[0], rtol=0, atol=0)
+    cut.eval()
+    tied.eval()
+    torch.testing.assert_close(cut(idx), tied(idx)[0], rtol=0, atol=0)
+    net = resnet18(num_classes=10, width=4)
+    ref = copy.deepcopy(net)
+    cut = split_model(net, "layer2", torch.zeros(2, 3, 16, 16))
+    assert cut.tracer == "torch.export" and len(cut) == 2
+    x = torch.randn(4, 3, 16, 16)
+    torch.testing.assert_close(cut(x), ref(x), rtol=0, atol=0)  # batch statistics, stats updated
+    cut.eval()
+    ref.eval()
+    torch.testing.assert_close(cut(x), ref(x), rtol=0, atol=0)  # running statistics, none updated
+    ours_sd, theirs = cut.state_dict(), ref.state_dict()
+    assert ours_sd["0.m.bn1.num_batches_tracked"] == theirs["bn1.num_batches_tracked"] == 1
+    torch.testing.assert_close(ours_sd["1.m.layer4.1.bn2.running_var"],
+                               theirs["layer4.1.bn2.running_var"], rtol=0, atol=0)
+
+
+def test_fx_where_export_cannot() -> None:
+    torch.manual_seed(0)
+    net = ClampNet()
+    cut = split_model(net, "clamp,b", torch.zeros(2, 4))
+    assert cut.tracer == "torch.fx" and len(cut) == 3
+    assert cut.tracer_fallback.startswith("torch.export: ")
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(cut(x), net(x), rtol=0, atol=0)
+
+
+def test_neither_tracer_is_refused_naming_the_module() -> None:
+    with pytest.raises(ConfigError) as info:
+        split_model(Branchy(), "b", torch.zeros(2, 4))
+    msg = str(info.value)
+    for word in ("cannot trace Branchy.forward", "torch.export: ", "torch.fx: ",
+                 "named children (split=PATHS among: a, clamp, b", "nn.Sequential"):
+        assert word in msg
+
+
+def test_registry_splits_with_an_example_batch() -> None:
+    spec = dataset_spec("chars", {"seq_len": 16})
+    model = build_model("userzoo.nanogpt:GPT", spec,
+                        {"n_layer": 1, "n_head": 2, "n_embd": 16, "split": "transformer.h.0"})
+    assert model.tracer == "torch.export" and len(model) == 2

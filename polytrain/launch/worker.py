@@ -144,6 +144,7 @@ def run_rank(payload: dict[str, Any]) -> None:
         role = strategy.roles(world)[rank]
         result = strategy.run(job, ctx)
         result.role = role
+        result.strategy_metrics.update(job.split_tracer)
         if ctx.progress is not None:
             ctx.progress.close()
         _finish(job, ctx, result)

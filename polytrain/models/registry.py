@@ -134,8 +134,9 @@ def build_model(
         raise ConfigError(f"split={split!r}: '{name}' already returns its layers (an "
                           "nn.Sequential or a list); use --set partition=... to place them.")
     from polytrain.models.trace import split_model
+    from polytrain.models.trace_export import example_batch
 
-    return split_model(model[0], str(split))
+    return split_model(model[0], str(split), example_batch(spec))
 
 
 def resolve_model(

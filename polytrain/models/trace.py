@@ -9,10 +9,15 @@ The result is an ``nn.Sequential`` of ``torch.fx.GraphModule`` segments, each ma
 ONE tensor: the form the zoo's layer lists take, so every pipeline and layer-wise strategy and the
 partitioner consume it unchanged.
 
-Tracing is ``torch.fx`` symbolic tracing with every module that is not on the way to a cut kept
-whole (a leaf), so code inside blocks (nanoGPT's ``B, T, C = x.size()``, attention) is never
-traced. ``torch.export`` (what ``pipelining.pipeline()`` uses) is not used: it takes 5-30 s per
-model on this machine, once per rank; a forward FX cannot trace is refused with FX's reason.
+Tracing tries ``torch.export`` first (what ``pipelining.pipeline()`` uses; one ATen graph of the
+whole forward, batch dimension dynamic, :mod:`polytrain.models.trace_export`) when an example
+input is given, and accepts it only if the cut model computes what the module does (eval mode,
+the example batch); otherwise it falls back to ``torch.fx`` symbolic tracing with every module
+that is not on the way to a cut kept whole (a leaf), so code inside blocks (nanoGPT's
+``B, T, C = x.size()``, attention) is never traced. The returned Sequential's ``tracer`` says
+which one made it (``torch.export`` or ``torch.fx``; ``tracer_fallback`` why export was not
+used), and runs record it in their strategy metrics. A forward neither can trace is refused
+naming the module, both reasons and what to cut at instead.
 
 Rules, each a ConfigError naming the values: a path must name a submodule (the error lists the
 module paths that may be cut); a cut must carry exactly one tensor (a cut inside a residual block
@@ -80,74 +85,153 @@ def _check_paths(model: nn.Module, paths: list[str]) -> None:
                 f"stage. Valid module paths: {shown}.")
 
 
+class TraceFailed(Exception):
+    """A tracer could not trace the forward (the message says why)."""
+
+
 def _trace(model: nn.Module, paths: list[str] | None) -> fx.GraphModule:
     root = _Forward(model)
     try:
         graph = _Tracer(paths).trace(root)
     except Exception as exc:
-        raise ConfigError(
-            f"split: torch.fx cannot trace {type(model).__name__}.forward ({type(exc).__name__}: "
-            f"{exc}). Cut at coarser modules (their insides are not traced), or make the model "
-            "an nn.Sequential of its layers.") from exc
+        raise TraceFailed(f"{type(exc).__name__}: {_first_line(exc)}") from exc
     return fx.GraphModule(root, graph)
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+def _free(n: fx.Node) -> bool:
+    """Values a segment makes itself: parameters, and values computed from no input (arange)."""
+    return n.op == "get_attr" or (n.op == "call_function" and not n.all_input_nodes)
+
+
+def _sym_dim(tensor: fx.Node, sym: fx.Node) -> int | None:
+    """The dimension of ``tensor`` whose symbolic size is ``sym`` (exported graphs), or None."""
+    t, v = tensor.meta.get("val"), sym.meta.get("val")
+    if not isinstance(v, torch.SymInt) or not isinstance(t, torch.Tensor):
+        return None
+    return next((d for d, n in enumerate(t.shape) if isinstance(n, torch.SymInt)
+                 and str(n) == str(v)), None)
+
+
 def _live_after(nodes: list[fx.Node], i: int) -> list[fx.Node]:
-    """Values defined before position ``i`` and used at or after it (parameters excluded)."""
+    """Values defined before position ``i`` and used at or after it (free values excluded)."""
     later = set(nodes[i:])
-    return [n for n in nodes[:i] if n.op != "get_attr" and any(u in later for u in n.users)]
+    return [n for n in nodes[:i] if not _free(n) and any(u in later for u in n.users)]
 
 
-def _candidates(gm: fx.GraphModule, nodes: list[fx.Node], paths: list[str] | None) -> list[int]:
-    if paths is not None:
-        starts = []
-        for p in paths:
-            hit = [i for i, n in enumerate(nodes)
-                   if n.op == "call_module" and n.target == f"{ROOT}.{p}"]
-            if not hit:
-                raise ConfigError(f"split path '{p}' is never called by the forward, so no stage "
-                                  "can start there. Name a module the forward calls.")
-            starts.append(hit[0])
-        return sorted(set(starts))
-    out = []
+def _carried(live: list[fx.Node]) -> list[fx.Node]:
+    """The tensors among ``live``: symbolic sizes one of them carries are recomputed."""
+    tensors = [n for n in live if not isinstance(n.meta.get("val"), torch.SymInt)]
+    syms = [n for n in live if n not in tensors]
+    if len(tensors) == 1 and all(_sym_dim(tensors[0], s) is not None for s in syms):
+        return tensors
+    return live
+
+
+def _calls(gm: fx.GraphModule, nodes: list[fx.Node], paths: list[str] | None
+           ) -> dict[str, int]:
+    """Module path -> index of the node that starts its first call (FX: ``call_module`` nodes;
+    exported graphs: the first node under it in ``nn_module_stack``). Without ``paths``: the
+    modules with parameters that ``split=auto`` may cut before."""
+    starts: dict[str, int] = {}
     for i, n in enumerate(nodes):
-        if n.op == "call_module" and any(True for _ in gm.get_submodule(str(n.target)).parameters()):
-            out.append(i)
+        if n.op == "call_module" and str(n.target).startswith(ROOT + "."):
+            path = str(n.target).removeprefix(ROOT + ".")
+            if paths is not None or any(True for _ in gm.get_submodule(str(n.target)).parameters()):
+                starts.setdefault(path, i)
+        for name, _cls in (n.meta.get("nn_module_stack") or {}).values():
+            if str(name).startswith(ROOT + "."):
+                starts.setdefault(str(name).removeprefix(ROOT + "."), i)
+    return starts
+
+
+def _candidates(gm: fx.GraphModule, nodes: list[fx.Node], paths: list[str] | None,
+                offered: list[str]) -> list[int]:
+    starts = _calls(gm, nodes, paths)
+    if paths is not None:
+        missing = [p for p in paths if p not in starts]
+        if missing:
+            raise ConfigError(f"split path '{missing[0]}' is never called by the forward, so no "
+                              "stage can start there. Name a module the forward calls.")
+        return sorted({starts[p] for p in paths})
+    return sorted({i for p, i in starts.items() if p in offered})
+
+
+def auto_paths(model: nn.Module) -> list[str]:
+    """The cuts ``split=auto`` offers: children with parameters of the model and its containers."""
+    out = []
+
+    def walk(module: nn.Module, prefix: str) -> None:
+        for name, child in module.named_children():
+            if isinstance(child, CONTAINERS):
+                walk(child, f"{prefix}{name}.")
+            elif any(True for _ in child.parameters()):
+                out.append(prefix + name)
+
+    walk(model, "")
     return out
 
 
+class _Resolver:
+    """Copies nodes into a segment graph, making free values (parameters, sizes, constants)
+    where a node needs them."""
+
+    def __init__(self, g: fx.Graph, source: fx.Node, x: fx.Node, modal: Any) -> None:
+        self.g, self.source, self.env, self.modal = g, source, {source: x}, modal
+        self.user: fx.Node | None = None
+
+    def __call__(self, a: fx.Node) -> fx.Node:
+        if a in self.env:
+            return self.env[a]
+        d = _sym_dim(self.source, a)
+        if a.op == "get_attr" and self.modal is not None:
+            self.env[a] = self.g.get_attr(self.modal.name_for(a, self.user))
+        elif _free(a):
+            self.env[a] = self.g.node_copy(a, self)
+        elif d is not None:
+            self.env[a] = self.g.call_function(torch.ops.aten.sym_size.int, (self.env[self.source], d))
+        else:
+            raise KeyError(a.name)
+        return self.env[a]
+
+    def copy(self, n: fx.Node) -> None:
+        self.user = n
+        self.env[n] = (self.modal.copy(self.g, n, self) if self.modal is not None
+                       else self.g.node_copy(n, self))
+
+
 def _segment(gm: fx.GraphModule, nodes: list[fx.Node], start: int, end: int,
-             source: fx.Node, sink: fx.Node | None) -> fx.GraphModule:
+             source: fx.Node, sink: fx.Node | None, modal: Any) -> fx.GraphModule:
     """Nodes [start, end) as a module ``source -> sink`` (the model's output when sink is None)."""
     g = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    env[source] = g.placeholder("x")
+    r = _Resolver(g, source, g.placeholder("x"), modal)
     for n in nodes[start:end]:
-        env[n] = g.node_copy(n, lambda a: env[a])
+        if not _free(n):
+            r.copy(n)
     if sink is None:
         (out,) = nodes[-1].args  # the output node's value: a tensor, tuple or dict
+        if modal is not None:
+            out = modal.unflatten(out)
         value = out[0] if isinstance(out, (tuple, list)) else (
             out.get("logits") if isinstance(out, dict) else out)
-        g.output(env[value] if isinstance(value, fx.Node) else value)
+        g.output(r(value) if isinstance(value, fx.Node) else value)
     else:
-        g.output(env[sink])
-    return fx.GraphModule(gm, g)
+        g.output(r(sink))
+    return fx.GraphModule(modal.attributes(g) if modal is not None else gm, g)
 
 
-def split_model(model: nn.Module, split: str) -> nn.Sequential:
-    """``model`` as an ``nn.Sequential`` of traced segments cut at ``split`` (see the module doc)."""
-    paths = None if split.strip() == "auto" else [p.strip() for p in split.split(",") if p.strip()]
-    if paths is not None:
-        if not paths:
-            raise ConfigError("split= needs module paths (e.g. split=layer2,layer3) or 'auto'.")
-        _check_paths(model, paths)
-    gm = _trace(model, paths)
-    nodes = [n for n in gm.graph.nodes]
+def _cut(gm: fx.GraphModule, model: nn.Module, paths: list[str] | None, modal: Any = None
+         ) -> nn.Sequential:
+    nodes = [n for n in gm.graph.nodes if n.op != "call_module" or n.target != "_guards_fn"]
     body = [n for n in nodes if n.op != "placeholder"]
     (inp,) = [n for n in nodes if n.op == "placeholder"]
     cuts = []
-    for i in _candidates(gm, body, paths):
-        live = _live_after([inp, *body], i + 1)
+    for i in _candidates(gm, body, paths, auto_paths(model) if paths is None else []):
+        live = _carried(_live_after([inp, *body], i + 1))
         if len(live) == 1 and live[0] is not inp:
             if i > 0 and i not in cuts:
                 cuts.append(i)
@@ -158,8 +242,42 @@ def split_model(model: nn.Module, split: str) -> nn.Sequential:
                 f"values between stages ({names}); a cut must carry exactly one tensor. Cut "
                 "before or after the block that needs them.")
     bounds = list(zip([0, *cuts], [*cuts, len(body) - 1], strict=True))
-    carried = [inp, *(_live_after([inp, *body], c + 1)[0] for c in cuts)]
-    segments = [_segment(gm, body, a, b, carried[k], carried[k + 1] if k < len(cuts) else None)
-                for k, (a, b) in enumerate(bounds)]
-    return nn.Sequential(*segments)
+    carried = [inp, *(_carried(_live_after([inp, *body], c + 1))[0] for c in cuts)]
+    return nn.Sequential(*(
+        _segment(gm, body, a, b, carried[k], carried[k + 1] if k < len(cuts) else None, modal)
+        for k, (a, b) in enumerate(bounds)))
 
+
+def split_model(model: nn.Module, split: str, example: torch.Tensor | None = None
+                ) -> nn.Sequential:
+    """``model`` as an ``nn.Sequential`` of traced segments cut at ``split`` (see the module doc);
+    ``example`` (a batch of inputs) lets ``torch.export`` try first."""
+    paths = None if split.strip() == "auto" else [p.strip() for p in split.split(",") if p.strip()]
+    if paths is not None:
+        if not paths:
+            raise ConfigError("split= needs module paths (e.g. split=layer2,layer3) or 'auto'.")
+        _check_paths(model, paths)
+    fallback = None
+    if example is not None:
+        from polytrain.models.trace_export import split_exported
+
+        try:
+            return _tag(split_exported(model, paths, example), "torch.export", None)
+        except Exception as exc:  # any failure of export or of its cut: FX next, reason kept
+            fallback = f"torch.export: {type(exc).__name__}: {_first_line(exc)}"
+    try:
+        gm = _trace(model, paths)
+    except TraceFailed as exc:
+        kids = ", ".join(n for n, _ in model.named_children()) or "none"
+        raise ConfigError(
+            f"split: cannot trace {type(model).__name__}.forward: "
+            f"{fallback + '; ' if fallback else ''}torch.fx: {exc}. Cut at its named children "
+            f"(split=PATHS among: {kids}; their insides are not traced), or make the model an "
+            "nn.Sequential of its layers.") from exc
+    return _tag(_cut(gm, model, paths), "torch.fx", fallback)
+
+
+def _tag(seq: nn.Sequential, tracer: str, fallback: str | None) -> nn.Sequential:
+    seq.tracer = tracer  # type: ignore[assignment]
+    seq.tracer_fallback = fallback  # type: ignore[assignment]
+    return seq

@@ -46,6 +46,9 @@ class Job:
     dataset: Dataset
     # Set by build_model: the model's forward takes the targets (nanoGPT's forward(idx, targets)).
     takes_targets: bool = field(default=False, init=False)
+    # Set by build_model for a model cut by split=: which tracer made the stages (and why not
+    # torch.export, when it fell back); the worker adds it to the run's strategy metrics.
+    split_tracer: dict[str, str] = field(default_factory=dict, init=False)
     _loss_fn: LossFn | None = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -69,6 +72,11 @@ class Job:
         torch.manual_seed(self.config.seed)
         model = resolve_model(self.config.model, self.spec, self.config.model_options)
         self.takes_targets = isinstance(model, UserModule) and model.takes_targets
+        tracer, fallback = getattr(model, "tracer", None), getattr(model, "tracer_fallback", None)
+        if tracer:
+            self.split_tracer = {"split_tracer": str(tracer)}
+            if fallback:
+                self.split_tracer["split_tracer_fallback"] = str(fallback)
         return model
 
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
