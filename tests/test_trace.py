@@ -102,6 +102,7 @@ def test_export_first_keeps_ties_modes_and_buffers() -> None:
     tied = GPT(cfg)
     cut = split_model(tied, "transformer.h.1", torch.zeros(2, 16, dtype=torch.long))
     assert (cut.tracer, cut.tracer_fallback) == ("torch.export", None)
+    assert "device(type='cpu')" not in cut[0].code  # arange(T) on its input's device
     (tie,) = find_ties(cut, list(cut.children()))  # named by use: the head's segment says lm_head
     assert tie.stages == (0, 1) and any(n.endswith("lm_head.weight") for n in tie.names)
     idx = torch.randint(0, 50, (3, 16))  # another batch size than the example's

@@ -181,7 +181,7 @@ class _Resolver:
     where a node needs them."""
 
     def __init__(self, g: fx.Graph, source: fx.Node, x: fx.Node, modal: Any) -> None:
-        self.g, self.source, self.env, self.modal = g, source, {source: x}, modal
+        self.g, self.source, self.x, self.env, self.modal = g, source, x, {source: x}, modal
         self.user: fx.Node | None = None
 
     def __call__(self, a: fx.Node) -> fx.Node:
@@ -191,7 +191,8 @@ class _Resolver:
         if a.op == "get_attr" and self.modal is not None:
             self.env[a] = self.g.get_attr(self.modal.name_for(a, self.user))
         elif _free(a):
-            self.env[a] = self.g.node_copy(a, self)
+            self.env[a] = (self.modal.copy(self.g, a, self) if self.modal is not None
+                           else self.g.node_copy(a, self))
         elif d is not None:
             self.env[a] = self.g.call_function(torch.ops.aten.sym_size.int, (self.env[self.source], d))
         else:

@@ -8,7 +8,8 @@ cut segments need beyond the FX path (:mod:`polytrain.models.trace`):
 
 - parameters are named by where they are used (nanoGPT's tied ``wte``/``lm_head`` weight is one
   tensor under two names; the output head's segment names it ``lm_head.weight``);
-- sizes read from the batch (``sym_size``) are recomputed from the tensor a segment receives;
+- sizes read from the batch (``sym_size``) are recomputed from the tensor a segment receives,
+  and tensors the forward creates (``arange(T, device=...)``) on that tensor's device;
 - export records the training-mode ops (``dropout(..., train=True)``, BatchNorm with batch
   statistics and its ``num_batches_tracked += 1``); here they follow the segment's
   ``train()``/``eval()`` instead, and the cut model must compute what the module computes in eval
@@ -86,7 +87,12 @@ class Exported:
             self.mods[name] = _Modal(n.target, None if counter else MODAL[n.target])  # type: ignore[index]
             return g.call_module(name, fx.node.map_arg(n.args, env),  # type: ignore[arg-type]
                                  fx.node.map_arg(n.kwargs, env))  # type: ignore[arg-type]
-        return g.node_copy(n, env)
+        new = g.node_copy(n, env)
+        if isinstance(new.kwargs.get("device"), torch.device):  # export bakes the example's in
+            with g.inserting_before(new):
+                device = g.call_function(getattr, (env.x, "device"))
+            new.update_kwarg("device", device)
+        return new
 
     def unflatten(self, flat: Any) -> Any:
         """The output node's flat values in the forward's own structure (tuple, dict, ...)."""
