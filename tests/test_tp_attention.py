@@ -131,3 +131,10 @@ def test_tensor_check_proves_the_plan_before_launch() -> None:
     ok = load_config(overrides={"strategy": "tensor", "model": "userzoo.attention:SeparateLM",
                                 "dataset": "chars"}, sets=["data.seq_len=16"])
     make_strategy("tensor", {}).check(ok, 2)
+
+
+def test_mesh_tensor_groups_prove_a_users_plan_before_launch() -> None:
+    cfg = load_config(overrides={"strategy": "mesh", "model": "userzoo.attention:OpaqueLM",
+                                 "dataset": "chars"}, sets=["data.seq_len=16"])
+    with pytest.raises(ConfigError, match=r"cannot split the heads of 'blocks\.0\.attn'"):
+        make_strategy("mesh", {"dp": 1, "tp": 2}).check(cfg, 2)

@@ -39,14 +39,14 @@ from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible, codec_engine, codec_loop_fields
 from polytrain.strategies.model.layerwise import check_partition_text, utilisation
-from polytrain.strategies.model.megatron import shard_transformer
 from polytrain.strategies.model.shard_collectives import (
     Evaluating,
     Wire,
     all_reduce_grads,
     gather_state,
 )
-from polytrain.strategies.model.tensor import check_transformer
+from polytrain.strategies.model.tensor import check_plan, check_transformer, shard_model
+from polytrain.strategies.model.tp_plan import unchunk
 from polytrain.strategies.pipeline.flush import FlushPipeline, Pipelined
 
 PIPELINE_OPTIONS = {"schedule", "microbatches", "partition"}
@@ -111,6 +111,7 @@ class Mesh(Strategy):
                               "collective=builtin (valid: builtin, ring).")
         if layout.tp > 1:
             check_transformer(cfg, layout.tp, self.name)
+            check_plan(cfg, layout.tp, "auto")
             given = sorted(set(self.opts.model_fields_set) & PIPELINE_OPTIONS)
             if given:
                 raise ConfigError(
@@ -152,7 +153,7 @@ class Mesh(Strategy):
         model = job.build_model().to(ctx.device)
         shapes = {k: v.shape for k, v in model.state_dict().items()}
         tp = Wire(tp_comm, ctx.recorder)
-        dims = shard_transformer(model, tp)
+        dims, chunked = shard_model(model, tp, "auto")  # gpt-mini's split, or a derived plan
         optimizer = job.make_optimizer(model.parameters())
         inner = plain_step(job, ctx, model, optimizer,
                            before_update=_sync(model, dp, engine, self.opts.collective, ctx))
@@ -161,6 +162,8 @@ class Mesh(Strategy):
         result = run_loop(job, ctx, spec)
         if d == 0:  # replica 0's tensor group rebuilds the full model (rank 0 keeps it)
             full = gather_state(tp, model.state_dict(), dims, shapes)
+            for key, chunks in chunked.items():
+                full[key] = unchunk(full[key], tp.size, chunks)
             result.model_state = full if ctx.is_leader else None
         else:
             result.model_state = None

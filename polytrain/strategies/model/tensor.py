@@ -47,6 +47,14 @@ def shard_model(model: nn.Module, wire: Wire, tp_plan: str) -> tuple[ShardDims, 
     dims, chunked = apply_plan(root, plan, wire)
     return ({prefix + k: v for k, v in dims.items()}, {prefix + k: v for k, v in chunked.items()})
 
+def check_plan(cfg: JobConfig, degree: int, tp_plan: str) -> None:
+    """A user model: the plan applied (and its attention proven) on the launcher, before launch."""
+    if is_user_model(cfg.model):
+        model = build_model(cfg.model, dataset_spec(cfg.dataset, cfg.data_options),
+                            cfg.model_options)
+        shard_model(model, Wire(local_comms(degree)[0]), tp_plan)
+
+
 TRANSFORMERS = ("gpt-mini",)
 
 
@@ -69,11 +77,8 @@ class Tensor(Strategy):
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_transformer(cfg, world, self.name)
-        if is_user_model(cfg.model):  # the plan applied (and its attention proven) before launch
-            opts: TensorOptions = self.options  # type: ignore[assignment]
-            spec = dataset_spec(cfg.dataset, cfg.data_options)
-            model = build_model(cfg.model, spec, cfg.model_options)
-            shard_model(model, Wire(local_comms(world)[0]), opts.tp_plan)
+        opts: TensorOptions = self.options  # type: ignore[assignment]
+        check_plan(cfg, world, opts.tp_plan)
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         model = job.build_model().to(ctx.device)
