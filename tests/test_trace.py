@@ -89,6 +89,19 @@ class ClampNet(nn.Module):
         return self.b(self.clamp(torch.relu(self.a(x))))
 
 
+class Double(nn.Module):
+    """Its own ``if self.training``: export records the training branch only."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if self.training else x
+
+
+class ModeNet(ClampNet):
+    def __init__(self) -> None:
+        super().__init__()
+        self.clamp = Double()
+
+
 class Branchy(ClampNet):
     """The branch in its own forward: neither tracer can follow it."""
 
@@ -136,6 +149,16 @@ def test_fx_where_export_cannot() -> None:
     assert cut.tracer_fallback.startswith("torch.export: ")
     x = torch.randn(3, 4)
     torch.testing.assert_close(cut(x), net(x), rtol=0, atol=0)
+
+
+def test_fx_where_export_misses_a_mode_branch() -> None:
+    torch.manual_seed(0)
+    net = ModeNet()
+    cut = split_model(net, "b", torch.randn(2, 4))
+    assert cut.tracer == "torch.fx" and "eval mode" in cut.tracer_fallback
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(cut(x), net(x), rtol=0, atol=0)
+    torch.testing.assert_close(cut.eval()(x), net.eval()(x), rtol=0, atol=0)
 
 
 def test_neither_tracer_is_refused_naming_the_module() -> None:

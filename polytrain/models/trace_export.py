@@ -36,9 +36,14 @@ MODAL = {aten.dropout.default: 2, aten.feature_dropout.default: 2, aten.alpha_dr
 
 
 def example_batch(spec: DataSpec, batch: int = 2) -> torch.Tensor:
-    """A batch of inputs shaped as ``spec``'s (zeros: valid token ids and images alike)."""
-    dtype = torch.long if spec.input_dtype == "long" else torch.float32
-    return torch.zeros((batch, *spec.input_shape), dtype=dtype)
+    """A seeded random batch of inputs shaped as ``spec``'s: token/feature ids within their range,
+    standard-normal floats (not zeros, which could hide a difference in the eval check)."""
+    gen = torch.Generator().manual_seed(0)
+    shape = (batch, *spec.input_shape)
+    if spec.input_dtype == "long":
+        high = spec.input_range or (spec.num_classes if spec.task == "lm" else 1)
+        return torch.randint(0, max(1, high), shape, generator=gen)
+    return torch.randn(shape, generator=gen)
 
 
 class _Modal(nn.Module):
