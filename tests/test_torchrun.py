@@ -15,6 +15,7 @@ import pytest
 
 import polytrain
 from tests.conftest import ROOT, assert_same_params, load_model, read_summary
+from tests.faults.probes import assert_emptied
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -22,18 +23,21 @@ JOB = ["--model", "mlp", "--batch-size", "32", "--optimizer", "momentum", "--lr"
        "--no-report"]
 
 
-def _torchrun(*args: str, restarts: int = 0) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _torchrun(*args: str, restarts: int = 0, tmp: Path | None = None) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **({"TMPDIR": str(tmp)} if tmp else {})}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "--max-restarts", str(restarts), "-m", "polytrain", "train", *args]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_torchrun_entry_point_runs_a_two_process_job(tmp_path: Path) -> None:
-    out = tmp_path / "tr"
-    p = _torchrun(*JOB, "--steps", "10", "--out", str(out))
+    out, tmp = tmp_path / "tr", tmp_path / "tmp"
+    tmp.mkdir()
+    p = _torchrun(*JOB, "--steps", "10", "--out", str(out), tmp=tmp)
     stdout, stderr = p.communicate(timeout=180)
     assert p.returncode == 0, stderr
+    # torchrun's own /tmp/torchelastic_* log tree: removed by a rank's watcher once torchrun ends
+    assert_emptied(tmp)
     s = read_summary(out)
     assert s["world_size"] == 2 and s["steps_run"] == 10 and s["bytes_sent"] > 0
     assert "throughput" in stdout.lower()

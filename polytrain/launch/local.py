@@ -27,6 +27,7 @@ from polytrain.config import JobConfig
 from polytrain.errors import Interrupted, RankFailure
 from polytrain.launch.agent import is_timeout, prompt_stop, unresponsive
 from polytrain.launch.prepare import check_resume_steps, prepare
+from polytrain.launch.reaper import AGENT_LOGS_ENV
 from polytrain.launch.records import LAUNCHER_PID_ENV, free_port, read_error_record
 from polytrain.launch.rundir import new_run_dir, read_summary, write_config, write_interrupted
 from polytrain.launch.stores import BIND_ENV, LOOPBACK, stores_bound_to
@@ -75,7 +76,7 @@ def _user_paths() -> list[str]:
 
 
 @contextlib.contextmanager
-def rank_environment(procs: int) -> Iterator[None]:
+def rank_environment(procs: int, agent_logs: Path | None = None) -> Iterator[None]:
     """The ranks' environment, set while they start; the caller's is restored afterwards.
 
     ``OMP_NUM_THREADS``: the ranks' OpenMP pool sized as torchrun does, cores / local ranks.
@@ -83,8 +84,13 @@ def rank_environment(procs: int) -> Iterator[None]:
     started with one thread per core, and oneDNN convolutions then ran 27% slower with 2 ranks
     on 2 cores (vgg16 allreduce, 654 vs 902 samples/s, measured). A user's own value wins.
     ``PYTHONPATH``: this program's own import paths first (see :func:`_user_paths`).
+    ``agent_logs``: the agent's log folder, which a rank's watcher removes when the launcher
+    ends, killed or not (see :mod:`polytrain.launch.reaper`).
     """
-    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "PYTHONPATH", LAUNCHER_PID_ENV)}
+    saved = {k: os.environ.get(k)
+             for k in ("OMP_NUM_THREADS", "PYTHONPATH", LAUNCHER_PID_ENV, AGENT_LOGS_ENV)}
+    if agent_logs is not None:
+        os.environ[AGENT_LOGS_ENV] = str(agent_logs)
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # a rank started after we died exits
     if saved["OMP_NUM_THREADS"] is None:
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // procs))
@@ -133,6 +139,7 @@ def launch(
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "INFO"  # DETAIL crashes DDP on torch 2.13/CPU
     bind = os.environ.get(BIND_ENV, LOOPBACK)  # `--bind`; one machine: loopback
     agent_dir = run_dir / "ranks" / "agent"
+    shutil.rmtree(agent_dir, ignore_errors=True)  # a launcher killed -9 before its watcher ran
     lc = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -145,15 +152,17 @@ def launch(
         local_addr=bind,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
         # torch's agent keeps a log tree per run, by default a /tmp/torchelastic_* that nothing
-        # removes: it goes in the run directory and is removed after the run
+        # removes: it goes in the run directory and is removed after the run (killed or not:
+        # polytrain.launch.reaper)
         logs_specs=DefaultLogsSpecs(log_dir=str(agent_dir)),
     )
     rank0 = run_dir / "ranks" / "rank0.jsonl"
     label = f"{cfg.strategy} ×{cfg.procs}"
     states: dict[int, str] = {}  # the live ranks' process states when a failure stopped them
     try:
-        with FollowProgress(rank0, prepared.steps, label, console), rank_environment(cfg.procs), \
-                stores_bound_to(bind), prompt_stop(states, SHUTDOWN_TIMEOUT_S):
+        with FollowProgress(rank0, prepared.steps, label, console), \
+                rank_environment(cfg.procs, agent_dir), stores_bound_to(bind), \
+                prompt_stop(states, SHUTDOWN_TIMEOUT_S):
             elastic_launch(lc, sys.executable)("-m", "polytrain.launch.rank_main", str(payload_path))
     except ChildFailedError as err:
         raise RankFailure(describe_failure(run_dir, err, cfg.debug, states)) from None

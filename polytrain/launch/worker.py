@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from polytrain.comm import Comm
 from polytrain.config import make_config
+from polytrain.launch.reaper import remove_when_agent_ends
 from polytrain.launch.records import clear_error_record, die_with_parent, write_error_record
 from polytrain.launch.stores import bind_address, tcp_store
 from polytrain.runtime import interrupt
@@ -104,6 +105,7 @@ def peak_rss_bytes() -> int:
 def run_rank(payload: dict[str, Any]) -> None:
     """Entry point of one rank. ``payload``: config (dict), run_dir, resume, rank_logs, progress."""
     die_with_parent()
+    remove_when_agent_ends()  # the agent's log tree, when the agent ends (killed or not)
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -20,7 +20,7 @@ import pytest
 
 from polytrain.launch.agent import process_state
 from tests.conftest import ROOT
-from tests.faults.probes import leftovers
+from tests.faults.probes import assert_emptied, leftovers
 
 pytestmark = pytest.mark.slow
 
@@ -84,6 +84,8 @@ def test_killed_launcher_takes_its_ranks(tmp_path: Path) -> None:
     finally:
         proc.kill()
     assert not leftovers(tmp_path / "tmp")  # no /tmp/torchelastic_* tree
+    # the agent's log folder in the run directory: removed by a rank's watcher
+    assert_emptied(tmp_path / "run" / "ranks", within=30, name="agent")
 
 
 @pytest.mark.parametrize("how", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.nightly)])
