@@ -141,6 +141,25 @@ def test_export_first_keeps_ties_modes_and_buffers() -> None:
                                theirs["layer4.1.bn2.running_var"], rtol=0, atol=0)
 
 
+def test_export_cut_inside_a_residual_block_packs_its_values() -> None:
+    """As torch.distributed.pipelining cuts: the block's input and conv1's output cross together,
+    packed into one (B, 4·4·4 + 8·2·2) tensor; values and gradients are the module's."""
+    torch.manual_seed(0)
+    net = resnet18(num_classes=10, width=4)
+    ref = copy.deepcopy(net)
+    cut = split_model(net, "layer2.0.conv2", torch.randn(2, 3, 16, 16))
+    assert cut.tracer == "torch.export" and len(cut) == 2
+    x = torch.randn(3, 3, 16, 16)
+    assert cut[0](x).shape == (3, 4 * 4 * 4 + 8 * 2 * 2)
+    ours, theirs = cut(x), ref(x)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    ours.square().sum().backward()
+    theirs.square().sum().backward()
+    grads = {n.split(".m.", 1)[1]: p.grad for n, p in cut.named_parameters()}
+    for n, p in ref.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, rtol=0, atol=0, msg=n)
+
+
 def test_fx_where_export_cannot() -> None:
     torch.manual_seed(0)
     net = ClampNet()

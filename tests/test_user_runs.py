@@ -67,9 +67,14 @@ def test_resnet18_gpipe_split_auto_equals_single_at_one_microbatch(tmp_path: Pat
     assert_same_params(load_model(tmp_path / "gp"), load_model(tmp_path / "single"))
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_traced_gpt_pipeline_equals_single_after_20_steps(tmp_path: Path, schedule: str) -> None:
-    common = {**UNTIED, "steps": 20, "batch_size": 8, "seed": 3, "optimizer": "sgd", "lr": 0.1}
+@pytest.mark.parametrize(("schedule", "split"), [
+    ("gpipe", "transformer.h.1"),
+    ("1f1b", "transformer.h.1.mlp"),  # inside a residual block: x and ln_2(x) cross, packed
+])
+def test_traced_gpt_pipeline_equals_single_after_20_steps(tmp_path: Path, schedule: str,
+                                                          split: str) -> None:
+    common = {**UNTIED, "model_options": {**UNTIED["model_options"], "split": split},
+              "steps": 20, "batch_size": 8, "seed": 3, "optimizer": "sgd", "lr": 0.1}
     polytrain.train(strategy="single", procs=1, out=str(tmp_path / "single"), **common)
     polytrain.train(strategy=schedule, procs=2, out=str(tmp_path / "pp"),
                     options={"microbatches": 4}, **common)

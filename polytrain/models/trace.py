@@ -20,8 +20,9 @@ used), and runs record it in their strategy metrics. A forward neither can trace
 naming the module, both reasons and what to cut at instead.
 
 Rules, each a ConfigError naming the values: a path must name a submodule (the error lists the
-module paths that may be cut); a cut must carry exactly one tensor (a cut inside a residual block
-carries two); a model output ``(logits, loss)`` keeps ``logits`` (the loss is the job's). Weights
+module paths that may be cut); a cut carries one tensor, or (exported graphs) several of one
+floating dtype with the batch first, packed into one ``(B, total)`` tensor (:func:`pack`; a cut
+inside a residual block carries the block's input and the branch's activation); a model output ``(logits, loss)`` keeps ``logits`` (the loss is the job's). Weights
 tied between segments (nanoGPT's ``wte``/``lm_head``) stay one ``nn.Parameter`` shared by both
 segments: in one process they are simply tied; on two pipeline stages gpipe/1f1b sum their
 gradient over the stages at the flush (`polytrain.strategies.pipeline.ties`), and the strategies
@@ -30,6 +31,8 @@ that cannot (pipedream, spectrain, distbelief) refuse them before launch.
 
 from __future__ import annotations
 
+import math
+import operator
 from typing import Any
 
 import torch
@@ -123,13 +126,38 @@ def _live_after(nodes: list[fx.Node], i: int) -> list[fx.Node]:
     return [n for n in nodes[:i] if not _free(n) and any(u in later for u in n.users)]
 
 
-def _carried(live: list[fx.Node]) -> list[fx.Node]:
-    """The tensors among ``live``: symbolic sizes one of them carries are recomputed."""
+def _carried(live: list[fx.Node]) -> list[fx.Node] | None:
+    """The tensors a cut with ``live`` values carries, or None when it cannot: one tensor, or
+    several packed into one (see :func:`pack`); symbolic sizes they carry are recomputed."""
     tensors = [n for n in live if not isinstance(n.meta.get("val"), torch.SymInt)]
     syms = [n for n in live if n not in tensors]
-    if len(tensors) == 1 and all(_sym_dim(tensors[0], s) is not None for s in syms):
-        return tensors
-    return live
+    if not tensors or (len(tensors) > 1 and not _packable(tensors)):
+        return None
+    if any(all(_sym_dim(t, s) is None for t in tensors) for s in syms):
+        return None
+    return tensors
+
+
+def _packable(tensors: list[fx.Node]) -> bool:
+    """Several values can cross a cut as one tensor when they share a floating dtype and the batch
+    dimension (dim 0, the same symbol) and their other dimensions are fixed (exported graphs)."""
+    vals = [t.meta.get("val") for t in tensors]
+    if not all(isinstance(v, torch.Tensor) and v.dim() >= 1 for v in vals):
+        return False
+    first = vals[0]
+    return all(v.dtype == first.dtype and v.dtype.is_floating_point  # type: ignore[union-attr]
+               and isinstance(v.shape[0], torch.SymInt) and str(v.shape[0]) == str(first.shape[0])  # type: ignore[union-attr]
+               and all(isinstance(d, int) for d in v.shape[1:]) for v in vals)  # type: ignore[union-attr]
+
+
+def pack(values: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """(B, ...) tensors as one (B, total) tensor: what crosses a cut that carries several values."""
+    return torch.cat([v.reshape(v.shape[0], -1) for v in values], dim=1)
+
+
+def unpack(x: torch.Tensor, shapes: tuple[tuple[int, ...], ...]) -> tuple[torch.Tensor, ...]:
+    sizes = [math.prod(s) for s in shapes]
+    return tuple(p.reshape(x.shape[0], *s) for p, s in zip(x.split(sizes, dim=1), shapes, strict=True))
 
 
 def _calls(gm: fx.GraphModule, nodes: list[fx.Node], paths: list[str] | None
@@ -180,9 +208,17 @@ class _Resolver:
     """Copies nodes into a segment graph, making free values (parameters, sizes, constants)
     where a node needs them."""
 
-    def __init__(self, g: fx.Graph, source: fx.Node, x: fx.Node, modal: Any) -> None:
-        self.g, self.source, self.x, self.env, self.modal = g, source, x, {source: x}, modal
+    def __init__(self, g: fx.Graph, sources: list[fx.Node], modal: Any) -> None:
+        self.g, self.source, self.modal = g, sources[0], modal
         self.user: fx.Node | None = None
+        self.x = g.placeholder("x")
+        if len(sources) == 1:
+            self.env = {sources[0]: self.x}
+        else:  # several values packed into one tensor by the previous segment
+            shapes = tuple(tuple(int(d) for d in s.meta["val"].shape[1:]) for s in sources)
+            parts = g.call_function(unpack, (self.x, shapes))
+            self.env = {s: g.call_function(operator.getitem, (parts, k))
+                        for k, s in enumerate(sources)}
 
     def __call__(self, a: fx.Node) -> fx.Node:
         if a in self.env:
@@ -206,22 +242,25 @@ class _Resolver:
 
 
 def _segment(gm: fx.GraphModule, nodes: list[fx.Node], start: int, end: int,
-             source: fx.Node, sink: fx.Node | None, modal: Any) -> fx.GraphModule:
-    """Nodes [start, end) as a module ``source -> sink`` (the model's output when sink is None)."""
+             sources: list[fx.Node], sinks: list[fx.Node] | None, modal: Any) -> fx.GraphModule:
+    """Nodes [start, end) as a module ``sources -> sinks`` (several: packed into one tensor; the
+    model's output when sinks is None)."""
     g = fx.Graph()
-    r = _Resolver(g, source, g.placeholder("x"), modal)
+    r = _Resolver(g, sources, modal)
     for n in nodes[start:end]:
         if not _free(n):
             r.copy(n)
-    if sink is None:
+    if sinks is None:
         (out,) = nodes[-1].args  # the output node's value: a tensor, tuple or dict
         if modal is not None:
             out = modal.unflatten(out)
         value = out[0] if isinstance(out, (tuple, list)) else (
             out.get("logits") if isinstance(out, dict) else out)
         g.output(r(value) if isinstance(value, fx.Node) else value)
+    elif len(sinks) == 1:
+        g.output(r(sinks[0]))
     else:
-        g.output(r(sink))
+        g.output(g.call_function(pack, (tuple(r(s) for s in sinks),)))
     return fx.GraphModule(modal.attributes(g) if modal is not None else gm, g)
 
 
@@ -230,20 +269,23 @@ def _cut(gm: fx.GraphModule, model: nn.Module, paths: list[str] | None, modal: A
     nodes = [n for n in gm.graph.nodes if n.op != "call_module" or n.target != "_guards_fn"]
     body = [n for n in nodes if n.op != "placeholder"]
     (inp,) = [n for n in nodes if n.op == "placeholder"]
-    cuts = []
+    cuts: list[int] = []
+    carried: list[list[fx.Node]] = [[inp]]
     for i in _candidates(gm, body, paths, auto_paths(model) if paths is None else []):
-        live = _carried(_live_after([inp, *body], i + 1))
-        if len(live) == 1 and live[0] is not inp:
+        live = _live_after([inp, *body], i + 1)
+        values = _carried(live)
+        if values is not None and values != [inp]:
             if i > 0 and i not in cuts:
                 cuts.append(i)
-        elif paths is not None:
+                carried.append(values)
+        elif values is None and paths is not None:
             names = ", ".join(str(n.target).removeprefix(ROOT + ".") for n in live)
             raise ConfigError(
                 f"split at '{body[i].target.removeprefix(ROOT + '.')}' would carry {len(live)} "  # type: ignore[union-attr]
-                f"values between stages ({names}); a cut must carry exactly one tensor. Cut "
+                f"values between stages ({names}); a cut must carry one tensor, or several of "
+                "one floating dtype with the batch first (packed; needs torch.export). Cut "
                 "before or after the block that needs them.")
     bounds = list(zip([0, *cuts], [*cuts, len(body) - 1], strict=True))
-    carried = [inp, *(_carried(_live_after([inp, *body], c + 1))[0] for c in cuts)]
     return nn.Sequential(*(
         _segment(gm, body, a, b, carried[k], carried[k + 1] if k < len(cuts) else None, modal)
         for k, (a, b) in enumerate(bounds)))

@@ -14,6 +14,8 @@ cut segments need beyond the FX path (:mod:`polytrain.models.trace`):
   statistics and its ``num_batches_tracked += 1``); here they follow the segment's
   ``train()``/``eval()`` instead, and the cut model must compute what the module computes in eval
   mode on the example batch, or export is not used (a forward with its own ``if self.training``).
+  A model on the meta device (the launcher's checks) has no values to compare: its cut is the
+  structure only, and each rank checks its own.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ def example_batch(spec: DataSpec, batch: int = 2) -> torch.Tensor:
     shape = (batch, *spec.input_shape)
     if spec.input_dtype == "long":
         high = spec.input_range or (spec.num_classes if spec.task == "lm" else 1)
-        return torch.randint(0, max(1, high), shape, generator=gen)
-    return torch.randn(shape, generator=gen)
+        return torch.randint(0, max(1, high), shape, generator=gen, device="cpu")
+    return torch.randn(shape, generator=gen, device="cpu")
 
 
 class _Modal(nn.Module):
@@ -122,11 +124,15 @@ def split_exported(model: nn.Module, paths: list[str] | None, example: torch.Ten
     from polytrain.models.trace import _cut, _Forward
 
     root = _Forward(model)
+    device = next((p.device for p in model.parameters()), example.device)
+    example = example.to(device)
     batch = torch.export.Dim("batch", min=1)
     with warnings.catch_warnings():  # a failed attempt is reported as the fallback's reason
         warnings.simplefilter("ignore")
         gm = torch.export.export(root, (example,), dynamic_shapes=({0: batch},)).module()
     seq = _cut(gm, model, paths, Exported(root, gm))  # type: ignore[arg-type]
+    if device.type == "meta":  # built without memory for the launcher's checks: no values
+        return seq
     modes = {m: m.training for m in model.modules()}
     try:
         model.eval()
