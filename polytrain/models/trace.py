@@ -22,7 +22,8 @@ naming the module, both reasons and what to cut at instead.
 Rules, each a ConfigError naming the values: a path must name a submodule (the error lists the
 module paths that may be cut); a cut carries one tensor, or (exported graphs) several of one
 floating dtype with the batch first, packed into one ``(B, total)`` tensor (:func:`pack`; a cut
-inside a residual block carries the block's input and the branch's activation); a model output ``(logits, loss)`` keeps ``logits`` (the loss is the job's). Weights
+inside a residual block carries the block's input and the branch's activation); a model output
+``(logits, loss)`` keeps ``logits`` (the loss is the job's). Weights
 tied between segments (nanoGPT's ``wte``/``lm_head``) stay one ``nn.Parameter`` shared by both
 segments: in one process they are simply tied; on two pipeline stages gpipe/1f1b sum their
 gradient over the stages at the flush (`polytrain.strategies.pipeline.ties`), and the strategies
