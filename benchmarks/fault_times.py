@@ -10,9 +10,14 @@ ranks train, one fault is injected and the time until the job has acted is measu
   is killed at once);
 * ``SIGTERM launcher``: until the launcher exits, every rank stopped at one step after a
   checkpoint (``--checkpoint-every`` large: the stop writes it);
-* ``kill -9 launcher``: until no rank is alive (parent-death signal).
+* ``kill -9 launcher``: until no rank is alive (parent-death signal); ``agent_dir_s``: until
+  the agent's log folder ``RUN/ranks/agent`` is gone (removed by a rank's watcher);
+* ``SIGTERM launcher (ps)`` / ``SIGTERM launcher (distbelief)``: as ``SIGTERM launcher`` for the
+  strategies with loops of their own (ps: 1 server + 2 workers; distbelief: 2 stage servers + one
+  replica of 2 stages).
 
-The probes alternate (one of each per repeat, the order reversed every other repeat).
+``--probes`` picks some (comma-separated) and ``--name`` names the results file. The probes
+alternate (one of each per repeat, the order reversed every other repeat).
 """
 
 from __future__ import annotations
@@ -35,7 +40,11 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from harness import alternating, fmt_spread, spread, write_results  # noqa: E402
 
-PROBES = ["kill -9 rank 1", "SIGSTOP rank 1", "SIGTERM launcher", "kill -9 launcher"]
+PROBES = ["kill -9 rank 1", "SIGSTOP rank 1", "SIGTERM launcher", "kill -9 launcher",
+          "SIGTERM launcher (ps)", "SIGTERM launcher (distbelief)"]
+# the job of a probe: its extra arguments and world size (default: allreduce on 2 ranks)
+JOBS = {"SIGTERM launcher (ps)": (["--strategy", "ps"], 3),
+        "SIGTERM launcher (distbelief)": (["--strategy", "distbelief"], 4)}
 
 
 def _alive(pid: int) -> bool:
@@ -43,17 +52,19 @@ def _alive(pid: int) -> bool:
     return state is not None and state not in ("Z", "X")
 
 
-def _pids(run: Path, timeout: float = 180) -> list[int]:
+def _pids(run: Path, ranks: int = 2, timeout: float = 180) -> list[int]:
+    """Every rank's pid, once all have started and one has recorded 3 steps (servers record
+    none)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        pids = []
-        for rank in (0, 1):
+        pids, stepped = [], 0
+        for rank in range(ranks):
             path = run / "ranks" / f"rank{rank}.jsonl"
             lines = path.read_text().splitlines() if path.exists() else []
             evs = [json.loads(x) for x in lines if x.endswith("}")]
-            if sum(e["event"] == "step" for e in evs) >= 3:
-                pids.append(next(e["pid"] for e in evs if e["event"] == "process"))
-        if len(pids) == 2:
+            stepped = max(stepped, sum(e["event"] == "step" for e in evs))
+            pids += [e["pid"] for e in evs if e["event"] == "process"][:1]
+        if len(pids) == ranks and stepped >= 3:
             return pids
         time.sleep(0.1)
     raise SystemExit(f"{run}: the ranks never trained")
@@ -61,20 +72,22 @@ def _pids(run: Path, timeout: float = 180) -> list[int]:
 
 def probe(name: str, work: Path, timeout: float) -> dict[str, Any]:
     run = work / f"run-{time.monotonic_ns()}"
-    extra = ["--checkpoint-every", "1000000"] if name == "SIGTERM launcher" else []
+    job, ranks = JOBS.get(name, ([], 2))
+    extra = [*job, "--checkpoint-every", "1000000"] if name.startswith("SIGTERM launcher") else []
     env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
     proc = subprocess.Popen([sys.executable, "-m", "polytrain", "train", "--model", "mlp", "--procs",
-                             "2", "--steps", "100000000", "--timeout", str(timeout), "--out", str(run),
-                             "--no-report", *extra], env=env, stdout=subprocess.DEVNULL,
+                             str(ranks), "--steps", "100000000", "--timeout", str(timeout), "--out",
+                             str(run), "--no-report", *extra], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
+    agent_dir_s = None
     try:
-        pids = _pids(run)
+        pids = _pids(run, ranks)
         t0 = time.monotonic()
         if name == "kill -9 rank 1":
             os.kill(pids[1], signal.SIGKILL)
         elif name == "SIGSTOP rank 1":
             os.kill(pids[1], signal.SIGSTOP)
-        elif name == "SIGTERM launcher":
+        elif name.startswith("SIGTERM launcher"):
             proc.send_signal(signal.SIGTERM)
         else:
             proc.kill()
@@ -83,39 +96,60 @@ def probe(name: str, work: Path, timeout: float) -> dict[str, Any]:
             time.sleep(0.02)
         took = time.monotonic() - t0
         left = [p for p in pids if _alive(p)]
+        while (run / "ranks" / "agent").exists() and time.monotonic() - t0 < 60:
+            time.sleep(0.02)
+        if not (run / "ranks" / "agent").exists():
+            agent_dir_s = round(time.monotonic() - t0, 2)
     finally:
         proc.kill()
         for p in pids if "pids" in locals() else []:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
     lines = [x for x in err.splitlines() if x.startswith(("error:", "interrupted:", "  also"))]
+    summary = run / "summary.json"
+    by = "no summary"
+    if summary.exists():
+        by = (json.loads(summary.read_text()).get("interrupted") or {}).get("by") or "rank 0"
     return {"probe": name, "seconds": round(took, 2), "exit": proc.returncode,
-            "ranks_left": len(left), "message": " | ".join(lines)[:300]}
+            "ranks_left": len(left), "agent_dir_s": agent_dir_s,
+            "summary_by": by, "message": " | ".join(lines)[:300]}
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("--probes", default=",".join(PROBES), help="comma-separated, of: " + ", ".join(PROBES))
+    p.add_argument("--name", default="fault_times", help="results file name")
     a = p.parse_args()
+    probes = [x.strip() for x in a.probes.split(",")]
+    if unknown := [x for x in probes if x not in PROBES]:
+        raise SystemExit(f"--probes: unknown {unknown}; choose from {PROBES}")
     work = Path(tempfile.mkdtemp(prefix="polytrain-faults-"))
     raw: list[dict[str, Any]] = []
-    for r, name in alternating(PROBES, a.repeats):
+    for r, name in alternating(probes, a.repeats):
         row = probe(name, work, a.timeout)
         row["repeat"] = r
         print(json.dumps(row), flush=True)
         raw.append(row)
     rows = []
-    for name in PROBES:
+    for name in probes:
         mine = [x for x in raw if x["probe"] == name]
         secs = [x["seconds"] for x in mine]
+        agent = [x["agent_dir_s"] for x in mine if x["agent_dir_s"] is not None]
         rows.append({"probe": name, "seconds": fmt_spread(secs, 2), "median_s": spread(secs)["median"],
                      "repeats": len(mine), "exit_codes": sorted({x["exit"] for x in mine}),
-                     "ranks_left": sum(x["ranks_left"] for x in mine), "message": mine[0]["message"]})
-    write_results("fault_times", rows, ["probe", "seconds", "repeats", "exit_codes", "ranks_left",
-                                        "message"],
+                     "ranks_left": sum(x["ranks_left"] for x in mine),
+                     "agent_dir_gone_s": fmt_spread(agent, 2) if len(agent) == len(mine) else
+                     f"{len(mine) - len(agent)} of {len(mine)} left",
+                     "summary_by": sorted({x["summary_by"] for x in mine}), "message": mine[0]["message"]})
+    write_results(a.name, rows, ["probe", "seconds", "repeats", "exit_codes", "ranks_left",
+                                 "agent_dir_gone_s", "summary_by", "message"],
                   notes=f"--timeout {a.timeout} s; seconds: median (min–max) from the fault to the "
-                        "launcher's exit (kill -9 launcher: to the last rank's death).",
+                        "launcher's exit (kill -9 launcher: to the last rank's death); "
+                        "agent_dir_gone_s: from the fault until RUN/ranks/agent is gone; summary_by: "
+                        "who wrote the interrupted summary (rank 0, or the launcher after killing "
+                        "ranks at the end of its grace).",
                   extra={"raw": raw})
 
 

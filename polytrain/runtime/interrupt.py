@@ -75,5 +75,14 @@ def stop_after(step: int, last: int) -> bool:
 
 
 def stopped_at() -> int | None:
-    """The step this rank stopped after on request, None when it was not stopped."""
-    return _state.stop_at if _state.signal is not None else None
+    """The step this rank stopped after on request (a rank that runs no steps, a parameter
+    server: the step its clients agreed on), None when it was not stopped."""
+    if _state.signal is None:
+        return None
+    if _state.stop_at is None and _state.store is not None:
+        try:
+            if _state.store.check([KEY]):
+                _state.stop_at = int(_state.store.get(KEY))
+        except (RuntimeError, ValueError):  # the store is gone: the launcher tells the step
+            return None
+    return _state.stop_at

@@ -2,8 +2,10 @@
 
 * kill -9 of the launcher: its ranks die with it (parent-death signal), within seconds;
 * SIGTERM to the launcher, or Ctrl-C (SIGINT to the terminal's process group): every rank stops
-  after one agreed step, a checkpoint is written there, metrics.jsonl and a summary marked
-  ``interrupted`` are kept, and the launcher prints one line (no traceback), exit 128 + signal.
+  after one agreed step (parameter servers once their clients have stopped: ps, distbelief), a
+  checkpoint is written there, metrics.jsonl and a summary marked ``interrupted`` (by rank 0, not
+  by the launcher after killing ranks at the end of the grace period) are kept, and the launcher
+  prints one line (no traceback), exit 128 + signal.
 """
 
 from __future__ import annotations
@@ -88,12 +90,24 @@ def test_killed_launcher_takes_its_ranks(tmp_path: Path) -> None:
     assert_emptied(tmp_path / "run" / "ranks", within=30, name="agent")
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.nightly)])
-def test_stop_request_checkpoints_and_keeps_an_interrupted_summary(tmp_path: Path, how: str) -> None:
+# (strategy arguments, the ranks that run steps): the shared loop (allreduce), and strategies with
+# loops of their own whose servers end with their clients: ps (rank 0 a server), distbelief
+# (ranks 0-1 the two stages' servers, ranks 2-3 one replica's stages)
+JOBS = {"allreduce": ([], [0, 1]),
+        "ps": (["--strategy", "ps", "--procs", "3"], [1, 2]),
+        "distbelief": (["--strategy", "distbelief", "--procs", "4"], [2, 3])}
+
+
+@pytest.mark.parametrize(("how", "job"), [
+    ("SIGTERM", "allreduce"), ("SIGTERM", "ps"), ("SIGTERM", "distbelief"),
+    pytest.param("SIGINT", "allreduce", marks=pytest.mark.nightly)])
+def test_stop_request_checkpoints_and_keeps_an_interrupted_summary(tmp_path: Path, how: str,
+                                                                   job: str) -> None:
     run = tmp_path / "run"
-    proc = start(run, "--checkpoint-every", "1000000")
+    args, stepping = JOBS[job]
+    proc = start(run, *args, "--checkpoint-every", "1000000")
     try:
-        pids = rank_pids(run)
+        pids = rank_pids(run, ranks=len(stepping) + stepping[0])
         sig = signal.Signals[how]
         if how == "SIGINT":  # Ctrl-C: the terminal signals the whole foreground group
             os.killpg(proc.pid, sig)
@@ -114,9 +128,10 @@ def test_stop_request_checkpoints_and_keeps_an_interrupted_summary(tmp_path: Pat
     summary = json.loads((run / "summary.json").read_text())
     step = summary["interrupted"]["step"]
     assert summary["interrupted"]["signal"] == how and summary["steps_run"] == step >= 3
+    assert "by" not in summary["interrupted"], summary["interrupted"]  # the ranks finished
     assert (run / "checkpoints" / "LATEST").read_text() == f"step-{step:08d}"
     assert f"checkpoint step-{step:08d}; continue with: polytrain train --resume" in lines[0]
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    for rank in (0, 1):
+    for rank in stepping:
         mine = [e["step"] for e in steps if e["event"] == "step" and e["rank"] == rank]
         assert mine == list(range(1, step + 1))

@@ -26,6 +26,7 @@ from polytrain.comm import new_groups
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.plan.partition import cut
+from polytrain.runtime import interrupt
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.layout import Layout
 from polytrain.runtime.supports import Supports
@@ -116,9 +117,9 @@ class DistBelief(Strategy):
                              job.batch_size // lay.dp, optimizer=False)
         client = PSClient(ctx.comm, plans[p], lay.stage_servers(p), sparse=False)
         _start(job, ctx)
-        loss, wait = _train(job, ctx, pipe, client, policy, d, lay.dp)
+        loss, wait, last = _train(job, ctx, pipe, client, policy, d, lay.dp)
         ctx.comm.gather_json({"role": "worker", "rank": ctx.rank, "wait_s": wait})
-        return RankResult(steps=job.steps, samples=job.steps * job.batch_size,
+        return RankResult(steps=last, samples=last * job.batch_size,
                           wall_s=ctx.recorder.now() - ctx.recorder.t_base, final_loss=loss)
 
 
@@ -135,11 +136,12 @@ def _start(job: Job, ctx: RankContext) -> None:
 
 
 def _train(job: Job, ctx: RankContext, pipe: FlushPipeline, client: PSClient, policy: Any, d: int,
-           replicas: int) -> tuple[float, float]:
-    """A replica's stage: one flush step, push the stage gradient, pull the stage parameters."""
+           replicas: int) -> tuple[float, float, int]:
+    """A replica's stage: one flush step, push the stage gradient, pull the stage parameters.
+    Returns (last loss, seconds waiting for pulls, the last step run)."""
     batches = job.batches()
     loss = float("nan")
-    start = restore_client(ctx, pipe.module) if ctx.resume else 0  # checkpoints: ps/checkpoint.py
+    start = step = restore_client(ctx, pipe.module) if ctx.resume else 0  # ps/checkpoint.py
     for step in range(start + 1, job.steps + 1):
         x, y = batches.shard(step, d, replicas)
         loss = pipe.run(step, x, y)  # every stage learns the loss (it travels with the gradients)
@@ -152,10 +154,15 @@ def _train(job: Job, ctx: RankContext, pipe: FlushPipeline, client: PSClient, po
         ctx.recorder.step(step, loss, samples=step * job.batch_size)
         if ctx.progress is not None:
             ctx.progress.update(step, loss)
-        if job.config.checkpoint_every and step % job.config.checkpoint_every == 0:
+        stop = step < job.steps and interrupt.stop_after(step, job.steps)  # SIGTERM / Ctrl-C
+        every = job.config.checkpoint_every
+        if every and (step % every == 0 or stop):
             save_client(ctx, pipe.module, client, step)
+        if stop:  # every replica's stages stop after the same step; the servers end with them
+            ctx.recorder.emit("interrupted", step=step, signal=interrupt.signal_name())
+            break
     client.done()
-    return loss, client.wait_s
+    return loss, client.wait_s, step
 
 
 def _serve(job: Job, ctx: RankContext, o: DistBeliefOptions, lay: Layout, plans: list[ShardPlan],
