@@ -13,18 +13,21 @@ from polytrain.rl.config import RLConfig, check_qnet, make_rl_config
 
 
 def run_config(cfg: RLConfig, console: Console | None = None, progress: bool = True,
-               plots: bool = True) -> dict[str, Any]:
-    """Validate-free entry for an RLConfig: start, supervise, assemble, plot."""
+               plots: bool = True, resume: bool = False) -> dict[str, Any]:
+    """Validate-free entry for an RLConfig: start, supervise, assemble, plot. ``resume``: continue
+    the dqn run in ``cfg.out`` from its checkpoint (options from :func:`resume`)."""
+    from pathlib import Path
+
     from polytrain.rl.launcher import start_processes, supervise
     from polytrain.rl.progress import FollowRL
     from polytrain.rl.results import build_summary, merge_events, new_run_dir, write_config, write_summary
 
     check_qnet(cfg)  # a broken user Q-network fails here, before any process starts
-    run_dir = new_run_dir(cfg)
+    run_dir = Path(str(cfg.out)) if resume else new_run_dir(cfg)
     write_config(run_dir, cfg)
     console = console or Console(stderr=True)
     started = time.monotonic()
-    procs = start_processes(cfg, run_dir, free_port())
+    procs = start_processes(cfg, run_dir, free_port(), resume)
     follow = FollowRL(run_dir / "ranks" / "rank0.jsonl", cfg, console) if progress else nullcontext()
     try:
         with follow:
@@ -40,6 +43,15 @@ def run_config(cfg: RLConfig, console: Console | None = None, progress: bool = T
         summary["plots"] = [str(p) for p in write_plots(run_dir)]
         write_summary(run_dir, summary)
     return summary
+
+
+def resume_config(run_dir: str, options: dict[str, Any]) -> RLConfig:
+    """The config of a dqn run continued from its checkpoint (ConfigError if it cannot be)."""
+    from pathlib import Path
+
+    from polytrain.rl.checkpoint import resume_options
+
+    return make_rl_config(resume_options(Path(run_dir), options))
 
 
 def run(console: Console | None = None, progress: bool = True, plots: bool = True,

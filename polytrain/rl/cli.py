@@ -49,6 +49,7 @@ RL_FLAGS: list[tuple[str, str, Any, str]] = [
      "replay rate limit: env steps per learner update, actors wait beyond it (0: off); default 2"),
     ("actor_timeout_s", "--actor-timeout", float, "seconds of silence before an actor is lost; default 10"),
     ("out", "--out", str, "run directory; default runs/<time>-rl-<algo>"),
+    ("checkpoint_every", "--checkpoint-every", int, "dqn: env steps between checkpoints (0: none)"),
 ]
 
 
@@ -62,6 +63,9 @@ def add_rl_parser(subparsers: Any) -> argparse.ArgumentParser:
         p.add_argument(flag, dest=field, type=typ, default=None, help=help_)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="any other RL option, e.g. --set send_every=100 (see polytrain/rl/config.py)")
+    p.add_argument("--resume", metavar="RUN", default=None,
+                   help="dqn: continue RUN from its checkpoint with its own settings (only the "
+                        "stopping and evaluation ones, e.g. --max-env-steps, may change)")
     p.add_argument("--no-plots", action="store_true", help="skip return_vs_time/steps.png")
     p.add_argument("--debug", action="store_true", default=None, help="tracebacks of failures")
     return p
@@ -131,10 +135,13 @@ def summary_table(s: dict[str, Any]) -> Table:
 
 def run_rl(args: argparse.Namespace, console: Console) -> int:
     """``polytrain rl``: validate (ConfigError before any process starts), run, print a summary."""
-    from polytrain.rl.api import run_config
+    from polytrain.rl.api import resume_config, run_config
     from polytrain.rl.config import make_rl_config
 
-    cfg = make_rl_config(options_from_args(args))
-    summary = run_config(cfg, console=Console(stderr=True), plots=not args.no_plots)
+    resume = getattr(args, "resume", None)
+    options = options_from_args(args)
+    cfg = resume_config(resume, options) if resume else make_rl_config(options)
+    summary = run_config(cfg, console=Console(stderr=True), plots=not args.no_plots,
+                         resume=bool(resume))
     console.print(summary_table(summary))
     return 0

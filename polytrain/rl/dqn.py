@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from polytrain.rl import checkpoint
 from polytrain.rl.acting import EpisodeRunner
 from polytrain.rl.core import QLearner, build_qnet, linear_epsilon
 from polytrain.rl.monitor import Counters, Monitor, ReturnWindow
@@ -37,6 +38,11 @@ def run_dqn(ctx: RoleContext) -> dict[str, Any]:
     monitor = Monitor(cfg, ctx.recorder)
     window = ReturnWindow()
     c = Counters(alive_actors=1)
+    if ctx.extra.get("resume"):  # continue exactly where the checkpoint left off
+        state = checkpoint.load(ctx.run_dir)
+        checkpoint.restore(state, learner, replay, episodes, window)
+        c.episodes, monitor.eval_index = state["episodes"], state["eval_index"]
+        ctx.recorder.emit("resumed", env_steps=episodes.steps, updates=learner.updates)
     start = time.perf_counter()
     learn_s = 0.0
     while True:
@@ -59,6 +65,9 @@ def run_dqn(ctx: RoleContext) -> dict[str, Any]:
             learn_s += time.perf_counter() - t
         c.env_steps, c.updates, c.train_return, c.replay_size = (
             episodes.steps, learner.updates, window.mean, len(replay))
+        if cfg.checkpoint_every and episodes.steps % cfg.checkpoint_every == 0:
+            checkpoint.save(ctx.run_dir, checkpoint.dqn_state(learner, replay, episodes, window,
+                                                              c.episodes, monitor.eval_index))
         if monitor.tick(learner.net, c):
             break
     wall = time.perf_counter() - start

@@ -118,12 +118,13 @@ def supervise(cfg: RLConfig, run_dir: Path, procs: dict[int, Any], started: floa
     return sup
 
 
-def start_processes(cfg: RLConfig, run_dir: Path, port: int) -> dict[int, Any]:
+def start_processes(cfg: RLConfig, run_dir: Path, port: int, resume: bool = False) -> dict[int, Any]:
     # A fork server that has imported torch and polytrain.rl once forks every rank: startup is
     # then one import, not one per process (minutes on the busy 2-core box with 7 processes).
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["polytrain.rl.preload"])
-    payload = {"config": cfg.model_dump(), "run_dir": str(run_dir), "port": port, "world": cfg.world}
+    payload = {"config": cfg.model_dump(), "run_dir": str(run_dir), "port": port, "world": cfg.world,
+               "resume": resume}
     procs = {r: ctx.Process(target=rank_main, args=(payload, r), name=f"polytrain-rl-{r}")
              for r in range(cfg.world)}
     for p in procs.values():

@@ -49,7 +49,7 @@ class Monitor:
     stop_reason: str = ""
     _next_eval: float = 0.0
     _next_progress: float = 0.0
-    _eval_index: int = 0
+    eval_index: int = 0
     _eval_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -58,8 +58,8 @@ class Monitor:
     def _evaluate(self, net: nn.Module, episodes: int, kind: str, c: Counters) -> float | None:
         """Mean greedy return; a screen gives up (None) once the target is out of reach."""
         start = time.perf_counter()
-        self._eval_index += 1
-        seed = self.cfg.seed * 1_000_003 + 7_919 * self._eval_index  # fresh start states each time
+        self.eval_index += 1
+        seed = self.cfg.seed * 1_000_003 + 7_919 * self.eval_index  # fresh start states each time
         give_up = self.cfg.target if kind == "screen" else None
         returns, gave_up = greedy_returns(net, self.cfg.env, episodes, seed, give_up)
         self._eval_s += time.perf_counter() - start

@@ -90,7 +90,8 @@ def run_role(payload: dict[str, Any], rank: int, recorder: Recorder) -> dict[str
     recorder.start_clock()
     cpu0 = time.process_time()  # CPU this process used from here on (its threads included)
     recorder.emit("start", role=describe(ranks, rank), epoch=time.time())
-    ctx = RoleContext(cfg, rank, ranks, recorder, Path(payload["run_dir"]), comm, links)
+    ctx = RoleContext(cfg, rank, ranks, recorder, Path(payload["run_dir"]), comm, links,
+                      extra={"resume": bool(payload.get("resume"))})
     result = _dispatch(ctx)
     record: dict[str, Any] = {"rank": rank, "role": describe(ranks, rank), "result": result,
                               "cpu_s": time.process_time() - cpu0,
