@@ -135,3 +135,28 @@ def test_stop_request_checkpoints_and_keeps_an_interrupted_summary(tmp_path: Pat
     for rank in stepping:
         mine = [e["step"] for e in steps if e["event"] == "step" and e["rank"] == rank]
         assert mine == list(range(1, step + 1))
+
+
+def test_stop_request_ends_ps_k_of_n(tmp_path: Path) -> None:
+    """ps k-of-n (its own loop, no checkpoints): the workers stop at the servers' agreed step,
+    before computing the next, so none waits on a step the others have left; rank 0 (a
+    server) writes the summary."""
+    run = tmp_path / "run"
+    proc = start(run, "--strategy", "ps", "--procs", "4", "--batch-size", "66", "--set",
+                 "consistency=k-of-n")  # 3 workers, k = 2
+    try:
+        pids = rank_pids(run, ranks=4)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    wait_gone(pids, within=1)
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err
+    summary = json.loads((run / "summary.json").read_text())
+    step = summary["interrupted"]["step"]
+    assert "by" not in summary["interrupted"], summary["interrupted"]  # the ranks finished
+    assert step >= 3 and "no checkpoint" in err
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for rank in (1, 2, 3):  # a late worker skips steps; none computes past the agreed one
+        mine = [e["step"] for e in steps if e["event"] == "step" and e["rank"] == rank]
+        assert mine and max(mine) <= step and mine == sorted(set(mine))

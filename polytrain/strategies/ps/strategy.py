@@ -189,9 +189,9 @@ class Ps(Strategy):
                           n_push=o.n_push, n_fetch=o.n_fetch)
         if o.consistency == "k-of-n":
             _start(job, ctx)
-            loop.run_k_of_n(s["k"])
+            last = loop.run_k_of_n(s["k"])
             part = job.batch_size // len(s["workers"])
-            result = RankResult(role="worker", steps=job.steps, samples=job.steps * s["k"] * part,
+            result = RankResult(role="worker", steps=last, samples=last * s["k"] * part,
                                 final_loss=loop.last_loss)
         else:
             spec = LoopSpec(model=loop.model, optimizer=None, own_step=loop.clocked_step,

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from polytrain.comm.codecs.engine import Engine
+from polytrain.runtime import interrupt
 from polytrain.runtime.job import Job, RankContext
 from polytrain.strategies.ps.consistency import Consistency
 from polytrain.strategies.ps.server import PSClient, shard_name
@@ -152,15 +153,24 @@ class WorkerLoop:
 
         return restore_worker(self.ctx, self.model, self.index, self.workers, codec)
 
-    def run_k_of_n(self, k: int) -> None:
-        """k-of-n: compute the step after the servers' newest, push it, wait for its aggregate."""
+    def run_k_of_n(self, k: int) -> int:
+        """k-of-n: compute the step after the servers' newest, push it, wait for its aggregate.
+        Returns the newest aggregated step (the last step, unless stopped on request).
+
+        A stop request (SIGTERM, Ctrl-C) is checked against the servers' newest step, before a
+        worker computes the next: no worker then pushes beyond the agreed step, whose aggregate
+        every worker still waiting needs, so none waits on a step the others have left."""
         steps, part = self.job.steps, self.job.batch_size // self.workers
         newest = 0
         while newest < steps:
+            if interrupt.stop_after(newest, steps):
+                self.ctx.recorder.emit("interrupted", step=newest, signal=interrupt.signal_name())
+                break
             step = newest + 1
             self.client.push(self._gradient(step), step, need=step)
             newest = min(self._load())
             self._record(step, step * k * part)
+        return newest
 
     def stats(self) -> dict[str, Any]:
         return {"role": "worker", "rank": self.ctx.rank, "steps_computed": self.computed,
