@@ -3,7 +3,7 @@ exactly where the uninterrupted run ends (networks, optimizer, replay, counters)
 would change what the run learns, or has nothing to do, is refused before anything starts.
 
 The dqn loop runs in this process (its launcher only adds a process around it), so these are
-fast tests; ``test_cli_resume_continues_the_run`` goes through ``polytrain rl`` once."""
+fast tests; ``test_cli_resume_continues_the_run`` resumes through ``polytrain rl`` once."""
 
 from __future__ import annotations
 
@@ -102,15 +102,12 @@ def test_resume_refuses_changed_settings_and_nothing_to_do(tmp_path: Path) -> No
 @pytest.mark.slow
 def test_cli_resume_continues_the_run(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    flags = [f"--set={k}={v}" for k, v in SMALL.items() if k != "algo"]
-
     def rl(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "polytrain", "rl", "dqn", "--no-plots", *args],
                               env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
                               capture_output=True, text=True, timeout=300)
 
-    first = rl(*flags, "--max-env-steps", "120", "--checkpoint-every", "60", "--out", str(run))
-    assert first.returncode == 0, first.stderr
+    _run(make_rl_config({**SMALL, "max_env_steps": 120, "checkpoint_every": 60}), run)  # in here
     second = rl("--resume", str(run), "--max-env-steps", "240")
     assert second.returncode == 0, second.stderr
     summary = json.loads((run / "summary.json").read_text())
