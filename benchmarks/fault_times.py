@@ -12,9 +12,9 @@ ranks train, one fault is injected and the time until the job has acted is measu
   checkpoint (``--checkpoint-every`` large: the stop writes it);
 * ``kill -9 launcher``: until no rank is alive (parent-death signal); ``agent_dir_s``: until
   the agent's log folder ``RUN/ranks/agent`` is gone (removed by a rank's watcher);
-* ``SIGTERM launcher (ps)`` / ``SIGTERM launcher (distbelief)``: as ``SIGTERM launcher`` for the
+* ``SIGTERM launcher (ps)`` / ``(distbelief)`` / ``(ps k-of-n)``: as ``SIGTERM launcher`` for the
   strategies with loops of their own (ps: 1 server + 2 workers; distbelief: 2 stage servers + one
-  replica of 2 stages).
+  replica of 2 stages; k-of-n: 1 server + 3 workers, k = 2, no checkpoint).
 
 ``--probes`` picks some (comma-separated) and ``--name`` names the results file. The probes
 alternate (one of each per repeat, the order reversed every other repeat).
@@ -41,10 +41,14 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 from harness import alternating, fmt_spread, spread, write_results  # noqa: E402
 
 PROBES = ["kill -9 rank 1", "SIGSTOP rank 1", "SIGTERM launcher", "kill -9 launcher",
-          "SIGTERM launcher (ps)", "SIGTERM launcher (distbelief)"]
+          "SIGTERM launcher (ps)", "SIGTERM launcher (distbelief)", "SIGTERM launcher (ps k-of-n)"]
 # the job of a probe: its extra arguments and world size (default: allreduce on 2 ranks)
 JOBS = {"SIGTERM launcher (ps)": (["--strategy", "ps"], 3),
-        "SIGTERM launcher (distbelief)": (["--strategy", "distbelief"], 4)}
+        "SIGTERM launcher (distbelief)": (["--strategy", "distbelief"], 4),
+        # 1 server, 3 workers, k = 2 (the batch divisible by 3); k-of-n keeps no checkpoint
+        "SIGTERM launcher (ps k-of-n)": (["--strategy", "ps", "--set", "consistency=k-of-n",
+                                          "--batch-size", "66"], 4)}
+NO_CHECKPOINT = {"SIGTERM launcher (ps k-of-n)"}
 
 
 def _alive(pid: int) -> bool:
@@ -73,7 +77,8 @@ def _pids(run: Path, ranks: int = 2, timeout: float = 180) -> list[int]:
 def probe(name: str, work: Path, timeout: float) -> dict[str, Any]:
     run = work / f"run-{time.monotonic_ns()}"
     job, ranks = JOBS.get(name, ([], 2))
-    extra = [*job, "--checkpoint-every", "1000000"] if name.startswith("SIGTERM launcher") else []
+    extra = [*job, *([] if name in NO_CHECKPOINT else ["--checkpoint-every", "1000000"])] \
+        if name.startswith("SIGTERM launcher") else []
     env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
     proc = subprocess.Popen([sys.executable, "-m", "polytrain", "train", "--model", "mlp", "--procs",
                              str(ranks), "--steps", "100000000", "--timeout", str(timeout), "--out",
