@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from polytrain.comm.codecs.engine import Engine
+from polytrain.comm.exchange import Item, units
 from polytrain.comm.options import CodecOptions
 from polytrain.config import load_config
 from polytrain.plan.cluster import Cluster
@@ -31,12 +32,15 @@ def test_payload_is_what_the_runtime_encodes(codec: str, opts: dict) -> None:
     eng = Engine.from_options(CodecOptions(compression=codec, **opts), world=2, rank=0, seed=0)
     gen = torch.Generator().manual_seed(0)
     grads = [torch.randn(torch.Size(s).numel(), generator=gen) for _, s in PARAMS]
-    items = list(enumerate(zip(PARAMS, grads, strict=True)))
+    # the runtime's grouping: one DDP bucket holds these four (flat codecs: one payload)
+    named = enumerate(zip(PARAMS, grads, strict=True))
+    groups = units(eng, [Item(i, n, g.view(s)) for i, ((n, s), g) in named])
+    assert len(groups) == (1 if eng.codec.flat else len(PARAMS))
     if eng.codec.reducible:
-        payloads = [eng.encode_payload(i, n, g, s) for i, ((n, s), g) in items]
+        payloads = [u.encode_payload(eng) for u in groups]
         sent = sum(q["values"].numel() * q["values"].element_size() for q in payloads)
     else:
-        sent = sum(eng.encode(i, n, g, s).numel() for i, ((n, s), g) in items)
+        sent = sum(u.encode(eng).numel() for u in groups)
     assert p.payload_bytes == sent and p.fp32_bytes == 4 * sum(g.numel() for g in grads)
     assert p.reducible == bool(eng.codec.reducible) and p.ratio > 1
 
@@ -62,7 +66,7 @@ def test_codecs_are_listed_never_chosen_by_default_and_win_on_a_slow_link() -> N
     e = allreduce(scene, 4, codec=price("topk", {"ratio": 0.01}, scene.profile.params, world=4, repeats=1))
     b = e.detail["buckets"]
     assert b >= 1
-    frame = e.detail["payload_bytes"] + 4 * (b + len(scene.profile.params))
+    frame = e.detail["payload_bytes"] + 4 * (b + b)  # topk is flat: one part per bucket
     assert e.bytes_per_step == 4 * 3 * (frame + 8 * b)
 
 

@@ -3,8 +3,9 @@
 * :func:`builtin_hook` — the backend's own all-reduce (asynchronous, overlaps backward);
 * :func:`ring_hook` — polytrain's explicit ring (:mod:`polytrain.comm.ring`), blocking inside the
   hook, each of its 2(W−1) phases recorded as a ``comm`` span on the timeline;
-* :func:`codec_hook` — a codec per parameter (:mod:`polytrain.comm.exchange`): dense codecs
-  reduce in place, the others all-gather variable-size payloads;
+* :func:`codec_hook` — a codec per bucket (:mod:`polytrain.comm.exchange`: one flat encoding of
+  the bucket for casts and sparsifiers, one per parameter for quantisers): dense codecs reduce in
+  place, the others all-gather variable-size payloads;
 * :func:`powersgd` — PyTorch's own ``powerSGD_hook`` (Vogels, Karimireddy & Jaggi, "PowerSGD:
   Practical Low-Rank Gradient Compression for Distributed Optimization", NeurIPS 2019), not
   rewritten: its all-reduces are counted through the accounted comm.
@@ -67,7 +68,7 @@ def ring_hook(comm: Comm, world: int, rec: Recorder) -> Any:
 
 def codec_hook(comm: Comm, world: int, rec: Recorder, engine: Engine, names: dict[int, tuple[int, str]],
                collective: str) -> Any:
-    """Mean of the bucket over ranks, each parameter's slice through ``engine``'s codec.
+    """Mean of the bucket over ranks through ``engine``'s codec (see :func:`compressed_mean`).
 
     ``names``: id(parameter) -> (index in the model, name). A DDP bucket's buffer holds its
     parameters' gradients back to back, in ``bucket.parameters()`` order."""

@@ -10,8 +10,9 @@ two matrix products and an orthogonalisation per matrix, timed here too.
 How the runtime uses them (:func:`polytrain.comm.exchange.compressed_mean`, called inside the DDP
 hook, which blocks backward while it runs): ``reducible`` codecs (fp16, bf16, randomk) all-reduce
 their payload in place; the others all-gather every rank's payload and each rank decodes all W of
-them. Gradients are random normal here; a data-dependent payload (``threshold``: how many entries
-pass τ) or ``entropy=zstd`` would need real gradients, so the planner does not price them.
+them; a ``flat`` codec encodes each DDP bucket as one vector (priced so). Gradients are random
+normal here; a data-dependent payload (``threshold``: how many entries pass τ) or
+``entropy=zstd`` would need real gradients, so the planner does not price them.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class CodecPrice:
     fp32_bytes: int
     encode_s: float  # this rank encoding its gradients
     decode_s: float  # decoding ONE rank's payload (all-gathering codecs decode W of them)
+    flat: bool = False  # one payload per DDP bucket (a flat codec), else one per parameter
 
     @property
     def ratio(self) -> float:
@@ -76,11 +78,17 @@ def price(compression: str, options: dict[str, Any], params: tuple[tuple[str, tu
     from polytrain.comm.codecs.base import Key
     from polytrain.comm.codecs.payload import pack
     from polytrain.comm.options import CodecOptions
+    from polytrain.plan.cost import buckets_of
 
     opts = CodecOptions(compression=compression, **options)
     codec = build(opts, world, torch.Generator().manual_seed(0))
     shapes = [tuple(s) or (1,) for _, s in params]
     keys = [Key(i, 0, 0) for i in range(len(grads))]
+    if codec.flat:  # the runtime encodes each DDP bucket as one flat vector
+        groups = [list(reversed(b)) for b in buckets_of([4 * g.numel() for g in reversed(grads)], 25 * 2**20)]
+        grads = [torch.cat([grads[len(grads) - 1 - i] for i in b]) for b in groups]
+        shapes = [(g.numel(),) for g in grads]
+        keys = keys[: len(grads)]
     payloads = [codec.encode(codec.pre(g, k), s, k) for g, s, k in zip(grads, shapes, keys, strict=True)]
 
     def encode() -> None:
@@ -96,7 +104,7 @@ def price(compression: str, options: dict[str, Any], params: tuple[tuple[str, tu
     else:  # it frames the packed payloads (each with its header) and all-gathers the frame
         sent = sum(pack(p).numel() for p in payloads)
     return CodecPrice(compression, bool(codec.reducible), sent, fp32,
-                      _median_s(encode, repeats), _median_s(decode, repeats))
+                      _median_s(encode, repeats), _median_s(decode, repeats), bool(codec.flat))
 
 
 @functools.lru_cache(maxsize=64)

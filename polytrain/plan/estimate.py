@@ -179,10 +179,10 @@ def _compressed_allreduce(scene: Scene, world: int, c: CodecPrice) -> Estimate:
         comm, sent = allreduce_s(c.payload_bytes, ranks, cl), 2 * (world - 1) * c.payload_bytes
         decode = k * c.decode_s
         nic = ring_nic_bytes(c.payload_bytes, world, cl)
-    else:  # per DDP bucket: a frame (count + one length per parameter) and sizes
+    else:  # per DDP bucket: a frame (count + one length per part: a parameter, or the bucket) and sizes
         backward = [layer.param_bytes for layer in reversed(scene.profile.layers)]
         buckets = len(buckets_of(backward, 25 * 2**20))
-        frame = c.payload_bytes + 4 * (buckets + len(scene.profile.params))
+        frame = c.payload_bytes + 4 * (buckets + (buckets if c.flat else len(scene.profile.params)))
         comm = group_allgather_s(world * frame, ranks, cl) + buckets * group_allgather_s(8 * world, ranks, cl)
         sent = world * (world - 1) * (frame + 8 * buckets)
         decode = k * c.decode_s * world

@@ -33,13 +33,17 @@ class Codec:
     """Base of every codec. ``biased``: error feedback is on by default. ``sparse``: the payload
     holds a ``values`` field another codec may compress (the left side of ``a+b``); ``values``:
     it compresses any vector (the right side). ``reducible``: payloads of all ranks may be summed
-    as they are (all-reduce in the compressed form) instead of all-gathered."""
+    as they are (all-reduce in the compressed form) instead of all-gathered. ``flat``: the codec
+    treats entries alone or by magnitude over the whole vector (casts, sparsifiers), not by the
+    parameter's shape or per-tensor scales, so several parameters may be encoded as one flat vector
+    (one encode per DDP bucket instead of one per parameter; see :mod:`polytrain.comm.exchange`)."""
 
     name: ClassVar[str] = ""
     biased: ClassVar[bool] = True
     sparse: ClassVar[bool] = False
     values: ClassVar[bool] = False
     reducible: ClassVar[bool] = False
+    flat: ClassVar[bool] = False
 
     def __init__(self, gen: torch.Generator | None = None) -> None:
         self.gen = gen if gen is not None else torch.Generator().manual_seed(0)
@@ -66,6 +70,12 @@ class Codec:
 
     def post(self, p: Payload, key: Key) -> None:
         """Called with what was sent."""
+
+    def post_group(self, p: Payload, keys: list[Key], sizes: list[int]) -> None:
+        """:meth:`post` for one payload that encoded several parameters back to back (``sizes``
+        entries each, in ``keys`` order). Codecs with per-parameter state override it."""
+        if len(keys) == 1:
+            self.post(p, keys[0])
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -22,6 +22,7 @@ class _Cast(Codec):
     biased = False
     values = True
     reducible = True
+    flat = True
 
     def schema(self) -> Schema:
         return (("values", self.dtype),)

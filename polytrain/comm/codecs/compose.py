@@ -25,6 +25,7 @@ class Compose(Codec):
         super().__init__(outer.gen)
         self.outer, self.inner = outer, inner
         self.biased = outer.biased or inner.biased  # type: ignore[misc]
+        self.flat = outer.flat and inner.flat  # type: ignore[misc]
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -62,6 +63,9 @@ class Compose(Codec):
 
     def post(self, p: Payload, key: Key) -> None:
         self.outer.post(p, key)
+
+    def post_group(self, p: Payload, keys: list[Key], sizes: list[int]) -> None:
+        self.outer.post_group(p, keys, sizes)
 
     def state_dict(self) -> dict[str, Any]:
         return self.outer.state_dict()

@@ -68,6 +68,15 @@ class Dgc(TopK):
         """Momentum factor masking: what was sent leaves the velocity."""
         self.velocity[key.index][p["indices"].long()] = 0.0
 
+    def post_group(self, p: Payload, keys: list[Key], sizes: list[int]) -> None:
+        """Momentum factor masking for a flat payload of several parameters: each parameter's
+        velocity loses the entries of its own range."""
+        idx, lo = p["indices"].long(), 0
+        for key, n in zip(keys, sizes, strict=True):
+            sel = idx[(idx >= lo) & (idx < lo + n)] - lo
+            self.velocity[key.index][sel] = 0.0
+            lo += n
+
     def state_dict(self) -> dict[str, Any]:
         return {str(i): u for i, u in self.velocity.items()}
 

@@ -55,28 +55,46 @@ class Engine:
 
     def encode(self, index: int, name: str, g: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         """The bytes to send for parameter ``name`` (flat float32 gradient ``g``)."""
-        t0 = time.perf_counter()
-        buf = self.pack(self.encode_payload(index, name, g, shape))
-        self.encoded_bytes += buf.numel()
-        self.encode_s += time.perf_counter() - t0
-        return buf
+        return self.encode_group([(index, name, g)], shape)
 
     def encode_payload(self, index: int, name: str, g: torch.Tensor,
                        shape: tuple[int, ...]) -> Payload:
         """The payload for parameter ``name``, error feedback applied (not yet packed)."""
+        return self.encode_group_payload([(index, name, g)], shape)
+
+    def encode_group_payload(self, members: list[tuple[int, str, torch.Tensor]],
+                             shape: tuple[int, ...] | None = None) -> Payload:
+        """One payload for several parameters ``(index, name, gradient)`` encoded as one flat
+        vector (a codec with ``flat``; one member: any codec, ``shape`` its parameter's shape).
+        Each parameter keeps its own residual, codec state and call counter; the encoding's key is
+        the first member's. Decode it with the first member's index and shape ``(total,)``."""
         t0 = time.perf_counter()
-        key = self.key(index)
-        x = self.codec.pre(g.reshape(-1).float(), key)
+        keys = [self.key(i) for i, _, _ in members]
+        names = [n for _, n, _ in members]
+        xs = [self.codec.pre(g.reshape(-1).float(), k) for k, (_, _, g) in zip(keys, members, strict=True)]
+        sizes = [x.numel() for x in xs]
+        total = sum(sizes)
+        shape = shape if shape is not None else (total,)
         if self.ef is None:
-            p = self.codec.encode(x, shape, key)
+            p = self.codec.encode(xs[0] if len(xs) == 1 else torch.cat(xs), shape, keys[0])
         else:
-            x64 = self.ef.add(name, x)  # float64: see error_feedback's exactness note
-            p = self.codec.encode(x64.float(), shape, key)
-            self.ef.keep(name, x64, self.codec.decode(p, x.numel(), shape, key))
-        self.codec.post(p, key)
-        self.raw_bytes += 4 * g.numel()
+            x64 = self.ef.add_group(names, xs)  # float64: see error_feedback's exactness note
+            p = self.codec.encode(x64.float(), shape, keys[0])
+            self.ef.keep_group(names, x64, self.codec.decode(p, total, shape, keys[0]), sizes)
+        self.codec.post_group(p, keys, sizes)
+        self.raw_bytes += 4 * total
         self.encode_s += time.perf_counter() - t0
         return p
+
+    def encode_group(self, members: list[tuple[int, str, torch.Tensor]],
+                     shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """:meth:`encode_group_payload`, packed (the bytes to send)."""
+        payload = self.encode_group_payload(members, shape)
+        t0 = time.perf_counter()  # the payload's own time is already counted
+        buf = self.pack(payload)
+        self.encoded_bytes += buf.numel()
+        self.encode_s += time.perf_counter() - t0
+        return buf
 
     def done(self, index: int) -> None:
         """Every rank's payload of this parameter's current encoding has been decoded."""

@@ -41,6 +41,22 @@ class ErrorFeedback:
         """r ← x − decoded, ``x`` as :meth:`add` returned it (float64)."""
         self.residuals[name] = x.double() - decoded.double()
 
+    def add_group(self, names: list[str], gs: list[torch.Tensor]) -> torch.Tensor:
+        """The flat float64 g + r of several parameters back to back (the same values as
+        :meth:`add` on each: one float64 addition per entry)."""
+        rs = [self.residuals.get(n) for n in names]
+        x = torch.cat(gs).double()
+        if all(r is None for r in rs):
+            return x
+        return x.add_(torch.cat([g.new_zeros(g.numel(), dtype=torch.float64) if r is None else r
+                                 for g, r in zip(gs, rs, strict=True)]))
+
+    def keep_group(self, names: list[str], x: torch.Tensor, decoded: torch.Tensor,
+                   sizes: list[int]) -> None:
+        """:meth:`keep` for :meth:`add_group`'s flat ``x``: each parameter keeps its own range."""
+        r = x.double() - decoded.double()
+        self.residuals.update(zip(names, r.split(sizes), strict=True))
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {n: r.clone() for n, r in self.residuals.items()}
 

@@ -38,6 +38,7 @@ class _Ratio(Codec):
     """A sparsifier that keeps a fraction ``ratio`` of the entries."""
 
     sparse = True
+    flat = True
 
     def __init__(self, ratio: float, gen: torch.Generator | None = None) -> None:
         super().__init__(gen)
@@ -85,6 +86,7 @@ class RandomK(_Ratio):
 
 
 class Threshold(Codec):
+    flat = True
     name = "threshold"
 
     def __init__(self, tau: float, gen: torch.Generator | None = None) -> None:

@@ -1,0 +1,97 @@
+"""Flat encoding (tier 1, no processes): a ``flat`` codec encodes several parameters (a DDP
+bucket) as one vector, each parameter keeping its own residual and state.
+
+* error feedback stays exact per parameter (rational arithmetic, values spanning < 2^29);
+* elementwise codecs (fp16, bf16, threshold) and topk/dgc at ratio 1 give bit for bit what
+  encoding each parameter alone gives (decoded values, residuals, dgc's velocity);
+* quantisers (per-tensor scales) and chains with them stay per parameter; the flat vector is in
+  model order whatever order the bucket lists its parameters in.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+import torch
+
+from polytrain.comm.codecs.engine import Engine
+from polytrain.comm.exchange import Item, units
+from polytrain.comm.options import CodecOptions
+
+SHAPES = ((4, 3), (5,), (2, 2, 2))
+NAMES = ("a.weight", "a.bias", "b.weight")
+
+
+def engine(name: str, ratio: float = 0.3) -> Engine:
+    opts = CodecOptions(compression=name, ratio=ratio, tau=0.5, error_feedback=True)
+    return Engine.from_options(opts, world=2, rank=0, seed=3)
+
+
+def gradients(step: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(100 + step)
+    # powers of two times small integers: every float64 sum below is exact
+    return [torch.randint(-64, 65, s, generator=gen).float() * 2.0 ** -torch.randint(0, 8, s, generator=gen)
+            for s in SHAPES]
+
+
+def flat_step(e: Engine, gs: list[torch.Tensor]) -> list[torch.Tensor]:
+    members = [(i, n, g) for i, (n, g) in enumerate(zip(NAMES, gs, strict=True))]
+    total = sum(g.numel() for g in gs)
+    decoded = e.decode(0, "bucket", e.encode_group(members), (total,))
+    for i in range(len(gs)):
+        e.done(i)
+    return list(decoded.split([g.numel() for g in gs]))
+
+
+def single_step(e: Engine, gs: list[torch.Tensor]) -> list[torch.Tensor]:
+    out = []
+    for i, (n, g) in enumerate(zip(NAMES, gs, strict=True)):
+        out.append(e.decode(i, n, e.encode(i, n, g, tuple(g.shape)), tuple(g.shape)))
+        e.done(i)
+    return out
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16", "topk", "randomk", "threshold", "topk+fp16", "dgc"])
+def test_error_feedback_is_exact_for_each_parameter_of_a_flat_encoding(name: str) -> None:
+    e = engine(name)
+    assert e.codec.flat and e.ef is not None
+    for step in range(3):
+        gs = gradients(step)
+        old = [e.ef.residuals.get(n) for n in NAMES]
+        velocity = getattr(e.codec, "velocity", {})
+        xs = [velocity[i].clone().mul_(0.9).add_(g.reshape(-1)) if i in velocity else g.reshape(-1)
+              for i, g in enumerate(gs)]  # dgc compresses u = m·u + g (same float32 ops)
+        decoded = flat_step(e, gs)
+        for n, x, r, d in zip(NAMES, xs, old, decoded, strict=True):
+            want = [Fraction(v) + (Fraction(w) if r is not None else 0)
+                    for v, w in zip(x.double().tolist(), (r if r is not None else x).tolist(), strict=True)]
+            new = e.ef.residuals[n]
+            assert new.numel() == x.numel()
+            got = [Fraction(a) + Fraction(b) for a, b in zip(d.double().tolist(), new.tolist(), strict=True)]
+            assert got == want, (name, step, n)
+
+
+@pytest.mark.parametrize("name, ratio", [("fp16", 0.3), ("bf16", 0.3), ("threshold", 0.3), ("topk", 1.0),
+                                         ("dgc", 1.0)])
+def test_flat_equals_per_parameter_where_the_codec_is_elementwise(name: str, ratio: float) -> None:
+    flat, single = engine(name, ratio), engine(name, ratio)
+    for step in range(3):
+        gs = gradients(step)
+        for a, b in zip(flat_step(flat, gs), single_step(single, gs), strict=True):
+            assert torch.equal(a, b), (name, step)
+        assert flat.ef is not None and single.ef is not None
+        for n in NAMES:
+            assert torch.equal(flat.ef.residuals[n], single.ef.residuals[n]), (name, n)
+        for i, u in getattr(single.codec, "velocity", {}).items():
+            assert torch.equal(flat.codec.velocity[i], u)  # type: ignore[attr-defined]
+
+
+def test_quantisers_stay_per_parameter_and_flat_units_are_in_model_order() -> None:
+    items = [Item(i, n, torch.zeros(s)) for i, (n, s) in enumerate(zip(NAMES, SHAPES, strict=True))]
+    backward = list(reversed(items))  # DDP's first bucket order
+    for name in ("onebit", "qsgd", "terngrad", "topk+onebit"):
+        assert [u.items for u in units(engine(name), backward)] == [[it] for it in backward]
+    (u,) = units(engine("topk"), backward)
+    assert u.items == items and u.shape == (12 + 5 + 8,) and u.name == "a.weight..b.weight"
+    assert [t.numel() for t in u.split(torch.zeros(25))] == [12, 5, 8]
