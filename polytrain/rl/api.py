@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from polytrain.errors import Interrupted
 from polytrain.launch.records import free_port
 from polytrain.rl.config import RLConfig, check_qnet, make_rl_config
 
@@ -15,9 +17,8 @@ from polytrain.rl.config import RLConfig, check_qnet, make_rl_config
 def run_config(cfg: RLConfig, console: Console | None = None, progress: bool = True,
                plots: bool = True, resume: bool = False) -> dict[str, Any]:
     """Validate-free entry for an RLConfig: start, supervise, assemble, plot. ``resume``: continue
-    the dqn run in ``cfg.out`` from its checkpoint (options from :func:`resume`)."""
-    from pathlib import Path
-
+    the dqn run in ``cfg.out`` from its checkpoint (options from :func:`resume`). A SIGTERM or
+    Ctrl-C stops every process; the run ends with :class:`Interrupted`."""
     from polytrain.rl.launcher import start_processes, supervise
     from polytrain.rl.progress import FollowRL
     from polytrain.rl.results import build_summary, merge_events, new_run_dir, write_config, write_summary
@@ -34,6 +35,8 @@ def run_config(cfg: RLConfig, console: Console | None = None, progress: bool = T
             sup = supervise(cfg, run_dir, procs, started)
     finally:
         merge_events(run_dir, cfg.world)
+    if sup.stop_signal is not None:
+        raise _interrupted(cfg, run_dir, sup)
     summary = build_summary(cfg, run_dir, sup)
     summary["run_dir"] = str(run_dir)
     write_summary(run_dir, summary)
@@ -45,10 +48,31 @@ def run_config(cfg: RLConfig, console: Console | None = None, progress: bool = T
     return summary
 
 
+def _interrupted(cfg: RLConfig, run_dir: Path, sup: Any) -> Interrupted:
+    """A run stopped by SIGTERM/Ctrl-C: its summary marked ``interrupted`` (when the lead learner
+    reported), and the one line the CLI prints."""
+    import signal
+
+    from polytrain.rl.results import build_summary, write_summary
+
+    try:
+        summary = build_summary(cfg, run_dir, sup)
+    except (KeyError, OSError, ValueError):  # stopped before the lead learner could report
+        summary = {"strategy": cfg.algo, "algo": cfg.algo, "config": cfg.model_dump()}
+    steps = summary.get("env_steps")
+    summary.update(run_dir=str(run_dir), interrupted={"signal": sup.stop_signal, "env_steps": steps})
+    write_summary(run_dir, summary)
+    saved = (run_dir / "checkpoints" / "dqn.pt").exists()
+    then = (f"continue with: polytrain rl dqn --resume {run_dir} --max-env-steps N" if saved
+            else "no checkpoint (dqn with --checkpoint-every N writes one at the stop)")
+    where = f"after {steps} env steps" if steps is not None else "before the learner reported"
+    return Interrupted(f"{sup.stop_signal}: {cfg.algo} stopped {where}; summary.json (marked "
+                       f"interrupted) in {run_dir}; {then}.",
+                       128 + int(signal.Signals[sup.stop_signal]))
+
+
 def resume_config(run_dir: str, options: dict[str, Any]) -> RLConfig:
     """The config of a dqn run continued from its checkpoint (ConfigError if it cannot be)."""
-    from pathlib import Path
-
     from polytrain.rl.checkpoint import resume_options
 
     return make_rl_config(resume_options(Path(run_dir), options))

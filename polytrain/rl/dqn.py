@@ -69,6 +69,9 @@ def run_dqn(ctx: RoleContext) -> dict[str, Any]:
             checkpoint.save(ctx.run_dir, checkpoint.dqn_state(learner, replay, episodes, window,
                                                               c.episodes, monitor.eval_index))
         if monitor.tick(learner.net, c):
+            if monitor.stop_reason == "interrupted" and cfg.checkpoint_every:  # resume from here
+                checkpoint.save(ctx.run_dir, checkpoint.dqn_state(learner, replay, episodes, window,
+                                                                  c.episodes, monitor.eval_index))
             break
     wall = time.perf_counter() - start
     result = monitor.final(learner.net, c)

@@ -58,6 +58,7 @@ class Supervision:
     exits: dict[int, Exit] = field(default_factory=dict)
     lost_actors: list[Exit] = field(default_factory=list)
     wall_s: float = 0.0
+    stop_signal: str | None = None  # SIGTERM/SIGINT received by the launcher (see `StopRequest`)
 
 
 def _stop_all(procs: dict[int, Any]) -> None:
@@ -71,6 +72,39 @@ def _stop_all(procs: dict[int, Any]) -> None:
         if p.is_alive():
             p.kill()
             p.join(timeout=2)
+
+
+class StopRequest:
+    """The launcher's SIGTERM/SIGINT handler while it supervises: passes the request on to every
+    process once (each lead learner then ends at its next check, as at any other stop, and the
+    others leave with it), and remembers the signal for the summary. A second signal after
+    `interrupt.AGAIN_S` s (Ctrl-C twice) stops every process at once."""
+
+    def __init__(self, procs: dict[int, Any]) -> None:
+        self.procs, self.signum, self.since = procs, 0, 0.0
+        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        from polytrain.runtime.interrupt import AGAIN_S
+
+        now = time.monotonic()
+        first = not self.signum
+        if first:
+            self.signum, self.since = signum, now
+        for p in self.procs.values():
+            if p.is_alive() and p.pid:
+                if first:
+                    os.kill(p.pid, signal.SIGTERM)
+                elif now - self.since > AGAIN_S:
+                    os.kill(p.pid, signal.SIGKILL)
+
+    @property
+    def name(self) -> str | None:
+        return signal.Signals(self.signum).name if self.signum else None
+
+    def restore(self) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
 
 
 def _failure(run_dir: Path, ranks: Layout, ex: Exit, debug: bool) -> RankFailure:
@@ -89,6 +123,7 @@ def supervise(cfg: RLConfig, run_dir: Path, procs: dict[int, Any], started: floa
     sup = Supervision(launch_epoch=time.time() - (time.monotonic() - started))
     lead_done_at: float | None = None
     deadline = started + cfg.max_seconds + cfg.timeout_s + 120  # a last resort against hangs
+    stop = StopRequest(procs)
     try:
         while len(sup.exits) < len(procs):
             now = time.monotonic()
@@ -101,6 +136,8 @@ def supervise(cfg: RLConfig, run_dir: Path, procs: dict[int, Any], started: floa
                     lead_done_at = now if rank == ranks.lead else lead_done_at
                 elif rank in ranks.actor_ranks:
                     sup.lost_actors.append(ex)
+                elif stop.signum:  # ended by the stop request itself (before its handler was set)
+                    lead_done_at = now if lead_done_at is None else lead_done_at
                 else:
                     raise _failure(run_dir, ranks, ex, cfg.debug)
             late = lead_done_at is not None and now - lead_done_at > GRACE_S + cfg.actor_timeout_s
@@ -112,8 +149,10 @@ def supervise(cfg: RLConfig, run_dir: Path, procs: dict[int, Any], started: floa
             time.sleep(POLL_S)
     finally:
         _stop_all(procs)
+        stop.restore()
         sup.wall_s = time.monotonic() - started
-    if ranks.lead in sup.exits and sup.exits[ranks.lead].code != 0:
+        sup.stop_signal = stop.name
+    if sup.stop_signal is None and ranks.lead in sup.exits and sup.exits[ranks.lead].code != 0:
         raise _failure(run_dir, ranks, sup.exits[ranks.lead], cfg.debug)
     return sup
 
@@ -124,7 +163,7 @@ def start_processes(cfg: RLConfig, run_dir: Path, port: int, resume: bool = Fals
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["polytrain.rl.preload"])
     payload = {"config": cfg.model_dump(), "run_dir": str(run_dir), "port": port, "world": cfg.world,
-               "resume": resume}
+               "resume": resume, "launcher_pid": os.getpid()}
     procs = {r: ctx.Process(target=rank_main, args=(payload, r), name=f"polytrain-rl-{r}")
              for r in range(cfg.world)}
     for p in procs.values():
@@ -142,8 +181,36 @@ def _redirect_output(path: Path) -> None:
     os.close(fd)
 
 
+def exit_with(pid: int) -> None:
+    """End this process at once when process ``pid`` (the launcher) ends, SIGKILL included.
+
+    An RL process is a child of the fork server, not of the launcher, so the parent-death signal
+    of training ranks does not apply; a daemon thread waits on a pidfd of the launcher instead.
+    """
+    import select
+    import threading
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # gone already
+        os._exit(1)
+    except (AttributeError, OSError):  # not Linux >= 5.3: the launcher still stops us when it can
+        return
+
+    def wait() -> None:
+        select.select([fd], [], [])
+        os._exit(1)
+
+    threading.Thread(target=wait, name="exit-with-launcher", daemon=True).start()
+
+
 def rank_main(payload: dict[str, Any], rank: int) -> None:
     """Entry point of one RL process (spawned by :func:`start_processes`)."""
+    from polytrain.runtime import interrupt
+
+    if payload.get("launcher_pid"):
+        exit_with(int(payload["launcher_pid"]))
+    interrupt.install(None)  # a stop request sets a flag: the lead learner ends at its next check
     import torch
 
     from polytrain.rl.roles_run import run_role

@@ -21,6 +21,7 @@ from torch import nn
 
 from polytrain.rl.config import RLConfig
 from polytrain.rl.envs import greedy_returns
+from polytrain.runtime import interrupt
 from polytrain.runtime.recorder import Recorder
 
 PROGRESS_EVERY_S = 0.5
@@ -73,6 +74,9 @@ class Monitor:
 
     def tick(self, net: nn.Module, c: Counters) -> bool:
         """Call often; returns True when the run should stop."""
+        if interrupt.requested():  # SIGTERM / Ctrl-C: end as at any other stop, evaluating nothing
+            self.stop_reason = "interrupted"
+            return True
         now = self.recorder.now()
         if now >= self._next_progress:
             self._next_progress = now + PROGRESS_EVERY_S
@@ -104,7 +108,7 @@ class Monitor:
     def final(self, net: nn.Module, c: Counters) -> dict[str, Any]:
         """Figures for the summary; plays a final full evaluation unless the last one was it."""
         full = [e for e in self.evals if e["kind"] == "full"]
-        if self.stop_reason != "target":
+        if self.stop_reason not in ("target", "interrupted"):  # a stop on request ends quickly
             self._evaluate(net, self.cfg.eval_episodes, "final", c)
         final = self.evals[-1]["mean_return"] if self.evals else None
         means = [e["mean_return"] for e in self.evals if e["kind"] != "screen"] or [
