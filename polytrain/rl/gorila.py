@@ -58,7 +58,7 @@ def run_shard(ctx: RoleContext, index: int) -> dict[str, Any]:
 
 
 def run_gorila_learner(ctx: RoleContext, index: int) -> dict[str, Any]:
-    from polytrain.strategies.ps.server import PSClient
+    from polytrain.strategies.ps.client import PSClient
 
     cfg = ctx.cfg
     learner = make_learner(ctx)

@@ -37,8 +37,9 @@ from polytrain.strategies.pipeline.flush import FlushPipeline
 from polytrain.strategies.pipeline.options import meta_model
 from polytrain.strategies.pipeline.ties import refuse_ties
 from polytrain.strategies.ps.checkpoint import attach_server, restore_client, save_client
+from polytrain.strategies.ps.client import PSClient, gather_shards
 from polytrain.strategies.ps.consistency import histogram, make_consistency
-from polytrain.strategies.ps.server import ParameterServer, PSClient, gather_shards
+from polytrain.strategies.ps.server import ParameterServer
 from polytrain.strategies.ps.sharding import (
     ShardPlan,
     flat_grads,

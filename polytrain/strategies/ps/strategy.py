@@ -44,9 +44,10 @@ from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.ps.checkpoint import restore_server, server_saver
+from polytrain.strategies.ps.client import PSClient, gather_shards, shard_name
 from polytrain.strategies.ps.consistency import histogram, make_consistency
 from polytrain.strategies.ps.pulls import PullDecoder, PullEncoder, pulls_compressible
-from polytrain.strategies.ps.server import ParameterServer, PSClient, gather_shards, shard_name
+from polytrain.strategies.ps.server import ParameterServer
 from polytrain.strategies.ps.sharding import (
     ShardPlan,
     flat_params,

@@ -23,8 +23,8 @@ from torch import nn
 from polytrain.comm.codecs.engine import Engine
 from polytrain.runtime import interrupt
 from polytrain.runtime.job import Job, RankContext
+from polytrain.strategies.ps.client import PSClient, shard_name
 from polytrain.strategies.ps.consistency import Consistency
-from polytrain.strategies.ps.server import PSClient, shard_name
 from polytrain.strategies.ps.sharding import ShardPlan, flat_grads, load_flat
 
 
