@@ -15,6 +15,9 @@ ranks train, one fault is injected and the time until the job has acted is measu
 * ``SIGTERM launcher (ps)`` / ``(distbelief)`` / ``(ps k-of-n)``: as ``SIGTERM launcher`` for the
   strategies with loops of their own (ps: 1 server + 2 workers; distbelief: 2 stage servers + one
   replica of 2 stages; k-of-n: 1 server + 3 workers, k = 2, no checkpoint).
+* ``SIGTERM rl dqn`` / ``kill -9 rl dqn``: `polytrain rl dqn` (one learner process, endless env
+  steps, ``--checkpoint-every`` large: the stop writes it), once its first episode ended: until
+  the launcher exits / until the learner process is gone.
 
 ``--probes`` picks some (comma-separated) and ``--name`` names the results file. The probes
 alternate (one of each per repeat, the order reversed every other repeat).
@@ -41,7 +44,11 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 from harness import alternating, fmt_spread, spread, write_results  # noqa: E402
 
 PROBES = ["kill -9 rank 1", "SIGSTOP rank 1", "SIGTERM launcher", "kill -9 launcher",
-          "SIGTERM launcher (ps)", "SIGTERM launcher (distbelief)", "SIGTERM launcher (ps k-of-n)"]
+          "SIGTERM launcher (ps)", "SIGTERM launcher (distbelief)", "SIGTERM launcher (ps k-of-n)",
+          "SIGTERM rl dqn", "kill -9 rl dqn"]
+RL = ["rl", "dqn", "--set=hidden=16", "--set=depth=1", "--set=max_seconds=1e6", "--set=target_return=1e6",
+      "--set=eval_every_s=1e6", "--max-env-steps", "100000000", "--checkpoint-every", "100000000",
+      "--no-plots"]
 # the job of a probe: its extra arguments and world size (default: allreduce on 2 ranks)
 JOBS = {"SIGTERM launcher (ps)": (["--strategy", "ps"], 3),
         "SIGTERM launcher (distbelief)": (["--strategy", "distbelief"], 4),
@@ -56,8 +63,8 @@ def _alive(pid: int) -> bool:
     return state is not None and state not in ("Z", "X")
 
 
-def _pids(run: Path, ranks: int = 2, timeout: float = 180) -> list[int]:
-    """Every rank's pid, once all have started and one has recorded 3 steps (servers record
+def _pids(run: Path, ranks: int = 2, timeout: float = 180, event: str = "step") -> list[int]:
+    """Every rank's pid, once all have started and one has recorded 3 ``event``s (servers record
     none)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -66,7 +73,7 @@ def _pids(run: Path, ranks: int = 2, timeout: float = 180) -> list[int]:
             path = run / "ranks" / f"rank{rank}.jsonl"
             lines = path.read_text().splitlines() if path.exists() else []
             evs = [json.loads(x) for x in lines if x.endswith("}")]
-            stepped = max(stepped, sum(e["event"] == "step" for e in evs))
+            stepped = max(stepped, sum(e["event"] == event for e in evs))
             pids += [e["pid"] for e in evs if e["event"] == "process"][:1]
         if len(pids) == ranks and stepped >= 3:
             return pids
@@ -80,26 +87,32 @@ def probe(name: str, work: Path, timeout: float) -> dict[str, Any]:
     extra = [*job, *([] if name in NO_CHECKPOINT else ["--checkpoint-every", "1000000"])] \
         if name.startswith("SIGTERM launcher") else []
     env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
-    proc = subprocess.Popen([sys.executable, "-m", "polytrain", "train", "--model", "mlp", "--procs",
-                             str(ranks), "--steps", "100000000", "--timeout", str(timeout), "--out",
-                             str(run), "--no-report", *extra], env=env, stdout=subprocess.DEVNULL,
+    rl = " rl " in name
+    args = [*RL, "--out", str(run)] if rl else \
+        ["train", "--model", "mlp", "--procs", str(ranks), "--steps", "100000000", "--timeout",
+         str(timeout), "--out", str(run), "--no-report", *extra]
+    proc = subprocess.Popen([sys.executable, "-m", "polytrain", *args], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     agent_dir_s = None
     try:
-        pids = _pids(run, ranks)
+        pids = _pids(run, 1, event="episode") if rl else _pids(run, ranks)
         t0 = time.monotonic()
         if name == "kill -9 rank 1":
             os.kill(pids[1], signal.SIGKILL)
         elif name == "SIGSTOP rank 1":
             os.kill(pids[1], signal.SIGSTOP)
-        elif name.startswith("SIGTERM launcher"):
+        elif name.startswith("SIGTERM"):
             proc.send_signal(signal.SIGTERM)
         else:
             proc.kill()
+        if name == "kill -9 rl dqn":  # the learner's end (the fork server holds stderr a while)
+            while any(_alive(p) for p in pids) and time.monotonic() - t0 < 60:
+                time.sleep(0.02)
+            took = time.monotonic() - t0
         _, err = proc.communicate(timeout=120)
         while any(_alive(p) for p in pids) and time.monotonic() - t0 < 60:
             time.sleep(0.02)
-        took = time.monotonic() - t0
+        took = took if name == "kill -9 rl dqn" else time.monotonic() - t0
         left = [p for p in pids if _alive(p)]
         while (run / "ranks" / "agent").exists() and time.monotonic() - t0 < 60:
             time.sleep(0.02)
@@ -114,7 +127,8 @@ def probe(name: str, work: Path, timeout: float) -> dict[str, Any]:
     summary = run / "summary.json"
     by = "no summary"
     if summary.exists():
-        by = (json.loads(summary.read_text()).get("interrupted") or {}).get("by") or "rank 0"
+        mark = json.loads(summary.read_text()).get("interrupted") or {}
+        by = "launcher (marked interrupted)" if rl and mark else mark.get("by") or "rank 0"
     return {"probe": name, "seconds": round(took, 2), "exit": proc.returncode,
             "ranks_left": len(left), "agent_dir_s": agent_dir_s,
             "summary_by": by, "message": " | ".join(lines)[:300]}
