@@ -2,10 +2,12 @@
 bucket) as one vector, each parameter keeping its own residual and state.
 
 * error feedback stays exact per parameter (rational arithmetic, values spanning < 2^29);
-* elementwise codecs (fp16, bf16, threshold) and topk/dgc at ratio 1 give bit for bit what
-  encoding each parameter alone gives (decoded values, residuals, dgc's velocity);
-* quantisers (per-tensor scales) and chains with them stay per parameter; the flat vector is in
-  model order whatever order the bucket lists its parameters in.
+* elementwise codecs (fp16, bf16, threshold), the quantisers (onebit per tensor and per row,
+  terngrad, qsgd: one scale per parameter or row) and topk/dgc/topk+onebit at ratio 1 give bit
+  for bit what encoding each parameter alone gives (decoded values, residuals, dgc's velocity);
+* a flat topk+onebit keeps one pair of means per parameter (over its kept entries);
+* every codec encodes a bucket as one unit, in model order whatever order the bucket lists its
+  parameters in.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 import torch
 
 from polytrain.comm.codecs.engine import Engine
+from polytrain.comm.codecs.payload import unpack
 from polytrain.comm.exchange import Item, units
 from polytrain.comm.options import CodecOptions
 
@@ -24,7 +27,9 @@ NAMES = ("a.weight", "a.bias", "b.weight")
 
 
 def engine(name: str, ratio: float = 0.3) -> Engine:
-    opts = CodecOptions(compression=name, ratio=ratio, tau=0.5, error_feedback=True)
+    name, _, scale = name.partition(":")  # "onebit:row": scale=row
+    opts = CodecOptions(compression=name, ratio=ratio, tau=0.5, error_feedback=True, levels=4,
+                        scale=scale or "tensor")
     return Engine.from_options(opts, world=2, rank=0, seed=3)
 
 
@@ -38,7 +43,8 @@ def gradients(step: int) -> list[torch.Tensor]:
 def flat_step(e: Engine, gs: list[torch.Tensor]) -> list[torch.Tensor]:
     members = [(i, n, g) for i, (n, g) in enumerate(zip(NAMES, gs, strict=True))]
     total = sum(g.numel() for g in gs)
-    decoded = e.decode(0, "bucket", e.encode_group(members), (total,))
+    parts = tuple(tuple(g.shape) for g in gs)
+    decoded = e.decode(0, "bucket", e.encode_group(members), (total,), parts=parts)
     for i in range(len(gs)):
         e.done(i)
     return list(decoded.split([g.numel() for g in gs]))
@@ -52,7 +58,8 @@ def single_step(e: Engine, gs: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("name", ["fp16", "bf16", "topk", "randomk", "threshold", "topk+fp16", "dgc"])
+@pytest.mark.parametrize("name", ["fp16", "bf16", "topk", "randomk", "threshold", "topk+fp16", "dgc",
+                                  "onebit", "onebit:row", "terngrad", "qsgd", "topk+onebit", "randomk+qsgd"])
 def test_error_feedback_is_exact_for_each_parameter_of_a_flat_encoding(name: str) -> None:
     e = engine(name)
     assert e.codec.flat and e.ef is not None
@@ -73,7 +80,8 @@ def test_error_feedback_is_exact_for_each_parameter_of_a_flat_encoding(name: str
 
 
 @pytest.mark.parametrize("name, ratio", [("fp16", 0.3), ("bf16", 0.3), ("threshold", 0.3), ("topk", 1.0),
-                                         ("dgc", 1.0)])
+                                         ("dgc", 1.0), ("onebit", 0.3), ("onebit:row", 0.3),
+                                         ("terngrad", 0.3), ("qsgd", 0.3), ("topk+onebit", 1.0)])
 def test_flat_equals_per_parameter_where_the_codec_is_elementwise(name: str, ratio: float) -> None:
     flat, single = engine(name, ratio), engine(name, ratio)
     for step in range(3):
@@ -87,11 +95,28 @@ def test_flat_equals_per_parameter_where_the_codec_is_elementwise(name: str, rat
             assert torch.equal(flat.codec.velocity[i], u)  # type: ignore[attr-defined]
 
 
-def test_quantisers_stay_per_parameter_and_flat_units_are_in_model_order() -> None:
+def test_flat_topk_onebit_keeps_one_pair_of_means_per_parameter() -> None:
+    e = engine("topk+onebit", ratio=0.4)
+    gs = gradients(0)
+    members = [(i, n, g) for i, (n, g) in enumerate(zip(NAMES, gs, strict=True))]
+    p = unpack(e.encode_group(members), e.codec.schema())
+    idx = p["indices"].long()
+    assert p["v.scales"].numel() == 2 * len(SHAPES)
+    ends = torch.tensor([12, 17, 25])
+    decoded = e.decode(0, "bucket", e.pack(p), (25,), parts=SHAPES)
+    lo = 0
+    for end, (pos, neg) in zip(ends.tolist(), p["v.scales"].view(-1, 2).tolist(), strict=True):
+        kept = decoded[idx[(idx >= lo) & (idx < end)]]  # each parameter's kept entries: its own means
+        assert set(kept.tolist()) <= {pos, neg}
+        lo = end
+
+
+def test_every_codec_encodes_a_bucket_as_one_unit_in_model_order() -> None:
     items = [Item(i, n, torch.zeros(s)) for i, (n, s) in enumerate(zip(NAMES, SHAPES, strict=True))]
     backward = list(reversed(items))  # DDP's first bucket order
-    for name in ("onebit", "qsgd", "terngrad", "topk+onebit"):
-        assert [u.items for u in units(engine(name), backward)] == [[it] for it in backward]
+    for name in ("onebit", "qsgd", "terngrad", "topk+onebit", "topk", "fp16"):
+        (u,) = units(engine(name), backward)
+        assert u.items == items and u.parts == SHAPES
     (u,) = units(engine("topk"), backward)
     assert u.items == items and u.shape == (12 + 5 + 8,) and u.name == "a.weight..b.weight"
     assert [t.numel() for t in u.split(torch.zeros(25))] == [12, 5, 8]

@@ -14,10 +14,11 @@ any other strategy that averages over ranks call with a :class:`~polytrain.comm.
 A ``flat`` codec (casts, sparsifiers: :attr:`~polytrain.comm.codecs.base.Codec.flat`) encodes
 all the tensors of one call (a DDP bucket) as one flat vector: one encode, one pack and one
 decode per rank instead of one per parameter, each parameter keeping its own residual and state.
-Results equal the per-parameter ones for elementwise codecs (fp16, bf16, threshold) and for
+Results equal the per-parameter ones for elementwise codecs (fp16, bf16, threshold), for the
+quantisers (onebit, terngrad, qsgd: one scale per parameter or row, as alone) and for
 ``topk``/``dgc`` at ``ratio=1``; ``topk``/``dgc`` keep the largest entries of the whole bucket
-(not ratio of each parameter), ``randomk`` draws over the bucket. Quantisers (per-tensor or
-per-row scales) and chains with them (``topk+onebit``) stay per parameter.
+(not ratio of each parameter), ``randomk`` draws over the bucket, and a chain ``topk+onebit``
+keeps one pair of onebit means per parameter over that parameter's kept entries.
 
 A message that does not decode fails this rank with the parameter's name and the source rank,
 before anything is applied. Simplified against DDP's own hooks: blocking (no overlap with the
@@ -31,7 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from polytrain.comm.accounted import Comm
-from polytrain.comm.codecs.engine import DecodeError, Engine
+from polytrain.comm.codecs.base import Parts
+from polytrain.comm.codecs.engine import DecodeError, Engine, parts_of
 from polytrain.comm.codecs.payload import Payload, PayloadError, frame, unframe
 from polytrain.comm.ring import _peer, ring_all_reduce
 from polytrain.runtime.recorder import Recorder
@@ -101,6 +103,10 @@ class Unit:
     def shape(self) -> tuple[int, ...]:
         return self.first.shape if len(self.items) == 1 else (self.numel,)
 
+    @property
+    def parts(self) -> Parts | None:
+        return parts_of([it.tensor for it in self.items])
+
     def encode_payload(self, engine: Engine) -> Payload:
         return engine.encode_group_payload([(it.index, it.name, it.tensor) for it in self.items], self.shape)
 
@@ -135,7 +141,7 @@ def _reducible_mean(engine: Engine, comm: Comm, items: list[Item], groups: list[
         for u, p in zip(groups, payloads, strict=True):
             n = p["values"].numel()
             mean = engine.decode_payload(u.first.index, u.name, Payload({"values": flat[pos : pos + n]}),
-                                         u.shape).div_(comm.world)
+                                         u.shape, parts=u.parts).div_(comm.world)
             out.extend(zip(u.items, u.split(mean), strict=True))
             pos += n
     for it in items:
@@ -168,7 +174,8 @@ def compressed_mean(engine: Engine, comm: Comm, items: list[Item], *, collective
                                   f"{items[0].name}..{items[-1].name} does not decode: {err}; "
                                   "nothing was applied") from None
             for u, part, acc in zip(groups, parts, sums, strict=True):
-                acc.add_(engine.decode(u.first.index, u.name, part, u.shape, source=f" from rank {src}"))
+                acc.add_(engine.decode(u.first.index, u.name, part, u.shape, source=f" from rank {src}",
+                                       parts=u.parts))
     for it in items:
         engine.done(it.index)
     return _in_order(items, [(it, m) for u, s in zip(groups, sums, strict=True)

@@ -84,20 +84,24 @@ def price(compression: str, options: dict[str, Any], params: tuple[tuple[str, tu
     codec = build(opts, world, torch.Generator().manual_seed(0))
     shapes = [tuple(s) or (1,) for _, s in params]
     keys = [Key(i, 0, 0) for i in range(len(grads))]
-    if codec.flat:  # the runtime encodes each DDP bucket as one flat vector
+    parts: list[tuple[tuple[int, ...], ...] | None] = [None] * len(grads)
+    if codec.flat:  # the runtime encodes each DDP bucket as one flat vector (parts: its shapes)
         groups = [list(reversed(b)) for b in buckets_of([4 * g.numel() for g in reversed(grads)], 25 * 2**20)]
+        parts = [tuple(shapes[len(grads) - 1 - i] for i in b) if len(b) > 1 else None for b in groups]
         grads = [torch.cat([grads[len(grads) - 1 - i] for i in b]) for b in groups]
-        shapes = [(g.numel(),) for g in grads]
+        shapes = [(g.numel(),) if pt is not None else shapes[len(shapes) - 1 - b[0]]
+                  for g, pt, b in zip(grads, parts, groups, strict=True)]
         keys = keys[: len(grads)]
-    payloads = [codec.encode(codec.pre(g, k), s, k) for g, s, k in zip(grads, shapes, keys, strict=True)]
+    payloads = [codec.encode(codec.pre(g, k), s, k, pt)
+                for g, s, k, pt in zip(grads, shapes, keys, parts, strict=True)]
 
     def encode() -> None:
-        for g, s, k in zip(grads, shapes, keys, strict=True):
-            codec.encode(codec.pre(g, k), s, k)
+        for g, s, k, pt in zip(grads, shapes, keys, parts, strict=True):
+            codec.encode(codec.pre(g, k), s, k, pt)
 
     def decode() -> None:
-        for p, g, s, k in zip(payloads, grads, shapes, keys, strict=True):
-            codec.decode(p, g.numel(), s, k)
+        for p, g, s, k, pt in zip(payloads, grads, shapes, keys, parts, strict=True):
+            codec.decode(p, g.numel(), s, k, pt)
 
     if codec.reducible:  # the runtime all-reduces the values fields, concatenated
         sent = sum(p["values"].numel() * p["values"].element_size() for p in payloads)

@@ -7,7 +7,7 @@ fp16/bf16  :mod:`.cast`                   off      N 16-bit values (all-reduced 
 topk       :mod:`.sparse`                 on       k int32 indices + k float32 values
 randomk    :mod:`.sparse`                 on       k float32 values (indices: shared seed)
 threshold  :mod:`.sparse`                 on       int32 indices + 1 sign bit each (±τ)
-onebit     :mod:`.quant`                  on       N sign bits + 2 float32 scales (per row)
+onebit     :mod:`.quant`                  on       N sign bits + 2 float32 scales (per tensor/row)
 terngrad   :mod:`.quant`                  off      N 2-bit codes + 1 float32 scale
 qsgd       :mod:`.quant`                  off      N level codes + N sign bits + the norm
 dgc        :mod:`.dgc`                    on       top-k of the momentum-corrected velocity
@@ -30,7 +30,7 @@ from polytrain.comm.codecs.cast import Bf16, Fp16
 from polytrain.comm.codecs.compose import Compose
 from polytrain.comm.codecs.dgc import Dgc
 from polytrain.comm.codecs.quant import OneBit, Qsgd, TernGrad
-from polytrain.comm.codecs.sparse import RandomK, Threshold, TopK
+from polytrain.comm.codecs.sparse import RandomK, Threshold, TopK, _Ratio
 
 SPARSIFIERS = ("topk", "randomk", "dgc")
 VALUE_CODECS = ("fp16", "bf16", "onebit", "terngrad", "qsgd")
@@ -79,7 +79,9 @@ def build(opts: Any, world: int, gen: torch.Generator) -> Codec:
     """The codec ``opts.compression`` names, with its options (``ratio``, ``tau``, ...)."""
     parts = check_name(opts.compression).split("+")
     if len(parts) == 2:
-        return Compose(_one(parts[0], opts, world, gen), _one(parts[1], opts, world, gen))
+        outer = _one(parts[0], opts, world, gen)
+        assert isinstance(outer, _Ratio)  # check_name: the left side is a sparsifier
+        return Compose(outer, _one(parts[1], opts, world, gen))
     return _one(parts[0], opts, world, gen)
 
 

@@ -15,6 +15,9 @@ import torch
 
 from polytrain.comm.codecs.payload import Payload, PayloadError, Schema
 
+Shape = tuple[int, ...]
+Parts = tuple[Shape, ...]  # the shapes of the tensors a flat vector holds, back to back
+
 
 @dataclass(frozen=True)
 class Key:
@@ -33,10 +36,14 @@ class Codec:
     """Base of every codec. ``biased``: error feedback is on by default. ``sparse``: the payload
     holds a ``values`` field another codec may compress (the left side of ``a+b``); ``values``:
     it compresses any vector (the right side). ``reducible``: payloads of all ranks may be summed
-    as they are (all-reduce in the compressed form) instead of all-gathered. ``flat``: the codec
-    treats entries alone or by magnitude over the whole vector (casts, sparsifiers), not by the
-    parameter's shape or per-tensor scales, so several parameters may be encoded as one flat vector
-    (one encode per DDP bucket instead of one per parameter; see :mod:`polytrain.comm.exchange`)."""
+    as they are (all-reduce in the compressed form) instead of all-gathered. ``flat``: several
+    parameters may be encoded as one flat vector (one encode per DDP bucket instead of one per
+    parameter; see :mod:`polytrain.comm.exchange`): casts and sparsifiers treat entries alone or
+    by magnitude over the whole vector; quantisers keep one scale per tensor (or row) of ``parts``
+    (the shapes the vector holds), so their encoding of each part is the per-parameter one.
+
+    ``encode``/``decode`` take ``shape`` (one parameter's shape, or ``(N,)`` for a flat vector)
+    and optionally ``parts``; without ``parts`` the vector is one tensor of ``shape``."""
 
     name: ClassVar[str] = ""
     biased: ClassVar[bool] = True
@@ -55,11 +62,12 @@ class Codec:
     def schema(self) -> Schema:
         raise NotImplementedError
 
-    def encode(self, x: torch.Tensor, shape: tuple[int, ...], key: Key) -> Payload:
+    def encode(self, x: torch.Tensor, shape: Shape, key: Key, parts: Parts | None = None) -> Payload:
         """``x``: flat float32 (N,) = the gradient to send; ``shape``: its parameter's shape."""
         raise NotImplementedError
 
-    def decode(self, p: Payload, numel: int, shape: tuple[int, ...], key: Key) -> torch.Tensor:
+    def decode(self, p: Payload, numel: int, shape: Shape, key: Key,
+               parts: Parts | None = None) -> torch.Tensor:
         """The flat float32 (numel,) the payload stands for; PayloadError if it cannot be."""
         raise NotImplementedError
 
@@ -95,6 +103,41 @@ def count(numel: int, ratio: float) -> int:
     return min(numel, max(1, int(-(-ratio * numel // 1)))) if numel else 0
 
 
-def rows_of(shape: tuple[int, ...], numel: int) -> int:
+def rows_of(shape: Shape, numel: int) -> int:
     """Rows for per-row scales: the first dimension of a matrix, else one row."""
     return shape[0] if len(shape) >= 2 and shape[0] > 0 else 1
+
+
+def numel_of(shape: Shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class Segments:
+    """The scale groups of a quantiser over a flat vector: one per part (per tensor) or one per
+    row of each part (per row), back to back. Every reduction here treats each group on its own
+    (sequential float64 sums of the group's entries alone), so a part's scales are the same
+    whether it is encoded alone or inside a flat vector of several parameters."""
+
+    def __init__(self, shape: Shape, parts: Parts | None, per_row: bool) -> None:
+        lengths: list[int] = []
+        for p in parts if parts is not None else (shape,):
+            n = numel_of(p)
+            rows = rows_of(p, n) if per_row else 1
+            lengths += [n // rows] * rows
+        self.count = len(lengths)
+        self.lengths = torch.tensor(lengths, dtype=torch.int64)
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        """float64 (count,): each group's sum."""
+        return torch.segment_reduce(x.double(), "sum", lengths=self.lengths, unsafe=True)
+
+    def max(self, x: torch.Tensor) -> torch.Tensor:
+        """(count,): each group's largest entry, 0 for an empty group (``x`` ≥ 0)."""
+        return torch.segment_reduce(x, "max", lengths=self.lengths, unsafe=True, initial=0.0)
+
+    def expand(self, v: torch.Tensor) -> torch.Tensor:
+        """Each group's value repeated over its entries (N,)."""
+        return torch.repeat_interleave(v, self.lengths, output_size=int(self.lengths.sum()))

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from polytrain.comm.codecs.base import Codec, Key, expect
+from polytrain.comm.codecs.base import Codec, Key, Parts, Shape, expect
 from polytrain.comm.codecs.payload import Payload, Schema
 
 
@@ -27,11 +27,12 @@ class _Cast(Codec):
     def schema(self) -> Schema:
         return (("values", self.dtype),)
 
-    def encode(self, x: torch.Tensor, shape: tuple[int, ...], key: Key) -> Payload:
+    def encode(self, x: torch.Tensor, shape: Shape, key: Key, parts: Parts | None = None) -> Payload:
         big = torch.finfo(self.dtype).max
         return Payload({"values": x.clamp(-big, big).to(self.dtype)})
 
-    def decode(self, p: Payload, numel: int, shape: tuple[int, ...], key: Key) -> torch.Tensor:
+    def decode(self, p: Payload, numel: int, shape: Shape, key: Key,
+               parts: Parts | None = None) -> torch.Tensor:
         v = p["values"]
         expect(v.numel() == numel, f"{v.numel()} {self.name} values for a tensor of {numel}")
         return v.to(torch.float32)

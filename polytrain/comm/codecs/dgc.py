@@ -71,11 +71,14 @@ class Dgc(TopK):
     def post_group(self, p: Payload, keys: list[Key], sizes: list[int]) -> None:
         """Momentum factor masking for a flat payload of several parameters: each parameter's
         velocity loses the entries of its own range."""
-        idx, lo = p["indices"].long(), 0
-        for key, n in zip(keys, sizes, strict=True):
-            sel = idx[(idx >= lo) & (idx < lo + n)] - lo
-            self.velocity[key.index][sel] = 0.0
-            lo += n
+        idx = p["indices"].long()  # sorted: each parameter's entries are one run of them
+        ends = torch.tensor(sizes, dtype=torch.int64).cumsum(0)
+        upto = torch.searchsorted(idx, ends).tolist()
+        lo = at = 0
+        for key, n, end in zip(keys, sizes, upto, strict=True):
+            if end > at:
+                self.velocity[key.index][idx[at:end] - lo] = 0.0
+            lo, at = lo + n, end
 
     def state_dict(self) -> dict[str, Any]:
         return {str(i): u for i, u in self.velocity.items()}

@@ -16,10 +16,16 @@ from typing import Any
 import torch
 
 from polytrain.comm.codecs import build
-from polytrain.comm.codecs.base import Codec, Key
+from polytrain.comm.codecs.base import Codec, Key, Parts, Shape, numel_of
 from polytrain.comm.codecs.entropy import compress, decompress
 from polytrain.comm.codecs.error_feedback import ErrorFeedback
 from polytrain.comm.codecs.payload import Payload, PayloadError, pack, unpack
+
+
+def parts_of(tensors: list[torch.Tensor]) -> Parts | None:
+    """The parts of a flat encoding of several tensors (their shapes); None for one tensor (the
+    encoding's ``shape`` says it all)."""
+    return tuple(tuple(t.shape) for t in tensors) if len(tensors) > 1 else None
 
 
 class DecodeError(RuntimeError):
@@ -63,11 +69,12 @@ class Engine:
         return self.encode_group_payload([(index, name, g)], shape)
 
     def encode_group_payload(self, members: list[tuple[int, str, torch.Tensor]],
-                             shape: tuple[int, ...] | None = None) -> Payload:
+                             shape: Shape | None = None) -> Payload:
         """One payload for several parameters ``(index, name, gradient)`` encoded as one flat
         vector (a codec with ``flat``; one member: any codec, ``shape`` its parameter's shape).
         Each parameter keeps its own residual, codec state and call counter; the encoding's key is
-        the first member's. Decode it with the first member's index and shape ``(total,)``."""
+        the first member's; the codec's parts are the gradients' shapes. Decode it with the first
+        member's index, shape ``(total,)`` and the same parts (:func:`parts_of`)."""
         t0 = time.perf_counter()
         keys = [self.key(i) for i, _, _ in members]
         names = [n for _, n, _ in members]
@@ -75,19 +82,20 @@ class Engine:
         sizes = [x.numel() for x in xs]
         total = sum(sizes)
         shape = shape if shape is not None else (total,)
+        parts = parts_of([g for _, _, g in members])
         if self.ef is None:
-            p = self.codec.encode(xs[0] if len(xs) == 1 else torch.cat(xs), shape, keys[0])
+            p = self.codec.encode(xs[0] if len(xs) == 1 else torch.cat(xs), shape, keys[0], parts)
         else:
             x64 = self.ef.add_group(names, xs)  # float64: see error_feedback's exactness note
-            p = self.codec.encode(x64.float(), shape, keys[0])
-            self.ef.keep_group(names, x64, self.codec.decode(p, total, shape, keys[0]), sizes)
+            p = self.codec.encode(x64.float(), shape, keys[0], parts)
+            self.ef.keep_group(names, x64, self.codec.decode(p, total, shape, keys[0], parts), sizes)
         self.codec.post_group(p, keys, sizes)
         self.raw_bytes += 4 * total
         self.encode_s += time.perf_counter() - t0
         return p
 
     def encode_group(self, members: list[tuple[int, str, torch.Tensor]],
-                     shape: tuple[int, ...] | None = None) -> torch.Tensor:
+                     shape: Shape | None = None) -> torch.Tensor:
         """:meth:`encode_group_payload`, packed (the bytes to send)."""
         payload = self.encode_group_payload(members, shape)
         t0 = time.perf_counter()  # the payload's own time is already counted
@@ -100,21 +108,20 @@ class Engine:
         """Every rank's payload of this parameter's current encoding has been decoded."""
         self.calls[index] = self.calls.get(index, 0) + 1
 
-    def decode(self, index: int, name: str, buf: torch.Tensor, shape: tuple[int, ...],
-               source: str = "") -> torch.Tensor:
-        """The dense float32 gradient (numel,) a rank's bytes stand for."""
-        return self.decode_payload(index, name, buf, shape, source)
+    def decode(self, index: int, name: str, buf: torch.Tensor, shape: Shape, source: str = "",
+               parts: Parts | None = None) -> torch.Tensor:
+        """The dense float32 gradient (numel,) a rank's bytes stand for (``parts``: the shapes
+        of a flat encoding's parameters, as :func:`parts_of` gave them to the encoder)."""
+        return self.decode_payload(index, name, buf, shape, source, parts)
 
     def decode_payload(self, index: int, name: str, data: torch.Tensor | Payload,
-                       shape: tuple[int, ...], source: str = "") -> torch.Tensor:
+                       shape: Shape, source: str = "", parts: Parts | None = None) -> torch.Tensor:
         """Decode packed bytes or a payload (e.g. a sum of reducible payloads)."""
         t0 = time.perf_counter()
-        numel = 1
-        for d in shape:
-            numel *= d
+        numel = numel_of(shape)
         try:
             p = data if isinstance(data, Payload) else self.unpack(data, numel)
-            out = self.codec.decode(p, numel, shape, self.key(index))
+            out = self.codec.decode(p, numel, shape, self.key(index), parts)
         except (PayloadError, ValueError, RuntimeError, IndexError) as err:
             raise DecodeError(f"the {self.codec.name} payload for parameter '{name}'{source} does not "
                               f"decode: {err}; nothing was applied") from None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from polytrain.comm.codecs.base import Codec, Key, count, expect
+from polytrain.comm.codecs.base import Codec, Key, Parts, Shape, count, expect
 from polytrain.comm.codecs.payload import Payload, Schema, pack_bits, unpack_bits
 
 
@@ -48,6 +48,10 @@ class _Ratio(Codec):
     def label(self) -> str:
         return f"{self.name}(ratio={self.ratio:g})"
 
+    def chosen(self, fields: dict[str, torch.Tensor], numel: int, key: Key) -> torch.Tensor:
+        """The sorted indices of the entries a payload's ``values`` stand for."""
+        raise NotImplementedError
+
 
 class TopK(_Ratio):
     name = "topk"
@@ -58,12 +62,19 @@ class TopK(_Ratio):
     def keep(self, x: torch.Tensor, key: Key) -> int:
         return count(x.numel(), self.ratio)
 
-    def encode(self, x: torch.Tensor, shape: tuple[int, ...], key: Key) -> Payload:
+    def chosen(self, fields: dict[str, torch.Tensor], numel: int, key: Key) -> torch.Tensor:
+        idx = fields["indices"]
+        check_indices(idx, numel)
+        expect(bool((idx[1:] > idx[:-1]).all()), "indices not in increasing order")
+        return idx
+
+    def encode(self, x: torch.Tensor, shape: Shape, key: Key, parts: Parts | None = None) -> Payload:
         k = self.keep(x, key)
         idx = torch.topk(x.abs(), k, sorted=False).indices.sort().values if k else x.new_zeros(0).long()
         return Payload({"indices": idx.to(torch.int32), "values": x[idx]})
 
-    def decode(self, p: Payload, numel: int, shape: tuple[int, ...], key: Key) -> torch.Tensor:
+    def decode(self, p: Payload, numel: int, shape: Shape, key: Key,
+               parts: Parts | None = None) -> torch.Tensor:
         return scatter(p["indices"], p["values"], numel)
 
 
@@ -78,10 +89,14 @@ class RandomK(_Ratio):
         k = count(numel, self.ratio)
         return torch.randperm(numel, generator=key.generator())[:k].sort().values
 
-    def encode(self, x: torch.Tensor, shape: tuple[int, ...], key: Key) -> Payload:
+    def chosen(self, fields: dict[str, torch.Tensor], numel: int, key: Key) -> torch.Tensor:
+        return self.indices(numel, key)
+
+    def encode(self, x: torch.Tensor, shape: Shape, key: Key, parts: Parts | None = None) -> Payload:
         return Payload({"values": x[self.indices(x.numel(), key)]})
 
-    def decode(self, p: Payload, numel: int, shape: tuple[int, ...], key: Key) -> torch.Tensor:
+    def decode(self, p: Payload, numel: int, shape: Shape, key: Key,
+               parts: Parts | None = None) -> torch.Tensor:
         return scatter(self.indices(numel, key), p["values"], numel)
 
 
@@ -100,11 +115,12 @@ class Threshold(Codec):
     def schema(self) -> Schema:
         return (("indices", torch.int32), ("signs", torch.uint8))
 
-    def encode(self, x: torch.Tensor, shape: tuple[int, ...], key: Key) -> Payload:
+    def encode(self, x: torch.Tensor, shape: Shape, key: Key, parts: Parts | None = None) -> Payload:
         idx = (x.abs() >= self.tau).nonzero().reshape(-1) if self.tau > 0 else x.new_zeros(0).long()
         return Payload({"indices": idx.to(torch.int32), "signs": pack_bits(x[idx] < 0, 1)})
 
-    def decode(self, p: Payload, numel: int, shape: tuple[int, ...], key: Key) -> torch.Tensor:
+    def decode(self, p: Payload, numel: int, shape: Shape, key: Key,
+               parts: Parts | None = None) -> torch.Tensor:
         idx = p["indices"]
         neg = unpack_bits(p["signs"], 1, idx.numel())
         expect(p["signs"].numel() == -(-idx.numel() // 8), "sign bits do not match the indices")
