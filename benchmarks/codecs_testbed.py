@@ -47,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,8 @@ def summarise(job: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "final accuracy": fmt_spread([r["accuracy"] for r in rs], 3),
             "Δ accuracy (points)": f"{100 * (med(r['accuracy'] for r in rs) - base_acc):+.1f}",
             "samples/s": fmt_spread([r["samples_per_s"] for r in rs], 0),
+            "codec ms/step (rank 0)": (fmt_spread([r["codec_ms"] for r in rs], 0)
+                                       if all(r["codec_ms"] is not None for r in rs) else "-"),
             "counted bytes/step/rank": f"{b:,.0f}",
             "wire bytes/step/rank": f"{med(wire):,.0f}" if wire else "-",
             "bytes reduction": f"{base_bytes / b:.1f}x",
@@ -151,10 +154,22 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--cases", default="", help="comma-separated, of: " + ", ".join(CASES).replace("%", "%%"))
     p.add_argument("--name", default="", help="results file name (default codecs_testbed_JOB)")
+    p.add_argument("--budget-min", type=float, default=0.0,
+                   help="start no repeat that the last one's duration says would end past this many "
+                        "minutes (whole repeats only; 0: no limit)")
     a = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="codecs-testbed-"))
-    runs = []
+    runs: list[dict[str, Any]] = []
+    t0 = last_round = time.monotonic()
+    round_s, at = 0.0, -1
     for rep, case in alternating((a.cases or DEFAULT_CASES[a.job]).split(","), a.repeats):
+        if rep != at:  # a new repeat of every case
+            now = time.monotonic()
+            round_s, last_round, at = (now - last_round if at >= 0 else 0.0), now, rep
+            if a.budget_min and at > 0 and now - t0 + round_s > 60 * a.budget_min:
+                print(f"budget: stopping after {rep} repeats ({(now - t0) / 60:.1f} min)", flush=True)
+                a.repeats = rep
+                break
         r = run(a.job, case, rep, a, tmp / f"{case.replace(' ', '_')}-{rep}")
         runs.append(r)
         print({k: v for k, v in r.items() if k != "evals"}, flush=True)
