@@ -124,13 +124,16 @@ def _snapshot(spec: LoopSpec, step: int) -> dict[str, Any]:
 
 
 def save_checkpoint(job: Job, ctx: RankContext, spec: LoopSpec, step: int) -> None:
-    """Collective: every rank calls it; replicated jobs are written by rank 0 alone."""
+    """Collective: every rank calls it; replicated jobs are written by rank 0 alone.
+
+    Every rank's events up to ``step`` reach its file before the checkpoint is committed, so a
+    rank killed after the commit has lost no step that the resumed run will not run again."""
+    ctx.recorder.flush()
     if spec.quiesce:
         ctx.comm.barrier()  # every rank's writes of this step are in
     if not spec.replicated or ctx.is_leader:
         ctx.checkpoints.write_rank(step, ctx.rank, _snapshot(spec, step))
-    if not spec.replicated or spec.quiesce:
-        ctx.comm.barrier()
+    ctx.comm.barrier()  # every rank's file and events of ``step`` are written
     if ctx.is_leader:
         commit_checkpoint(job, ctx, step)
 
@@ -213,6 +216,7 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
         stop = step < job.steps and interrupt.stop_after(step, job.steps)  # SIGTERM / Ctrl-C
         if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or stop):
             if spec.save is not None:
+                ctx.recorder.flush()  # this rank's steps are in its file before the commit
                 spec.save(step)
             else:
                 save_checkpoint(job, ctx, spec, step)
