@@ -15,7 +15,8 @@ recommended strategy (best predicted among those measured) against the measured 
 VGG-16 MP–DP crossover (first host count at which a hybrid, owt or mesh, beats allreduce),
 predicted and measured.
 
-    sudo .venv/bin/python benchmarks/plan_accuracy.py --steps 12
+    flock /work/bench.lock .venv/bin/python benchmarks/plan_accuracy.py --repeats 5 --budget-min 28 --no-analyse
+    flock /work/bench.lock .venv/bin/python benchmarks/plan_accuracy.py --repeats 5 --budget-min 28 --resume --no-analyse
     .venv/bin/python benchmarks/plan_accuracy.py --analyse   # recompute from the saved raw runs
 """
 
@@ -26,10 +27,12 @@ import itertools
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -175,20 +178,29 @@ def run_one(
         return {**row, "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
     summary = json.loads((out / "summary.json").read_text())
     times = step_times(out)
+    every = step_times(out, 0)
+    shutil.rmtree(out.parent, ignore_errors=True)
     return {
         **row,
         "measured_step_s": statistics.median(times),
         "step_times": times,
+        "all_step_times": every,  # no warm-up dropped: the analysis may choose its window
         "peak_rss_bytes": summary["peak_rss_bytes"],
         "in_run_prediction": summary.get("prediction"),
+        "partition": (summary.get("strategy_metrics") or {}).get("partition"),  # what the runtime cut
     }
 
 
-def measure(steps: int, only: set[int] | None, repeats: int, resume: bool) -> list[dict[str, Any]]:
+def measure(
+    steps: int, only: set[int] | None, repeats: int, resume: bool, budget_s: float = math.inf
+) -> list[dict[str, Any]]:
     """Run every (scenario, strategy) ``repeats`` times, repeats interleaved (repeat r of every
     scenario before repeat r+1 of any), saving after each run; with ``resume`` the runs already in
-    the raw file are kept and skipped, so a measurement can go in chunks (``--scenarios``)."""
+    the raw file are kept and skipped, so a measurement can go in chunks (``--scenarios``, or
+    ``--budget-min``: no run starts once the longest run so far would end past the budget)."""
     from harness import command_line, git_commit
+
+    t0, longest = time.monotonic(), 0.0
 
     rows = json.loads(RAW.read_text())["runs"] if RAW.exists() and resume else []
     done = {(r["scenario"], r["strategy"], r.get("repeat", 0)) for r in rows if "measured_step_s" in r}
@@ -200,7 +212,12 @@ def measure(steps: int, only: set[int] | None, repeats: int, resume: bool) -> li
             for strategy, opts in strategies:
                 if (i, strategy, rep) in done:
                     continue
+                if time.monotonic() - t0 + longest > budget_s:
+                    print(f"budget reached: stopping before scenario {i} {strategy} repeat {rep}")
+                    return rows
+                t1 = time.monotonic()
                 row = {"scenario": i, "repeat": rep, **run_one(model, hosts, nic, strategy, opts, steps)}
+                longest = max(longest, time.monotonic() - t1)
                 print(json.dumps({k: v for k, v in row.items() if k != "step_times"}), flush=True)
                 rows.append(row)
                 RAW.write_text(json.dumps({"steps": steps, "commit": git_commit(), "command": command_line(),
@@ -439,6 +456,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5, help="runs per (scenario, strategy), interleaved")
     p.add_argument("--resume", action="store_true", help="keep and skip the runs already in the raw file")
     p.add_argument("--no-analyse", action="store_true", help="measure only (a chunk); analyse later")
+    p.add_argument("--budget-min", type=float, default=math.inf,
+                   help="start no run that could end after this many minutes (a chunk under a lock)")
     a = p.parse_args()
     if a.profile_model:
         from polytrain.plan.predict import cached_profile
@@ -448,7 +467,7 @@ def main() -> None:
         return
     if not a.analyse:
         only = {int(x) for x in a.scenarios.split(",")} if a.scenarios else None
-        measure(a.steps, only, a.repeats, a.resume)
+        measure(a.steps, only, a.repeats, a.resume, 60 * a.budget_min)
         if a.no_analyse:
             return
     analyse(json.loads(RAW.read_text()))
