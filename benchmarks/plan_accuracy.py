@@ -15,8 +15,9 @@ recommended strategy (best predicted among those measured) against the measured 
 VGG-16 MP–DP crossover (first host count at which a hybrid, owt or mesh, beats allreduce),
 predicted and measured.
 
-    flock /work/bench.lock .venv/bin/python benchmarks/plan_accuracy.py --repeats 5 --budget-min 28 --no-analyse
-    flock /work/bench.lock .venv/bin/python benchmarks/plan_accuracy.py --repeats 5 --budget-min 28 --resume --no-analyse
+    # as root (the testbed), in chunks that each hold the benchmark lock at most ~28 minutes:
+    flock /work/bench.lock .venv/bin/python benchmarks/plan_accuracy.py --repeats 5 \
+        --budget-min 28 --no-analyse            # then the same with --resume, until all are done
     .venv/bin/python benchmarks/plan_accuracy.py --analyse   # recompute from the saved raw runs
 """
 
