@@ -13,6 +13,7 @@ from polytrain.errors import ConfigError
 from polytrain.plan.cluster import Cluster
 from polytrain.plan.commands import sweep
 from polytrain.plan.estimate import Scene
+from polytrain.plan.partition import LayerCost
 from polytrain.plan.profile import LayerRecord, Profile
 from polytrain.plan.recommend import candidates, check_memory, rank, to_json
 
@@ -232,3 +233,55 @@ def test_options_change_the_estimate() -> None:
     # layer sharding puts fc1 (3/4 of the bytes) on one server: its link is the bottleneck
     assert step("ps", "servers=2", "sharding=size") < step("ps", "servers=2", "sharding=layer")
     assert step("gpipe", "microbatches=16") < step("gpipe", "microbatches=1")
+
+
+def test_partition_auto_is_priced_with_the_cut_the_runtime_makes() -> None:
+    """partition=auto plans for the run's ``link_gbps`` (10 Gbit/s by default), not for the
+    cluster's network: the estimate must price that cut (`pipeline.planning.resolve_partition`)."""
+    from polytrain.config import load_config
+    from polytrain.plan.estimate_pipe import plan_partition
+    from polytrain.plan.partition import pipedream_plan
+    from polytrain.plan.predict import estimate_for
+
+    # a wide activation after layer 0, a narrow one after layer 1: on a slow link the planner would
+    # cut at the narrow one, the runtime (planning for 10 Gbit/s) balances compute at the wide one
+    layers = (
+        LayerRecord("conv1", "Sequential", 5e-3, 1e-2, 0.0, 0.0, 64 * 4096, 640, 1280),
+        LayerRecord("conv2", "Sequential", 3e-3, 6e-3, 0.0, 0.0, 64 * 256, 18_560, 37_120),
+        LayerRecord("fc1", "Sequential", 2e-3, 4e-3, 0.0, 0.0, 64 * 256, 131_328, 262_656),
+        LayerRecord("head", "Linear", 1e-4, 2e-4, 0.0, 0.0, 64 * 40, 2_600, 5_200),
+    )
+    prof = Profile(
+        "cnn",
+        "digits",
+        64,
+        "sgd",
+        layers,
+        tuple((r.name, (r.param_bytes // 4,)) for r in layers),
+        64 * 256,
+        1e-4,
+        300 * 2**20,
+        2,
+        {},
+        {},
+    )
+    scene = Scene(prof, Cluster.parse("hosts=2,nic=100mbit"), 64)
+    costs = [
+        LayerCost(r.name, sum(scene.layer_fb(i, 16)), r.activation_bytes // 4, r.param_bytes)
+        for i, r in enumerate(layers)
+    ]
+    runtime = pipedream_plan(costs, 2, 10e9 / 8, replicate=False).partition
+    assert (str(runtime), str(plan_partition(scene, 2, 16))) == ("1,3", "2,2")  # the cuts differ
+
+    def priced(*sets: str) -> str:
+        cfg = load_config(
+            None,
+            {"strategy": "gpipe", "procs": 2, "model": "cnn", "dataset": "digits"},
+            ["microbatches=4", *sets],
+        )
+        e = estimate_for(cfg, 2, scene)
+        assert not isinstance(e, str)
+        return str(e.detail["partition"])
+
+    assert priced() == str(runtime)
+    assert priced("link_gbps=0.1") == "2,2"  # planned for the slow link, as the runtime would

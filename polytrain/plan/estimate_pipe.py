@@ -18,8 +18,11 @@ from polytrain.strategies.pipeline.schedule import get_schedule, in_flight
 STASHING = {"pipedream": "stash", "spectrain": "predict"}
 
 
-def plan_partition(scene: Scene, stages: int, micro: float) -> Partition:
-    """PipeDream's DP over the profile at ``micro`` samples, for the cluster's NIC (or intra) link."""
+def plan_partition(scene: Scene, stages: int, micro: float, link_bps: float | None = None) -> Partition:
+    """PipeDream's DP over the profile at ``micro`` samples, for ``link_bps`` (default: the
+    cluster's NIC, or intra link on one host). A run with ``partition=auto`` plans for its own
+    ``link_gbps`` option (10 Gbit/s unless set), whatever the network: pricing that run needs the
+    cut it makes, not the one the planner would choose (`plan` pins its cut in the command)."""
     prof = scene.profile
     costs = [
         LayerCost(
@@ -30,7 +33,7 @@ def plan_partition(scene: Scene, stages: int, micro: float) -> Partition:
         )
         for i, r in enumerate(prof.layers)
     ]
-    link = scene.cluster.nic_bps if scene.cluster.hosts > 1 else scene.cluster.intra_bps
+    link = link_bps or (scene.cluster.nic_bps if scene.cluster.hosts > 1 else scene.cluster.intra_bps)
     return pipedream_plan(costs, stages, link, replicate=False).partition
 
 

@@ -25,9 +25,10 @@ from polytrain.plan import estimate as est
 from polytrain.plan.cluster import Cluster
 from polytrain.plan.codecs import CodecPrice, cached_price
 from polytrain.plan.estimate import Estimate, Scene
-from polytrain.plan.estimate_pipe import pipeline
+from polytrain.plan.estimate_pipe import pipeline, plan_partition
 from polytrain.plan.partition import Partition, balanced, uniform
 from polytrain.plan.profile import Profile, measure_profile
+from polytrain.strategies.pipeline.schedule import get_schedule
 
 PIPES = ("gpipe", "1f1b", "pipedream", "spectrain", "layerwise")
 MODELLED = ("single", "allreduce", "local-sgd", "ps", "owt", "tensor", "mesh", *PIPES)
@@ -110,20 +111,26 @@ def run_cluster(world: int, testbed: dict[str, Any] | None) -> Cluster:
     return Cluster(1, world, 10e9 / 8, 2e9, 1e-4, 1e-4, cores)
 
 
-def _partition(opts: dict[str, Any], layers: int, stages: int, prof: Profile) -> Partition | None:
-    text = str(opts.get("partition", "auto"))
-    if text == "uniform":
+def _partition(opts: dict[str, Any], stages: int, scene: Scene, micro: float) -> Partition | None:
+    """The cut the runtime makes for ``opts`` (`strategies.pipeline.planning.resolve_partition`),
+    from the profile at the micro-batch where the runtime measures one; None: the planner's own."""
+    text, prof, layers = str(opts.get("partition", "auto")), scene.profile, scene.layers
+    if text == "uniform" or stages == 1:
         return uniform(layers, stages)
     if text == "params":
         return balanced([r.param_bytes for r in prof.layers], stages)
-    if text in ("auto", "time"):
-        return None  # the planner's own (PipeDream's DP on the profile)
+    if text == "time":
+        return balanced([sum(scene.layer_fb(i, micro)) for i in range(layers)], stages)
+    if text == "auto":
+        if str(opts.get("replicate", False)).lower() in ("true", "1"):
+            return None  # replicated stages are not priced: the planner's one-replica plan
+        return plan_partition(scene, stages, micro, float(opts.get("link_gbps", 10.0)) * 1e9 / 8)
     return Partition.parse(text)
 
 
 def estimate_for(cfg: JobConfig, world: int, scene: Scene) -> Estimate | str:
     """The estimate of ``cfg``'s strategy and options on ``world`` ranks, or why it has none."""
-    s, o, n = cfg.strategy, dict(cfg.options), scene.layers
+    s, o = cfg.strategy, dict(cfg.options)
     if s == "single":
         return est.single(scene)
     if s == "allreduce":
@@ -146,7 +153,8 @@ def estimate_for(cfg: JobConfig, world: int, scene: Scene) -> Estimate | str:
         schedule = {"layerwise": "gpipe", "spectrain": "pipedream"}.get(s, s)
         m = 1 if s in ("layerwise", "pipedream", "spectrain") else int(o.get("microbatches", 4))
         default = "uniform" if s == "layerwise" else "auto"
-        part = _partition({"partition": o.get("partition", default)}, n, world, scene.profile)
+        micro = scene.batch / m if get_schedule(schedule).flush else scene.batch
+        part = _partition({**o, "partition": o.get("partition", default)}, world, scene, micro)
         return pipeline(scene, schedule, world, m, partition=part)[0]
     if s == "mesh":
         return _mesh(o, world, scene)
@@ -173,7 +181,8 @@ def _mesh(o: dict[str, Any], world: int, scene: Scene) -> Estimate:
     if layout.tp > 1:
         return est.tensor(scene, layout.tp, layout.dp)
     m = int(o.get("microbatches", 0)) or layout.pp
-    part = _partition({"partition": o.get("partition", "uniform")}, scene.layers, layout.pp, scene.profile)
+    micro = scene.batch / layout.dp / m
+    part = _partition({"partition": o.get("partition", "uniform")}, layout.pp, scene, micro)
     return pipeline(scene, str(o.get("schedule", "1f1b")), layout.pp, m, layout.dp, part)[0]
 
 
