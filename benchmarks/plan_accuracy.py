@@ -4,8 +4,11 @@ Each scenario is a model on N emulated hosts (one rank per host) with NIC rate R
 strategies is trained for ``--steps`` steps with ``polytrain testbed``; the measurement is the
 median step time of the first training rank over the steps after the first two (metrics.jsonl).
 Predictions come from `polytrain.plan.predict.estimate_for` — the estimator `polytrain plan` ranks
-with — on the profile each model's first run cached (`plan.predict.cached_profile`: rank 0, one
-thread, as testbed ranks run) and the testbed's cluster (hosts, rate, ranks sharing the cores).
+with — on a profile of each model (`plan.predict.cached_profile`, one thread as testbed ranks run,
+10 repeats, each layer's fastest) and the testbed's cluster (hosts, rate, ranks sharing the cores).
+Each measuring chunk profiles every model in a fresh process first, under the same lock and load as
+its runs, and stores the profile in the raw file; the analysis uses each model's fastest stored
+profile (the least disturbed), so ``--analyse`` recomputes from the file alone.
 
 Calibration: the even-numbered scenarios (at most half) fit four numbers — a compute scale, an
 extra per-message latency, the effective number of cores the ranks share (the machine is shared
@@ -203,9 +206,13 @@ def measure(
 
     t0, longest = time.monotonic(), 0.0
 
-    rows = json.loads(RAW.read_text())["runs"] if RAW.exists() and resume else []
+    old = json.loads(RAW.read_text()) if RAW.exists() and resume else {}
+    rows, profiles = old.get("runs", []), old.get("profiles", [])
     done = {(r["scenario"], r["strategy"], r.get("repeat", 0)) for r in rows if "measured_step_s" in r}
     rows = [r for r in rows if "measured_step_s" in r]
+    todo = [i for i in range(len(SCENARIOS)) if only is None or i in only]
+    for m in sorted({SCENARIOS[i][0] for i in todo}):  # under the same lock and load as the runs
+        profiles.append({"model": m, "time": time.time(), "load": os.getloadavg()[0], "profile": _profile(m)})
     for rep in range(repeats):
         for i, (model, hosts, nic, strategies) in enumerate(SCENARIOS):
             if only is not None and i not in only:
@@ -221,9 +228,40 @@ def measure(
                 longest = max(longest, time.monotonic() - t1)
                 print(json.dumps({k: v for k, v in row.items() if k != "step_times"}), flush=True)
                 rows.append(row)
-                RAW.write_text(json.dumps({"steps": steps, "commit": git_commit(), "command": command_line(),
-                                           "runs": rows}, indent=1))
+                record = {"steps": steps, "commit": git_commit(), "command": command_line(), "runs": rows}
+                RAW.write_text(json.dumps({**record, "profiles": profiles}, indent=1))
     return rows
+
+
+def _profile(model: str) -> dict[str, Any]:
+    """A fresh profile of ``model`` (its JSON), measured in a new process with an empty cache."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "POLYTRAIN_CACHE": cache}
+        subprocess.run([sys.executable, __file__, "--profile-model", model], check=True, env=env)
+        (path,) = Path(cache, "profiles").glob("*.json")
+        return dict(json.loads(path.read_text()))
+
+
+def stored_profiles(raw: dict[str, Any]) -> dict[str, Any]:
+    """Per model, the stored profile with the least forward+backward time (the least disturbed)."""
+    from polytrain.plan.profile import Profile
+
+    best: dict[str, Any] = {}
+    for entry in raw.get("profiles", []):
+        prof = Profile.from_json(entry["profile"])
+        total = sum(r.forward_s + r.backward_s for r in prof.layers)
+        if entry["model"] not in best or total < best[entry["model"]][0]:
+            best[entry["model"]] = (total, prof)
+    return {m: p for m, (_, p) in best.items()}
+
+
+def _window(run: dict[str, Any]) -> list[float]:
+    """The step intervals a run's mean is taken over. local-sgd averages after every ``period``-th
+    step and after the last: whole periods ending at the last step (the run's step count is a
+    multiple of the period) hold one average per period, as the planner amortises it."""
+    times = list(run["step_times"])
+    period = int(run["options"].get("period", 4)) if run["strategy"] == "local-sgd" else 1
+    return times[len(times) % period :] if len(times) >= period else times
 
 
 def merge_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -235,7 +273,7 @@ def merge_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for (_, _), group in sorted(groups.items()):
         # each run's mean step (after warm-up): what the planner predicts, periodic syncs included
-        per = [statistics.mean(g["step_times"]) for g in group]
+        per = [statistics.mean(_window(g)) for g in group]
         rows.append(
             {
                 **group[0],
@@ -310,7 +348,7 @@ def fit(rows: list[dict[str, Any]], profiles: dict[str, Any]) -> tuple[float, ..
     |log(pred/meas)| on ``rows``."""
     best: tuple[float, ...] = (math.inf, 1.0, 0.0, 2.0, 0.0)
     for cores in (1.0, 1.5, 2.0):
-        for scale in [0.2 * 1.12**i for i in range(25)]:
+        for scale in [0.1 * 1.12**i for i in range(32)]:
             for alpha in (0.0, 2e-4, 5e-4, 1e-3, 2e-3):
                 for overhead in (0.0, 5e-4, 1e-3, 2e-3, 4e-3):
                     predict(rows, profiles, scale, alpha, cores, overhead)
@@ -366,8 +404,8 @@ def analyse(raw: dict[str, Any]) -> None:
     # each model profiled once in a fresh process (its peak-RSS growth is the runtime memory), cached
     # in PROFILES: the runs' own cache was written by rank 0 after training, which already held it all
     os.environ["POLYTRAIN_CACHE"] = str(PROFILES)
-    profiles = {}
-    for m in sorted({r["model"] for r in rows}):
+    profiles = stored_profiles(raw)
+    for m in sorted({r["model"] for r in rows} - set(profiles)):  # a raw file from before they were stored
         subprocess.run([sys.executable, __file__, "--profile-model", m], check=True)
         profiles[m] = cached_profile(_model_config(m))
     calib = {i for i in range(len(SCENARIOS)) if i % 2 == 0}
@@ -463,8 +501,8 @@ def main() -> None:
     if a.profile_model:
         from polytrain.plan.predict import cached_profile
 
-        os.environ["POLYTRAIN_CACHE"] = str(PROFILES)
-        cached_profile(_model_config(a.profile_model), repeats=5)
+        os.environ.setdefault("POLYTRAIN_CACHE", str(PROFILES))
+        cached_profile(_model_config(a.profile_model), repeats=10)
         return
     if not a.analyse:
         only = {int(x) for x in a.scenarios.split(",")} if a.scenarios else None
