@@ -27,6 +27,7 @@ predicted and measured.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -325,14 +326,12 @@ def predict(
         cfg = _config(r)
         nic_bits = {"100mbit": 1e8, "1gbit": 1e9}[r["nic"]]
         cluster = run_cluster(r["hosts"], {"hosts": r["hosts"], "rate_bits_per_s": nic_bits})
-        cluster = type(cluster)(
-            cluster.hosts,
-            1,
-            cluster.nic_bps,
-            cluster.intra_bps,
-            cluster.latency_s + alpha,
-            cluster.intra_alpha + alpha,
-            cores,
+        cluster = dataclasses.replace(
+            cluster,
+            procs_per_host=1,
+            latency_s=cluster.latency_s + alpha,
+            intra_latency_s=cluster.intra_alpha + alpha,
+            cores=cores,
         )
         e = estimate_for(
             cfg, r["hosts"], Scene(profiles[r["model"]], cluster, cfg.batch_size, scale, overhead)

@@ -137,3 +137,33 @@ def test_shared_cores_scale_alpha_by_hand() -> None:
     # without shared cores nothing changes
     free = Cluster(hosts=8, procs_per_host=1, nic_bps=1e12, intra_bps=1e12, latency_s=1e-3)
     assert allreduce_s(1.0, range(8), free) == pytest.approx(0.006, rel=1e-6)
+
+
+def test_shaped_link_bucket_by_hand() -> None:
+    """A token-bucket NIC (the testbed's tbf) sends its first ``burst`` bytes at line speed."""
+    link = Link(alpha=1e-4, bps=1e7, burst=50_000)
+    assert link.p2p_s(150_000) == pytest.approx(1e-4 + 0.01)  # (150 kB − 50 kB) / 10 MB/s
+    assert link.p2p_s(30_000) == pytest.approx(1e-4)  # within the bucket: only α
+    # ring over 4: each rank sends 2·3/4·S back to back, the bucket helps once per call
+    assert ring_allreduce_s(4 * MB, 4, link) == pytest.approx((6 * MB - 50_000) / 1e7 + 6e-4)
+    assert allgather_s(4 * MB, 4, link) == pytest.approx((3 * MB - 50_000) / 1e7 + 3e-4)
+    shaped = Cluster(hosts=6, procs_per_host=1, nic_bps=1e8, latency_s=0.0, burst_bytes=MB)
+    t = ps_traffic([3 * MB, 1 * MB], [0, 1], [2, 3, 4, 5], shaped)
+    assert t.phase_s == pytest.approx(0.11)  # (12 MB − 1 MB) / 100 MB/s
+    assert Cluster.parse("hosts=2,nic=100mbit,burst=50kB").burst_bytes == 50_000
+    for nic in (1e7, 1e8):  # the bucket never makes a faster link slower
+        fast, slow = Link(1e-4, nic * 10, 5e4), Link(1e-4, nic, 5e4)
+        assert ring_allreduce_s(MB, 4, fast) <= ring_allreduce_s(MB, 4, slow)
+
+
+def test_testbed_cluster_has_the_testbeds_bucket() -> None:
+    from types import SimpleNamespace
+
+    from polytrain.launch.testbed import Testbed
+    from polytrain.plan.predict import run_cluster
+
+    for bits in (1e8, 1e9, 1e6):
+        stub = SimpleNamespace(rate_bits_per_s=int(bits), _delay_us=0, _loss_pct=0.0)
+        shaping = Testbed._shaping(stub, host_side=True)  # type: ignore[arg-type]
+        cluster = run_cluster(2, {"hosts": 2, "rate_bits_per_s": bits})
+        assert cluster.burst_bytes == shaping.burst_bytes

@@ -9,6 +9,8 @@
 - ``intra``: the link between two processes of one host (shared memory, NVLink: ``300gbyte``);
 - ``latency``: α, the fixed cost of one message between hosts (``5us``, ``1ms``);
   ``intra_latency`` the same inside a host (default: a tenth of ``latency``);
+- ``burst``: bytes a NIC passes at line speed after it has been idle — the depth of a token-bucket
+  shaper such as the testbed's ``tbf`` (4 ms of its rate); 0 (default) for a plain link;
 - ``cores``: when set, ALL ranks of the cluster share this many cores — an emulated cluster on one
   machine (the testbed) — so compute slows by (busy ranks / cores) when more ranks than cores
   compute at once. Unset: every rank has its own device.
@@ -19,7 +21,7 @@ Errors name the field, the value and the fix.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from polytrain.errors import ConfigError
@@ -29,7 +31,7 @@ _RATE_RE = re.compile(rf"^{_NUM}\s*([kmgt]?)(bit|byte|b)?(?:/s|ps)?$", re.IGNORE
 _TIME_RE = re.compile(rf"^{_NUM}\s*(ns|us|µs|ms|s)$", re.IGNORECASE)
 _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
-FIELDS = ("hosts", "procs_per_host", "nic", "intra", "latency", "intra_latency", "cores")
+FIELDS = ("hosts", "procs_per_host", "nic", "intra", "latency", "intra_latency", "cores", "burst")
 EXAMPLE = "hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,latency=5us"
 
 
@@ -76,6 +78,7 @@ class Cluster:
     latency_s: float = 5e-6
     intra_latency_s: float | None = None
     cores: float | None = None
+    burst_bytes: float = 0.0  # a shaped NIC's bucket: bytes sent at line speed after an idle spell
 
     @property
     def world(self) -> int:
@@ -89,15 +92,7 @@ class Cluster:
         return rank // self.procs_per_host
 
     def with_hosts(self, hosts: int) -> Cluster:
-        return Cluster(
-            hosts,
-            self.procs_per_host,
-            self.nic_bps,
-            self.intra_bps,
-            self.latency_s,
-            self.intra_latency_s,
-            self.cores,
-        )
+        return replace(self, hosts=hosts)
 
     def contention(self, busy_ranks: float) -> float:
         """Compute slowdown when ``busy_ranks`` ranks compute at once (1 unless cores are shared)."""
@@ -121,6 +116,7 @@ class Cluster:
             "latency_s": self.latency_s,
             "intra_latency_s": self.intra_alpha,
             "cores": self.cores,
+            "burst_bytes": self.burst_bytes,
         }
 
     @classmethod
@@ -146,6 +142,8 @@ class Cluster:
             out["intra_bps"] = parse_rate(values["intra"], "intra")
         if "latency" in values:
             out["latency_s"] = parse_seconds(values["latency"], "latency")
+        if "burst" in values:
+            out["burst_bytes"] = float(parse_bytes(values["burst"], "--cluster field 'burst'"))
         if "intra_latency" in values:
             out["intra_latency_s"] = parse_seconds(values["intra_latency"], "intra_latency")
         return cls(**out)

@@ -17,6 +17,9 @@ A message of S bytes over a link costs α + S/β (α: latency per message, s; β
 - parameter-server link load (`ps_traffic`): from the shard plan's bytes per server, every worker
   pushes each server its shard and pulls it back; per host NIC the bytes in and out per step, and
   the time the busiest NIC (or intra link) needs for them;
+- shaped links (``Cluster.burst_bytes``, the testbed's token bucket): a link idle before a message,
+  a collective call or a parameter-server phase passes its first ``burst`` bytes at line speed,
+  ``(S − burst)⁺/β`` (`Link.wire_s`); the NIC's flows share the bucket as they share its rate;
 - shared cores (`shared_cores`): where all ranks share a machine's cores (the testbed), a
   collective over n > cores ranks pays α·n/cores per message (each hop waits to be scheduled);
 - tensor-parallel collectives: per transformer block, two all-reduces of the (B, T, D) activations
@@ -38,34 +41,41 @@ FIRST_BUCKET_BYTES = 1024 * 1024  # DDP's first bucket (torch.distributed._DEFAU
 
 @dataclass(frozen=True)
 class Link:
-    """α (seconds per message) and β (bytes per second) of one link."""
+    """α (seconds per message) and β (bytes per second) of one link; ``burst``: bytes a shaped
+    link passes at line speed after an idle spell (a token bucket's depth; 0 for a plain link)."""
 
     alpha: float
     bps: float
+    burst: float = 0.0
+
+    def wire_s(self, nbytes: float) -> float:
+        """Seconds to put ``nbytes`` sent back to back on the link, starting idle: (S − burst)⁺/β."""
+        return max(0.0, nbytes - self.burst) / self.bps
 
     def p2p_s(self, nbytes: float) -> float:
-        return self.alpha + nbytes / self.bps
+        return self.alpha + self.wire_s(nbytes)
 
 
 def ring_allreduce_s(nbytes: float, n: int, link: Link) -> float:
     """2(n−1)/n · S/β + 2(n−1)α."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return 2 * (n - 1) / n * nbytes / link.bps + 2 * (n - 1) * link.alpha
+    return link.wire_s(2 * (n - 1) / n * nbytes) + 2 * (n - 1) * link.alpha
 
 
 def tree_allreduce_s(nbytes: float, n: int, link: Link) -> float:
     """2⌈log2 n⌉(α + S/β): reduce up a binary tree, broadcast down, the whole message per level."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return 2 * math.ceil(math.log2(n)) * (link.alpha + nbytes / link.bps)
+    levels = 2 * math.ceil(math.log2(n))
+    return levels * link.alpha + link.wire_s(levels * nbytes)
 
 
 def allgather_s(total_bytes: float, n: int, link: Link) -> float:
     """(n−1)/n · S/β + (n−1)α: ring all-gather (or reduce-scatter) of S bytes in total."""
     if n <= 1 or total_bytes <= 0:
         return 0.0
-    return (n - 1) / n * total_bytes / link.bps + (n - 1) * link.alpha
+    return link.wire_s((n - 1) / n * total_bytes) + (n - 1) * link.alpha
 
 
 def intra_link(cluster: Cluster) -> Link:
@@ -73,8 +83,11 @@ def intra_link(cluster: Cluster) -> Link:
 
 
 def nic_link(cluster: Cluster, nic_share: int = 1) -> Link:
-    """The NIC as one of ``nic_share`` equal flows; a host-crossing ring also uses intra hops."""
-    return Link(cluster.latency_s, min(cluster.nic_bps / max(1, nic_share), cluster.intra_bps))
+    """The NIC as one of ``nic_share`` equal flows (each with its share of a shaper's bucket); a
+    host-crossing ring also uses intra hops."""
+    share = max(1, nic_share)
+    bps = min(cluster.nic_bps / share, cluster.intra_bps)
+    return Link(cluster.latency_s, bps, cluster.burst_bytes / share)
 
 
 def hosts_of(cluster: Cluster, ranks: Sequence[int]) -> int:
@@ -110,7 +123,8 @@ def two_level_allreduce_s(
     the NIC), intra all-gather: 2(k−1)/k·S/β_intra + 2(k−1)α_intra + 2(H−1)/H·S/β_nic + 2(H−1)α."""
     k = max(1, per_host)
     intra = intra_link(cluster)
-    inter = Link(cluster.latency_s, cluster.nic_bps / max(1, nic_share) / k)
+    flows = max(1, nic_share) * k
+    inter = Link(cluster.latency_s, cluster.nic_bps / flows, cluster.burst_bytes / flows)
     return 2 * allgather_s(nbytes, k, intra) + ring_allreduce_s(nbytes / k, hosts, inter)
 
 
@@ -219,12 +233,14 @@ def ps_traffic(
     nic_out = [workers_on[h] * (total - served[h]) for h in range(cluster.hosts)]
     nic_in = [served[h] * (n_workers - workers_on[h]) for h in range(cluster.hosts)]
     intra = [workers_on[h] * served[h] for h in range(cluster.hosts)]
-    link_s = max(max(i, o) / cluster.nic_bps for i, o in zip(nic_in, nic_out, strict=True))
+    # a NIC's traffic of one phase leaves back to back: a shaper's bucket helps once per phase
+    burst = cluster.burst_bytes
+    link_s = max(max(0.0, max(i, o) - burst) / cluster.nic_bps for i, o in zip(nic_in, nic_out, strict=True))
     link_s = max(link_s, max(intra) / cluster.intra_bps)
     alpha = cluster.latency_s if cluster.hosts > 1 else cluster.intra_alpha
     phase = (link_s + len(servers) * alpha) * pushes_per_step
     own = nic_link(cluster) if cluster.hosts > 1 else intra_link(cluster)
-    solo = (total / own.bps + len(servers) * own.alpha) * pushes_per_step
+    solo = (own.wire_s(total) + len(servers) * own.alpha) * pushes_per_step
     scale = pushes_per_step
     return PsTraffic(
         tuple(x * scale for x in nic_in),

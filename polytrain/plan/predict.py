@@ -92,6 +92,12 @@ def cached_profile(cfg: JobConfig, repeats: int = 2) -> Profile:
     return prof
 
 
+def testbed_burst_bytes(rate_bytes_per_s: float) -> float:
+    """The testbed's tbf bucket (`launch.testbed.Testbed._shaping`): 4 ms of line rate, at least
+    two full frames — bytes a testbed NIC sends at line speed after an idle spell."""
+    return float(max(3028, int(rate_bytes_per_s * 0.004)))
+
+
 def run_cluster(world: int, testbed: dict[str, Any] | None) -> Cluster:
     """The testbed the run used (hosts, NIC rate, latency; all hosts share this machine's cores), or
     this machine: one host, ``world`` processes."""
@@ -99,14 +105,16 @@ def run_cluster(world: int, testbed: dict[str, Any] | None) -> Cluster:
     if testbed:
         hosts = int(testbed["hosts"])
         latency = float(testbed.get("latency") or 0) * 1e-6  # the testbed records µs
+        rate = float(testbed["rate_bits_per_s"]) / 8
         return Cluster(
             hosts,
             max(1, world // hosts),
-            float(testbed["rate_bits_per_s"]) / 8,
+            rate,
             2e9,
             1e-4 + latency,
             1e-4,
             cores,
+            testbed_burst_bytes(rate),
         )
     return Cluster(1, world, 10e9 / 8, 2e9, 1e-4, 1e-4, cores)
 
