@@ -8,7 +8,9 @@ pays pipeline bubbles and activation traffic instead. Reports where the hybrid o
     sudo .venv/bin/python benchmarks/hybrid_crossover.py --testbed --model vgg16 --batch 64 ...
 
 The two strategies alternate at every W, the order reversed every repeat (``--repeats``, default 5);
-median (min–max) of throughput, and hybrid / DP paired within a repeat.
+median (min–max) of throughput, and hybrid / DP paired within a repeat. The results file
+(``..._w2-4-8`` for ``--workers 2,4,8``) is rewritten after every W, so a run cut short keeps what
+it finished.
 """
 
 from __future__ import annotations
@@ -57,8 +59,14 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     a = p.parse_args()
     tmp = Path(tempfile.mkdtemp())
-    rows, raw, ahead, behind = [], {}, [], []
-    for w in (int(x) for x in a.workers.split(",")):
+    workers = [int(x) for x in a.workers.split(",")]
+    rows: list[dict[str, object]] = []
+    raw: dict[str, dict[str, list[float]]] = {}
+    ahead: list[str] = []
+    behind: list[str] = []
+    name = f"hybrid_crossover_testbed_{a.nic}" if a.testbed else "hybrid_crossover"
+    name += ("" if a.model == "mlp" else f"_{a.model}") + "_w" + "-".join(map(str, workers))
+    for w in workers:
         runs: dict[str, list[float]] = {"allreduce": [], "mesh": []}
         for r, strategy in alternating(["allreduce", "mesh"], a.repeats):
             extra = ["--set", "pp=2", "--set", f"dp={w // 2}"] if strategy == "mesh" else []
@@ -71,14 +79,19 @@ def main() -> None:
                      "allreduce samples/s": fmt_spread(runs["allreduce"], 1),
                      "mesh dp×pp=2 samples/s": fmt_spread(runs["mesh"], 1),
                      "hybrid / DP (paired)": fmt_spread(paired, 2)})
-    name = f"hybrid_crossover_testbed_{a.nic}" if a.testbed else "hybrid_crossover"
-    write_results(name + ("" if a.model == "mlp" else f"_{a.model}"), rows, list(rows[0]),
-                  extra={"repeats": raw},
-                  notes=f"{MODELS[a.model][1]}, batch {a.batch}, {a.steps} steps, mesh dp=W/2 x pp=2 with "
-                        f"the default 1f1b schedule and 2 micro-batches per replica; every emulated host "
-                        f"shares this machine's 2 cores. {a.repeats} repeats, the strategies alternating; "
-                        f"median (min–max). Hybrid faster by the median at W = {', '.join(ahead) or 'none'}; "
-                        f"data parallelism at W = {', '.join(behind) or 'none'}.")
+        left = workers[len(rows):]
+        # written after every W, so a run cut short (the shared machine's time limits) keeps the
+        # sizes it finished; the notes say which are missing
+        write_results(name, rows, list(rows[0]), extra={"repeats": raw},
+                      notes=f"{MODELS[a.model][1]}, batch {a.batch}, {a.steps} steps, mesh dp=W/2 x pp=2 "
+                            f"with the default 1f1b schedule and 2 micro-batches per replica; every "
+                            f"emulated host shares this machine's 2 cores. {a.repeats} repeats, the "
+                            f"strategies alternating; median (min–max). Hybrid faster by the median at "
+                            f"W = {', '.join(ahead) or 'none'}; data parallelism at W = "
+                            f"{', '.join(behind) or 'none'}."
+                            + (f" Not yet measured (run in progress or cut short): W = "
+                               f"{', '.join(map(str, left))}." if left else ""))
+
 
 if __name__ == "__main__":
     main()
