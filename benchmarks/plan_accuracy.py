@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -291,7 +292,15 @@ def merge_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _config(row: dict[str, Any]) -> Any:
+    key = (row["model"], row["strategy"], row["hosts"], json.dumps(row["options"], sort_keys=True))
+    return _config_of(*key)
+
+
+@functools.cache  # the fit prices every row thousands of times
+def _config_of(model: str, strategy: str, hosts: int, options: str) -> Any:
     from polytrain.config import load_config
+
+    row = {"model": model, "strategy": strategy, "hosts": hosts, "options": json.loads(options)}
 
     args, batch = MODELS[row["model"]]
     over = {
@@ -346,7 +355,7 @@ def fit(rows: list[dict[str, Any]], profiles: dict[str, Any]) -> tuple[float, ..
     """(compute scale, extra α, effective cores, per-action overhead) minimising the mean
     |log(pred/meas)| on ``rows``."""
     best: tuple[float, ...] = (math.inf, 1.0, 0.0, 2.0, 0.0)
-    for cores in (1.0, 1.5, 2.0):
+    for cores in (0.5, 0.75, 1.0, 1.5, 2.0):  # the share of the 2 cores the testbed got
         for scale in [0.1 * 1.12**i for i in range(32)]:
             for alpha in (0.0, 2e-4, 5e-4, 1e-3, 2e-3):
                 for overhead in (0.0, 5e-4, 1e-3, 2e-3, 4e-3):
@@ -393,7 +402,9 @@ def stats(errors: list[float]) -> dict[str, float]:
     return {"median_abs_error": statistics.median(a), "max_abs_error": max(a), "n": len(a)}
 
 
-def analyse(raw: dict[str, Any]) -> None:
+def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str, Any] | None = None) -> None:
+    """Fit on the calibration half, report both halves; ``profiled``: the raw file whose stored
+    profiles to use (default ``raw``'s own)."""
     from harness import write_results
 
     from polytrain.plan.predict import cached_profile
@@ -403,7 +414,7 @@ def analyse(raw: dict[str, Any]) -> None:
     # each model profiled once in a fresh process (its peak-RSS growth is the runtime memory), cached
     # in PROFILES: the runs' own cache was written by rank 0 after training, which already held it all
     os.environ["POLYTRAIN_CACHE"] = str(PROFILES)
-    profiles = stored_profiles(raw)
+    profiles = stored_profiles(profiled or raw)
     for m in sorted({r["model"] for r in rows} - set(profiles)):  # a raw file from before they were stored
         subprocess.run([sys.executable, __file__, "--profile-model", m], check=True)
         profiles[m] = cached_profile(_model_config(m))
@@ -441,6 +452,12 @@ def analyse(raw: dict[str, Any]) -> None:
         "crossover_hosts_predicted": crossover(rows, "predicted_step_s"),
         "memory_vs_peak_rss": mem,
         "median_signed_error_by_strategy": by_strategy,
+        "runs": sum(r["repeats"] for r in rows),
+        "repeats_min_max": [min(r["repeats"] for r in rows), max(r["repeats"] for r in rows)],
+        "load_start_min_max": [
+            round(min(g["load_start"] for g in raw["runs"] if "measured_step_s" in g), 1),
+            round(max(g["load_start"] for g in raw["runs"] if "measured_step_s" in g), 1),
+        ],
         "failed_runs": failed,
         "loadavg_end": os.getloadavg(),
         "git_commit": subprocess.run(
@@ -465,7 +482,7 @@ def analyse(raw: dict[str, Any]) -> None:
         "load_start",
     ]
     write_results(
-        "plan_accuracy",
+        name,
         [
             {
                 k: r.get(k)
@@ -476,7 +493,7 @@ def analyse(raw: dict[str, Any]) -> None:
         cols,
         notes,
     )
-    path = HERE / "results" / "plan_accuracy.json"
+    path = HERE / "results" / f"{name}.json"
     record = json.loads(path.read_text())
     record["summary"] = summary
     record["steps"] = raw["steps"]
@@ -490,6 +507,9 @@ def main() -> None:
         "--analyse", action="store_true", help="only recompute from results/plan_accuracy_raw.json"
     )
     p.add_argument("--profile-model", help=argparse.SUPPRESS)  # analyse: profile in a fresh process
+    p.add_argument("--raw", help="analyse this raw file (default results/plan_accuracy_raw.json)")
+    p.add_argument("--name", default="plan_accuracy", help="results file name of the analysis")
+    p.add_argument("--profiles-from", help="use the profiles stored in this raw file")
     p.add_argument("--scenarios", help="measure only these scenario numbers, e.g. 3,5")
     p.add_argument("--repeats", type=int, default=5, help="runs per (scenario, strategy), interleaved")
     p.add_argument("--resume", action="store_true", help="keep and skip the runs already in the raw file")
@@ -508,7 +528,9 @@ def main() -> None:
         measure(a.steps, only, a.repeats, a.resume, 60 * a.budget_min)
         if a.no_analyse:
             return
-    analyse(json.loads(RAW.read_text()))
+    raw = Path(a.raw) if a.raw else RAW
+    profiled = json.loads(Path(a.profiles_from).read_text()) if a.profiles_from else None
+    analyse(json.loads(raw.read_text()), a.name, profiled)
 
 
 if __name__ == "__main__":
