@@ -198,7 +198,7 @@ def run_one(
 
 
 def measure(
-    steps: int, only: set[int] | None, repeats: int, resume: bool, budget_s: float = math.inf
+    steps: int, only: list[int] | None, repeats: int, resume: bool, budget_s: float = math.inf
 ) -> list[dict[str, Any]]:
     """Run every (scenario, strategy) ``repeats`` times, repeats interleaved (repeat r of every
     scenario before repeat r+1 of any), saving after each run; with ``resume`` the runs already in
@@ -212,13 +212,12 @@ def measure(
     rows, profiles = old.get("runs", []), old.get("profiles", [])
     done = {(r["scenario"], r["strategy"], r.get("repeat", 0)) for r in rows if "measured_step_s" in r}
     rows = [r for r in rows if "measured_step_s" in r]
-    todo = [i for i in range(len(SCENARIOS)) if only is None or i in only]
+    todo = list(range(len(SCENARIOS))) if only is None else only  # in the order given
     for m in sorted({SCENARIOS[i][0] for i in todo}):  # under the same lock and load as the runs
         profiles.append({"model": m, "time": time.time(), "load": os.getloadavg()[0], "profile": _profile(m)})
     for rep in range(repeats):
-        for i, (model, hosts, nic, strategies) in enumerate(SCENARIOS):
-            if only is not None and i not in only:
-                continue
+        for i in todo:
+            model, hosts, nic, strategies = SCENARIOS[i]
             for strategy, opts in strategies:
                 if (i, strategy, rep) in done:
                     continue
@@ -510,7 +509,7 @@ def main() -> None:
     p.add_argument("--raw", help="analyse this raw file (default results/plan_accuracy_raw.json)")
     p.add_argument("--name", default="plan_accuracy", help="results file name of the analysis")
     p.add_argument("--profiles-from", help="use the profiles stored in this raw file")
-    p.add_argument("--scenarios", help="measure only these scenario numbers, e.g. 3,5")
+    p.add_argument("--scenarios", help="measure only these scenario numbers, in this order, e.g. 5,3")
     p.add_argument("--repeats", type=int, default=5, help="runs per (scenario, strategy), interleaved")
     p.add_argument("--resume", action="store_true", help="keep and skip the runs already in the raw file")
     p.add_argument("--no-analyse", action="store_true", help="measure only (a chunk); analyse later")
@@ -524,7 +523,7 @@ def main() -> None:
         cached_profile(_model_config(a.profile_model), repeats=10)
         return
     if not a.analyse:
-        only = {int(x) for x in a.scenarios.split(",")} if a.scenarios else None
+        only = [int(x) for x in a.scenarios.split(",")] if a.scenarios else None
         measure(a.steps, only, a.repeats, a.resume, 60 * a.budget_min)
         if a.no_analyse:
             return
