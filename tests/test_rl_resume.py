@@ -86,14 +86,15 @@ def test_resume_refuses_changed_settings_and_nothing_to_do(tmp_path: Path) -> No
         resume_config(str(run), {"algo": "dqn", "lr": 0.01, "max_env_steps": 200})
     with pytest.raises(ConfigError, match=r"leaves nothing to do\. Fix: --max-env-steps above 100"):
         resume_config(str(run), {"algo": "dqn", "max_env_steps": 100})
-    with pytest.raises(ConfigError, match="only dqn runs resume"):
+    with pytest.raises(ConfigError, match=r"this run is dqn, asked: apex.*Fix: polytrain rl dqn --resume"):
         resume_config(str(run), {"algo": "apex"})
+    with pytest.raises(ConfigError, match=r"--max-seconds 1e-09 \(the whole run's budget\) leaves nothing"):
+        resume_config(str(run), {"algo": "dqn", "max_seconds": 1e-9, "max_env_steps": 200})
     with pytest.raises(ConfigError, match="no polytrain rl run there"):
         resume_config(str(tmp_path / "nothing"), {"algo": "dqn"})
     cfg = resume_config(str(run), {"algo": "dqn", "max_env_steps": 200, "hidden": 16})  # same: fine
     assert cfg.max_env_steps == 200 and cfg.hidden == 16 and cfg.lr == 0.001
-    with pytest.raises(ConfigError, match="only dqn checkpoints"):
-        make_rl_config({"algo": "apex", "checkpoint_every": 100})
+    assert make_rl_config({"algo": "apex", "checkpoint_every": 100}).checkpoint_every == 100  # all do
     (run / checkpoint.FILE).unlink()
     with pytest.raises(ConfigError, match="no checkpoint"):
         resume_config(str(run), {"algo": "dqn", "max_env_steps": 200})
@@ -112,3 +113,11 @@ def test_cli_resume_continues_the_run(tmp_path: Path) -> None:
     assert second.returncode == 0, second.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["env_steps"] == 240 and checkpoint.load(run)["env_steps"] == 240
+    # as a resumed training run: one resume listed, the clock going on from the checkpoint's
+    t = checkpoint.load(run)["t"]
+    [resumed] = summary["resumes"]
+    assert resumed["from_env_steps"] == 120 and resumed["updates"] > 0 and 0 < resumed["t"] < t
+    assert summary["wall_s"] > resumed["t"] and summary["startup_s"] >= 0
+    events = [json.loads(x) for x in (run / "ranks" / "rank0.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events[:3]] == ["process", "resume", "start"]
+    assert all(e["t"] >= resumed["t"] for e in events[1:])

@@ -47,7 +47,9 @@ class Actor:
         self.epsilon = epsilon_ladder(cfg.actors, cfg.eps_base, cfg.eps_alpha)[self.index]
         torch.manual_seed(cfg.seed)  # the learner's initial network, until the first fetch
         self.net = build_qnet(cfg.model, cfg.info, cfg.hidden, cfg.depth)
-        self.runner = EpisodeRunner(ctx, cfg.seed + 1000 * (self.index + 1))
+        # a resumed run's actors play new episodes (they are not in the checkpoint): seeds per checkpoint
+        resumed_from = int(ctx.extra.get("save", 0))  # type: ignore[call-overload]
+        self.runner = EpisodeRunner(ctx, cfg.seed + 1000 * (self.index + 1) + 100_003 * resumed_from)
         assert ctx.ranks.replay_rank is not None
         self.replay = ctx.ranks.replay_rank
         self.link = ctx.link(self.replay)

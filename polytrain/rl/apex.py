@@ -20,6 +20,7 @@ from polytrain.rl.monitor import Counters, Monitor
 from polytrain.rl.protocol import wind_down
 from polytrain.rl.replay import Batch
 from polytrain.rl.roles import RoleContext
+from polytrain.rl.snapshot import Saver, learner_state, load_part, restore_learner
 
 
 def run_apex_learner(ctx: RoleContext) -> dict[str, Any]:
@@ -29,6 +30,12 @@ def run_apex_learner(ctx: RoleContext) -> dict[str, Any]:
     monitor = Monitor(cfg, ctx.recorder)
     c = Counters()
     publisher = Publisher(learner.net, cfg.publish_every)
+    if ctx.extra.get("resume"):
+        state = load_part(ctx.run_dir, ctx.rank)
+        c.updates = restore_learner(learner, state, publisher)
+        monitor.eval_index = state["eval_index"]
+    saver = Saver(ctx, True, lambda k: learner_state(learner, c.updates, k, True, publisher,
+                                                     monitor.eval_index))
 
     def learn(batch: Batch) -> Any:
         _, td_abs = learner.update(*batch_tensors(batch))
@@ -37,7 +44,8 @@ def run_apex_learner(ctx: RoleContext) -> dict[str, Any]:
         c.updates = learner.updates
         return td_abs
 
-    timing = learn_loop(ctx, client, learn, c, monitor, learner.net, lambda: publisher.due(c.updates))
+    timing = learn_loop(ctx, client, learn, c, monitor, learner.net, lambda: publisher.due(c.updates),
+                        saver)
     wind_down(ctx.links, (client.replay,))
     result = monitor.final(learner.net, c)
     result.update(timing)

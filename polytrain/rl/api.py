@@ -17,7 +17,7 @@ from polytrain.rl.config import RLConfig, check_qnet, make_rl_config
 def run_config(cfg: RLConfig, console: Console | None = None, progress: bool = True,
                plots: bool = True, resume: bool = False) -> dict[str, Any]:
     """Validate-free entry for an RLConfig: start, supervise, assemble, plot. ``resume``: continue
-    the dqn run in ``cfg.out`` from its checkpoint (options from :func:`resume`). A SIGTERM or
+    the run in ``cfg.out`` from its checkpoint (options from :func:`resume_config`). A SIGTERM or
     Ctrl-C stops every process; the run ends with :class:`Interrupted`."""
     from polytrain.rl.launcher import start_processes, supervise
     from polytrain.rl.progress import FollowRL
@@ -62,9 +62,12 @@ def _interrupted(cfg: RLConfig, run_dir: Path, sup: Any) -> Interrupted:
     steps = summary.get("env_steps")
     summary.update(run_dir=str(run_dir), interrupted={"signal": sup.stop_signal, "env_steps": steps})
     write_summary(run_dir, summary)
-    saved = (run_dir / "checkpoints" / "dqn.pt").exists()
-    then = (f"continue with: polytrain rl dqn --resume {run_dir} --max-env-steps N" if saved
-            else "no checkpoint (dqn with --checkpoint-every N writes one at the stop)")
+    from polytrain.rl.checkpoint import FILE
+    from polytrain.rl.snapshot import MANIFEST
+
+    saved = (run_dir / (FILE if cfg.algo == "dqn" else MANIFEST)).exists()
+    then = (f"continue with: polytrain rl {cfg.algo} --resume {run_dir} --max-env-steps N" if saved
+            else "no checkpoint (--checkpoint-every N writes one at the stop)")
     where = f"after {steps} env steps" if steps is not None else "before the learner reported"
     return Interrupted(f"{sup.stop_signal}: {cfg.algo} stopped {where}; summary.json (marked "
                        f"interrupted) in {run_dir}; {then}.",
@@ -72,7 +75,7 @@ def _interrupted(cfg: RLConfig, run_dir: Path, sup: Any) -> Interrupted:
 
 
 def resume_config(run_dir: str, options: dict[str, Any]) -> RLConfig:
-    """The config of a dqn run continued from its checkpoint (ConfigError if it cannot be)."""
+    """The config of a run continued from its checkpoint (ConfigError if it cannot be)."""
     from polytrain.rl.checkpoint import resume_options
 
     return make_rl_config(resume_options(Path(run_dir), options))

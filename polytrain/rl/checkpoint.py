@@ -10,8 +10,9 @@ torch's RNG. Only tensors, numbers and strings are stored (RNG states as JSON), 
 
 ``polytrain rl dqn --resume RUN [--max-env-steps N]`` continues a run from its checkpoint with the
 run's own settings; only the stopping and evaluation settings (:data:`RESUMABLE`) may change, any
-other option given that differs is refused before the run starts. ``apex`` and ``gorila`` do not
-checkpoint (their learner, replay and actors are separate processes; see the README).
+other option given that differs is refused before the run starts. ``apex`` and ``gorila``
+checkpoint a consistent cut of their processes instead (:mod:`polytrain.rl.snapshot`); they resume
+through the same :func:`resume_options`.
 """
 
 from __future__ import annotations
@@ -81,17 +82,30 @@ def load_env_state(env: Any, layers: list[dict[str, Any]]) -> None:
                 setattr(layer, key, saved["value"])
 
 
+def replay_buffer_state(replay: Any) -> dict[str, Any]:
+    """A PrioritizedReplay whole: rows, ids, both trees, the next id, the largest priority, RNG."""
+    return {"rows": torch.from_numpy(replay.rows.copy()), "ids": torch.from_numpy(replay.ids.copy()),
+            "sums": torch.from_numpy(replay.sums.tree.copy()),
+            "mins": torch.from_numpy(replay.mins.tree.copy()),
+            "next_id": replay.next_id, "max_priority": replay.max_priority, "rng": _rng_state(replay.rng)}
+
+
+def restore_replay_buffer(replay: Any, r: dict[str, Any]) -> None:
+    replay.rows[:] = r["rows"].numpy()
+    replay.ids[:] = r["ids"].numpy()
+    replay.sums.tree[:] = r["sums"].numpy()
+    replay.mins.tree[:] = r["mins"].numpy()
+    replay.next_id, replay.max_priority = r["next_id"], r["max_priority"]
+    _set_rng(replay.rng, r["rng"])
+
+
 def dqn_state(learner: Any, replay: Any, runner: Any, window: Any, episodes: int,
-              eval_index: int) -> dict[str, Any]:
+              eval_index: int, t: float) -> dict[str, Any]:
     return {
-        "env_steps": runner.steps, "episodes": episodes, "eval_index": eval_index,
+        "t": t, "env_steps": runner.steps, "episodes": episodes, "eval_index": eval_index,
         "net": learner.net.state_dict(), "target": learner.target.state_dict(),
         "optimizer": learner.opt.state_dict(), "updates": learner.updates,
-        "replay": {"rows": torch.from_numpy(replay.rows.copy()), "ids": torch.from_numpy(replay.ids.copy()),
-                   "sums": torch.from_numpy(replay.sums.tree.copy()),
-                   "mins": torch.from_numpy(replay.mins.tree.copy()),
-                   "next_id": replay.next_id, "max_priority": replay.max_priority,
-                   "rng": _rng_state(replay.rng)},
+        "replay": replay_buffer_state(replay),
         "runner": {"env": env_state(runner.env), "obs": torch.from_numpy(runner.obs.copy()),
                    "rng": _rng_state(runner.rng), "ep_return": runner.ep_return,
                    "ep_len": runner.ep_len, "steps": runner.steps,
@@ -129,13 +143,7 @@ def restore(state: dict[str, Any], learner: Any, replay: Any, runner: Any, windo
     learner.target.load_state_dict(state["target"])
     learner.opt.load_state_dict(state["optimizer"])
     learner.updates = state["updates"]
-    r = state["replay"]
-    replay.rows[:] = r["rows"].numpy()
-    replay.ids[:] = r["ids"].numpy()
-    replay.sums.tree[:] = r["sums"].numpy()
-    replay.mins.tree[:] = r["mins"].numpy()
-    replay.next_id, replay.max_priority = r["next_id"], r["max_priority"]
-    _set_rng(replay.rng, r["rng"])
+    restore_replay_buffer(replay, state["replay"])
     a = state["runner"]
     load_env_state(runner.env, a["env"])
     runner.obs = a["obs"].numpy().copy()
@@ -148,21 +156,35 @@ def restore(state: dict[str, Any], learner: Any, replay: Any, runner: Any, windo
     torch.set_rng_state(state["torch_rng"])
 
 
+def resume_point(run_dir: Path, algo: str) -> dict[str, Any]:
+    """Where a resumed run continues: env steps, learner updates, the run's clock ``t`` and (apex,
+    gorila) the checkpoint's number ``save``."""
+    if algo == "dqn":
+        state = load(run_dir)
+        return {"env_steps": state["env_steps"], "updates": state["updates"], "t": state.get("t"),
+                "save": 0}
+    from polytrain.rl.snapshot import load_meta
+
+    meta = load_meta(run_dir)
+    return {"env_steps": int(meta["env_steps"]), "updates": int(meta["updates"]), "t": float(meta["t"]),
+            "save": int(meta["save"])}
+
+
 def resume_options(run_dir: Path, given: dict[str, Any]) -> dict[str, Any]:
     """The resumed run's options: the run's own, with the ``given`` ones that may change.
 
     Refused (ConfigError, before anything starts): no run or no checkpoint at ``run_dir``, another
-    algorithm, a differing option outside :data:`RESUMABLE`, or a step limit the checkpoint has
-    already reached."""
+    algorithm, a differing option outside :data:`RESUMABLE`, or a step or time limit the
+    checkpoint has already reached."""
     try:
         saved = tomllib.loads((run_dir / "config.toml").read_text())
     except (OSError, tomllib.TOMLDecodeError):
         raise ConfigError(f"--resume {run_dir}: no polytrain rl run there (no readable config.toml)."
                           ) from None
-    if saved.get("algo") != "dqn" or given.get("algo", "dqn") != "dqn":
-        raise ConfigError(f"--resume {run_dir}: only dqn runs resume (this run is "
-                          f"{saved.get('algo')}, asked: {given.get('algo')}); apex and gorila keep "
-                          "no checkpoint. Start a new run.")
+    algo = saved.get("algo")
+    if given.get("algo", algo) != algo:
+        raise ConfigError(f"--resume {run_dir}: this run is {algo}, asked: {given.get('algo')}; a run "
+                          f"resumes with its own algorithm. Fix: polytrain rl {algo} --resume {run_dir}.")
     from polytrain.rl.config import RLConfig
 
     fields = RLConfig.model_fields  # the run's config.toml leaves out options that were None
@@ -174,9 +196,15 @@ def resume_options(run_dir: Path, given: dict[str, Any]) -> dict[str, Any]:
                           f"Only {', '.join(sorted(RESUMABLE - {'out', 'debug'}))} may change. Fix: "
                           "drop them, or start a new run.")
     options = {**saved, **given, "out": str(run_dir)}
-    at = load(run_dir)["env_steps"]
+    point = resume_point(run_dir, str(algo))
+    at, t = point["env_steps"], point["t"] or 0.0
     limit = options.get("max_env_steps", 0)
     if limit and limit <= at:
         raise ConfigError(f"--resume {run_dir}: the checkpoint is at env step {at}, --max-env-steps "
                           f"{limit} leaves nothing to do. Fix: --max-env-steps above {at}.")
+    budget = options.get("max_seconds", fields["max_seconds"].default)
+    if budget <= t:
+        raise ConfigError(f"--resume {run_dir}: the checkpoint is at {t:.1f} s of the run's clock, "
+                          f"--max-seconds {budget:g} (the whole run's budget) leaves nothing to do. "
+                          f"Fix: --max-seconds above {t:.1f}.")
     return options

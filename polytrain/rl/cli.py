@@ -49,7 +49,8 @@ RL_FLAGS: list[tuple[str, str, Any, str]] = [
      "replay rate limit: env steps per learner update, actors wait beyond it (0: off); default 2"),
     ("actor_timeout_s", "--actor-timeout", float, "seconds of silence before an actor is lost; default 10"),
     ("out", "--out", str, "run directory; default runs/<time>-rl-<algo>"),
-    ("checkpoint_every", "--checkpoint-every", int, "dqn: env steps between checkpoints (0: none)"),
+    ("checkpoint_every", "--checkpoint-every", int,
+     "env steps between checkpoints, and one at the end (0: none); --resume RUN continues"),
 ]
 
 
@@ -64,7 +65,7 @@ def add_rl_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="any other RL option, e.g. --set send_every=100 (see polytrain/rl/config.py)")
     p.add_argument("--resume", metavar="RUN", default=None,
-                   help="dqn: continue RUN from its checkpoint with its own settings (only the "
+                   help="continue RUN from its checkpoint with its own settings (only the "
                         "stopping and evaluation ones, e.g. --max-env-steps, may change)")
     p.add_argument("--no-plots", action="store_true", help="skip return_vs_time/steps.png")
     p.add_argument("--debug", action="store_true", default=None, help="tracebacks of failures")

@@ -32,7 +32,7 @@ class RLConfig(BaseModel):
     eval_every_s: float = Field(2.0, gt=0)
     max_seconds: float = Field(300.0, gt=0)
     max_env_steps: int = Field(0, ge=0)  # 0: no limit
-    checkpoint_every: int = Field(0, ge=0)  # dqn: env steps between checkpoints (0: none)
+    checkpoint_every: int = Field(0, ge=0)  # env steps between checkpoints (0: none; see rl/snapshot.py)
     # the Q-network and the DQN update (shared by every algorithm)
     model: str = "mlp"
     hidden: int = Field(128, ge=1)
@@ -194,10 +194,6 @@ def _check_consistency(cfg: RLConfig) -> None:
     if cfg.eps_end > cfg.eps_start:
         raise ConfigError(f"--eps-end {cfg.eps_end} is above --eps-start {cfg.eps_start}; "
                           "exploration decays from start to end. Swap them.")
-    if cfg.checkpoint_every and cfg.algo != "dqn":
-        raise ConfigError(f"--checkpoint-every {cfg.checkpoint_every}: only dqn checkpoints; {cfg.algo}'s "
-                          "learner, replay and actors are separate processes whose state polytrain "
-                          "does not yet save together. Fix: drop --checkpoint-every, or use dqn.")
 
 
 def check_qnet(cfg: RLConfig) -> None:

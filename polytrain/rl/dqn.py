@@ -42,9 +42,14 @@ def run_dqn(ctx: RoleContext) -> dict[str, Any]:
         state = checkpoint.load(ctx.run_dir)
         checkpoint.restore(state, learner, replay, episodes, window)
         c.episodes, monitor.eval_index = state["episodes"], state["eval_index"]
-        ctx.recorder.emit("resumed", env_steps=episodes.steps, updates=learner.updates)
     start = time.perf_counter()
+    updates0, steps0 = learner.updates, episodes.steps  # a resumed run's rates: this launch's
     learn_s = 0.0
+
+    def save() -> None:
+        checkpoint.save(ctx.run_dir, checkpoint.dqn_state(learner, replay, episodes, window, c.episodes,
+                                                          monitor.eval_index, ctx.recorder.now()))
+
     while True:
         eps = linear_epsilon(episodes.steps, cfg.eps_start, cfg.eps_end, cfg.eps_decay_steps)
         rows, ended = episodes.step(learner.net, eps)
@@ -66,18 +71,16 @@ def run_dqn(ctx: RoleContext) -> dict[str, Any]:
         c.env_steps, c.updates, c.train_return, c.replay_size = (
             episodes.steps, learner.updates, window.mean, len(replay))
         if cfg.checkpoint_every and episodes.steps % cfg.checkpoint_every == 0:
-            checkpoint.save(ctx.run_dir, checkpoint.dqn_state(learner, replay, episodes, window,
-                                                              c.episodes, monitor.eval_index))
+            save()
         if monitor.tick(learner.net, c):
             if monitor.stop_reason == "interrupted" and cfg.checkpoint_every:  # resume from here
-                checkpoint.save(ctx.run_dir, checkpoint.dqn_state(learner, replay, episodes, window,
-                                                                  c.episodes, monitor.eval_index))
+                save()
             break
     wall = time.perf_counter() - start
     result = monitor.final(learner.net, c)
     result.update(
         env_steps=c.env_steps, episodes=c.episodes, learner_updates=c.updates,
-        learner_updates_per_s=c.updates / wall, actor_steps_per_s=c.env_steps / wall,
+        learner_updates_per_s=(c.updates - updates0) / wall, actor_steps_per_s=(c.env_steps - steps0) / wall,
         replay_size=len(replay), learn_s=learn_s, wall_s=wall, lost_actors=[],
     )
     ctx.save_model(learner.net)

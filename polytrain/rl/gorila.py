@@ -34,6 +34,7 @@ from polytrain.rl.monitor import Counters, Monitor
 from polytrain.rl.protocol import Kind, Msg, send_msg, wind_down
 from polytrain.rl.replay import Batch
 from polytrain.rl.roles import RoleContext
+from polytrain.rl.snapshot import Saver, learner_state, load_part, restore_learner, write_part
 from polytrain.runtime.flat import flat_params, load_flat
 
 
@@ -46,6 +47,7 @@ def _plan(ctx: RoleContext) -> Any:
 
 
 def run_shard(ctx: RoleContext, index: int) -> dict[str, Any]:
+    from polytrain.strategies.ps.checkpoint import load_server_state, server_state
     from polytrain.strategies.ps.consistency import make_consistency
     from polytrain.strategies.ps.server import ParameterServer
 
@@ -53,6 +55,10 @@ def run_shard(ctx: RoleContext, index: int) -> dict[str, Any]:
     learners = list(ctx.ranks.replica_ranks)
     server = ParameterServer(ctx.net_comm, learners, plan.gather(flat, index), ctx.cfg.optimizer,
                              make_consistency("async", len(learners)), lr=ctx.cfg.lr)
+    if ctx.extra.get("resume"):
+        load_server_state(server, load_part(ctx.run_dir, ctx.rank))
+    # a checkpoint: once every learner has sent SAVE(k) (each after its last push before it)
+    server.on_save = lambda k: write_part(ctx.run_dir, ctx.rank, k, {"save": k, **server_state(server)})
     server.serve()  # until every learner has sent DONE
     return {"shard": index, **server.stats()}
 
@@ -69,6 +75,13 @@ def run_gorila_learner(ctx: RoleContext, index: int) -> dict[str, Any]:
     monitor = Monitor(cfg, ctx.recorder) if lead else None
     publisher = Publisher(learner.net, cfg.publish_every) if lead else None
     c = Counters()
+    if ctx.extra.get("resume"):
+        state = load_part(ctx.run_dir, ctx.rank)
+        c.updates = restore_learner(learner, state, publisher)
+        if monitor is not None:
+            monitor.eval_index = state["eval_index"]
+    saver = Saver(ctx, lead, lambda k: learner_state(
+        learner, c.updates, k, False, publisher, monitor.eval_index if monitor is not None else 0), ps)
 
     def learn(batch: Batch) -> np.ndarray:
         grad, _, td_abs = learner.gradient(*batch_tensors(batch))
@@ -83,7 +96,7 @@ def run_gorila_learner(ctx: RoleContext, index: int) -> dict[str, Any]:
     def between() -> Msg | None:
         return publisher.due(c.updates) if publisher is not None else None
 
-    timing = learn_loop(ctx, client, learn, c, monitor, learner.net, between)
+    timing = learn_loop(ctx, client, learn, c, monitor, learner.net, between, saver)
     if lead:
         wind_down(ctx.links, (client.replay,))
     else:  # every reply in flight was taken (learn_loop drained them): now say goodbye

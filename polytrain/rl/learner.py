@@ -28,6 +28,7 @@ from polytrain.rl.monitor import Counters, Monitor
 from polytrain.rl.protocol import OPS, Kind, Msg, Posted, isend_msg, nan_to_none, post_recv
 from polytrain.rl.replay import Batch, beta_at
 from polytrain.rl.roles import RoleContext
+from polytrain.rl.snapshot import Saver
 from polytrain.runtime.flat import flat_params
 
 
@@ -48,9 +49,10 @@ class ReplayClient:
         self.batches = ctx.cfg.sample_batches
         self.depth = ctx.cfg.prefetch
         self.pending: list[tuple[np.ndarray, np.ndarray]] = []  # (ids, |TD|) learnt since the last request
-        # per request: its sends, and the receives posted for its reply
-        self.in_flight: deque[tuple[list[tuple[Any, torch.Tensor]], Posted]] = deque()
+        # per request: its sends, the receives posted for its reply, and its checkpoint (SAVE) or 0
+        self.in_flight: deque[tuple[list[tuple[Any, torch.Tensor]], Posted, int]] = deque()
         self.wait_s = 0.0
+        self.on_ack: Callable[[int, Sequence[float]], None] = lambda k, fields: None  # SAVE answered
 
     @staticmethod
     def reply_size(batch_size: int, batches: int, width: int) -> int:
@@ -61,8 +63,11 @@ class ReplayClient:
     def outstanding(self) -> int:
         return len(self.in_flight)
 
-    def request(self, beta: float, before: Msg | None = None) -> None:
-        """Ask for K batches (non-blocking), after the one-way message ``before`` if given."""
+    def request(self, beta: float, before: Msg | None = None, save: int = 0, at: float = 0.0,
+                updates: int = 0) -> None:
+        """Ask for K batches (non-blocking), after the one-way message ``before`` if given; with
+        ``save`` = k, then ask the replay to write its part of checkpoint k (after this request's
+        priorities: see :mod:`polytrain.rl.snapshot`); its answer goes to ``on_ack``."""
         ids = td = None
         if self.pending:
             ids = torch.from_numpy(np.concatenate([i for i, _ in self.pending]))
@@ -72,18 +77,30 @@ class ReplayClient:
                            self.reply_size(self.batch_size, self.batches, self.width), OPS[Kind.SAMPLE])
         sends = [] if before is None else isend_msg(self.comm, self.replay, before, OPS[before.kind])
         msg = Msg(Kind.SAMPLE, [self.batch_size, beta, self.batches], ids, td)
-        self.in_flight.append((sends + isend_msg(self.comm, self.replay, msg, OPS[Kind.SAMPLE]), posted))
+        self.in_flight.append((sends + isend_msg(self.comm, self.replay, msg, OPS[Kind.SAMPLE]), posted, 0))
+        if save:
+            size = self.reply_size(self.batch_size, self.batches, self.width)
+            posted = post_recv(self.comm, self.replay, size, "control")
+            sends = isend_msg(self.comm, self.replay, Msg(Kind.SAVE, [save, updates, at]), "control")
+            self.in_flight.append((sends, posted, save))
 
     def receive(self) -> tuple[Sequence[float], list[Batch]]:
-        """(replay figures, K batches or none while the replay is still filling); raises Halted."""
-        start = time.perf_counter()
-        sends, posted = self.in_flight.popleft()
-        reply = posted.wait()
-        self.wait_s += time.perf_counter() - start
-        for work, _ in sends:  # the replay read them before it replied
-            work.wait()
-        if reply.kind == Kind.HALT:
-            raise Halted(self.replay)
+        """(replay figures, K batches or none while the replay is still filling); raises Halted.
+        A checkpoint's answer on the way is handed to ``on_ack`` (nothing after it: no batch)."""
+        while True:
+            start = time.perf_counter()
+            sends, posted, save = self.in_flight.popleft()
+            reply = posted.wait()
+            self.wait_s += time.perf_counter() - start
+            for work, _ in sends:  # the replay read them before it replied
+                work.wait()
+            if reply.kind == Kind.HALT:
+                raise Halted(self.replay)
+            if not save:
+                break
+            self.on_ack(save, reply.fields)
+            if not self.in_flight:
+                return (), []
         if reply.ints is None or reply.floats is None:
             return reply.fields, []
         n, b, w = reply.ints.numel(), self.batch_size, self.width
@@ -118,23 +135,37 @@ Learn = Callable[[Batch], np.ndarray]  # one update on a batch -> |TD| (B,)
 
 
 def learn_loop(ctx: RoleContext, client: ReplayClient, learn: Learn, c: Counters, monitor: Monitor | None,
-               net: torch.nn.Module, between: Callable[[], Msg | None]) -> dict[str, Any]:
+               net: torch.nn.Module, between: Callable[[], Msg | None],
+               saver: Saver | None = None) -> dict[str, Any]:
     """Sample, learn, give priorities back, until the lead's monitor stops or a server halts us.
 
     ``between`` may return a one-way message to send ahead of the next request: apex publishes
-    its parameters that way. Returns timing figures.
+    its parameters that way. ``saver``: checkpoints (:mod:`polytrain.rl.snapshot`), taken right
+    after a reply, before its batches are learnt, and (the lead) once more at the end of the run.
+    Returns timing figures.
     """
     cfg = ctx.cfg
     start = time.perf_counter()
+    updates0 = c.updates  # a resumed learner's rate: this launch's updates
     learn_s = 0.0
     halted_by: list[int] = []
+    if saver is not None and saver.lead:
+        client.on_ack = saver.acked
+
+    def request(save: int = 0, before: Msg | None = None) -> None:
+        lead_save = save if saver is not None and saver.lead else 0
+        client.request(beta_at(c.updates, cfg.beta0, cfg.beta_steps), before, lead_save,
+                       ctx.recorder.now(), c.updates)
+        if save and saver is not None:
+            saver.take(save, c.env_steps, c.updates)
+
     for _ in range(client.depth):
-        client.request(beta_at(c.updates, cfg.beta0, cfg.beta_steps))
+        request()
     try:
         while True:
             fields, batches = client.receive()
             read_counters(c, fields)
-            client.request(beta_at(c.updates, cfg.beta0, cfg.beta_steps), between())
+            request((saver.due(c.env_steps, fields) or 0) if saver is not None else 0, between())
             if not batches:
                 # the replay is still filling up to learning_starts: poll gently, or the polling
                 # itself takes the CPU the actors need to fill it
@@ -152,12 +183,15 @@ def learn_loop(ctx: RoleContext, client: ReplayClient, learn: Learn, c: Counters
                     break
             if stop:
                 break
+        if saver is not None and saver.lead and saver.every:  # the end of the run: resume from here
+            request(saver.k + 1)
     except Halted as h:
         halted_by.append(h.server)
     if client.drain() and client.replay not in halted_by:  # replies still in flight
         halted_by.append(client.replay)
     wall = time.perf_counter() - start
-    return {"learner_updates": c.updates, "learner_updates_per_s": c.updates / wall, "learn_s": learn_s,
+    return {"learner_updates": c.updates, "learner_updates_per_s": (c.updates - updates0) / wall,
+            "learn_s": learn_s,
             "replay_wait_s": client.wait_s, "wall_s": wall, "halted_by": halted_by}
 
 

@@ -3,7 +3,7 @@
 A message is a header plus at most one payload, each sent over the (client, server) pair's
 :class:`~polytrain.rl.links.Link`, which counts its bytes under the message's operation::
 
-    header   float64[9] = [kind, n_ints, n_floats, n_total, f0, f1, f2, f3, f4]
+    header   float64[10] = [kind, n_ints, n_floats, n_total, f0, f1, f2, f3, f4, f5]
     payload  float32[n_total] = ints (int32 bits) | floats (rows, params) | zero padding
                                 — only when n_total > 0
 
@@ -14,10 +14,11 @@ request (:func:`post_recv`), so a batch lands while the learner is still busy wi
 before; the server pads every reply to such a client to that size (``Hub(pad=...)``).
 
 Every exchange is a client's request and the server's reply (PUBLISH, STOP and BYE are
-one-way), so each (client, server) stream holds whole messages in order. Each stream is its own
-two-rank gloo group (:mod:`polytrain.rl.links`), and a server reads each client's stream in a
-receiver thread of its own (as polytrain's `ps` server reads its workers), handing finished
-messages to the serving thread, which handles them one at a time in the order they complete.
+one-way; SAVE is answered once the replay's part of a checkpoint is written, see
+:mod:`polytrain.rl.snapshot`), so each (client, server) stream holds whole messages in order.
+Each stream is its own two-rank gloo group (:mod:`polytrain.rl.links`), and a server reads each
+client's stream in a receiver thread of its own (as polytrain's `ps` server reads its workers),
+handing finished messages to the serving thread, which handles them one at a time in the order they complete.
 
 Why a dead actor cannot stall or end the run: a server never waits on one particular client,
 and a connection error is always *one* client's: its receiver thread reports that client gone
@@ -53,6 +54,7 @@ class Kind(IntEnum):
     ADD = 1  # actor -> replay: transitions, priorities, episodes (reply: parameters if asked)
     SAMPLE = 2  # learner -> replay: priority updates of the last batch, and "send me a batch"
     PUBLISH = 3  # learner -> replay: new parameters for the actors (one-way: no reply)
+    SAVE = 4  # lead learner -> replay: write your part of checkpoint k (reply: once written)
     STOP = 7  # lead learner -> server: the run is over, tell every client
     PING = 8  # lead learner -> server while stopping: how many clients are still out there?
     BYE = 9  # client -> server: I am leaving; my last message to you (no reply)
@@ -63,14 +65,15 @@ class Kind(IntEnum):
 
 ONE_WAY = {Kind.PUBLISH, Kind.STOP, Kind.BYE}
 OPS = {Kind.ADD: "experience", Kind.SAMPLE: "sample", Kind.PUBLISH: "params_publish"}
-HEADER = 9
+FIELDS = 6
+HEADER = 4 + FIELDS
 MAX_INT = 2**31 - 1  # ints travel as int32 (replay ids: transitions added in one run)
 
 
 @dataclass
 class Msg:
     kind: Kind
-    fields: Sequence[float] = field(default_factory=list)  # at most 5 scalars
+    fields: Sequence[float] = field(default_factory=list)  # at most FIELDS scalars
     ints: torch.Tensor | None = None
     floats: torch.Tensor | None = None
     op: str | None = None  # how its bytes are counted, when not by its request's kind
@@ -87,7 +90,7 @@ def _tensors(msg: Msg, pad: int = 0) -> list[torch.Tensor]:
     if pad and n_int + n_float > pad:
         raise ValueError(f"a {msg.kind.name} message of {n_int + n_float} values exceeds the {pad} its "
                          "receiver posted")
-    fields = [float(x) for x in msg.fields] + [0.0] * (5 - len(msg.fields))
+    fields = [float(x) for x in msg.fields] + [0.0] * (FIELDS - len(msg.fields))
     out = [torch.tensor([float(msg.kind), n_int, n_float, total, *fields], dtype=torch.float64)]
     if total:
         payload = torch.zeros(total, dtype=torch.float32)

@@ -22,6 +22,7 @@ from polytrain.rl.monitor import ReturnWindow
 from polytrain.rl.protocol import Hub, Kind, Msg
 from polytrain.rl.replay import PrioritizedReplay
 from polytrain.rl.roles import RoleContext
+from polytrain.rl.snapshot import load_part, replay_state, restore_replay, write_part
 
 
 class ReplayServer:
@@ -45,14 +46,18 @@ class ReplayServer:
         self.version = 0
         self.learning_starts = max(cfg.learning_starts, cfg.batch_size)
         self.busy_s = 0.0
+        self.saved = 0  # the newest checkpoint written here: announced in every SAMPLE reply
         learners, actors = ctx.ranks.replica_ranks, ctx.ranks.actor_ranks
         clients = {r: "learner" for r in learners} | {r: "actor" for r in actors}
         depth = dict.fromkeys(learners, cfg.prefetch)  # SAMPLE requests in flight
+        depth[ctx.ranks.lead] = cfg.prefetch + 2  # and, at a checkpoint, a SAVE and one more SAMPLE
         from polytrain.rl.learner import ReplayClient  # learners post their receives ahead
 
         pad = dict.fromkeys(learners, ReplayClient.reply_size(cfg.batch_size, cfg.sample_batches,
                                                               self.width))
         self.hub = Hub(ctx.links, ctx.recorder, clients, ctx.ranks.lead, cfg.actor_timeout_s, depth, pad)
+        if ctx.extra.get("resume"):
+            restore_replay(self, load_part(ctx.run_dir, ctx.rank))
 
     # ---- handlers ---------------------------------------------------------------------------
     def add(self, peer: int, msg: Msg) -> Msg | None:
@@ -111,7 +116,7 @@ class ReplayServer:
             self.stale_updates += msg.ints.numel() - live
         train = self.window.mean
         fields = [self.env_steps, self.episodes, math.nan if train is None else train,
-                  len(self.replay), self.hub.alive_actors()]
+                  len(self.replay), self.hub.alive_actors(), self.saved]
         if len(self.replay) < self.learning_starts:
             return Msg(Kind.OK, fields)
         size, beta, k = int(msg.field(0)), msg.field(1), max(1, int(msg.field(2)))
@@ -120,6 +125,14 @@ class ReplayServer:
         self.batches += k
         floats = np.concatenate([drawn.rows.reshape(-1), drawn.weights])
         return Msg(Kind.OK, fields, torch.from_numpy(drawn.ids), torch.from_numpy(floats))
+
+    def save(self, peer: int, msg: Msg) -> Msg:
+        """fields = (checkpoint k, the lead's updates U, its clock): write this process's part of
+        checkpoint k — it follows the SAMPLE that carried the priorities of all U updates."""
+        k, updates = int(msg.field(0)), int(msg.field(1))
+        write_part(self.ctx.run_dir, self.ctx.rank, k, replay_state(self, updates, k))
+        self.saved = k
+        return Msg(Kind.OK, [self.env_steps, self.episodes, self.replay.next_id, self.version, k])
 
     def publish(self, peer: int, msg: Msg) -> Msg | None:
         self.params = msg.floats
@@ -137,7 +150,8 @@ class ReplayServer:
         return run
 
     def serve(self) -> dict[str, Any]:
-        handlers = {Kind.ADD: self.add, Kind.SAMPLE: self.sample, Kind.PUBLISH: self.publish}
+        handlers = {Kind.ADD: self.add, Kind.SAMPLE: self.sample, Kind.PUBLISH: self.publish,
+                    Kind.SAVE: self.save}
         self.hub.after = self._release
         self.hub.serve({k: self._timed(h) for k, h in handlers.items()})
         return {
@@ -150,6 +164,7 @@ class ReplayServer:
             "priority_updates": self.priority_updates,
             "stale_priority_updates": self.stale_updates,
             "params_version": self.version,
+            "checkpoints": self.saved,
             "per_actor": {str(k): v for k, v in self.per_actor.items()},
             "lost": {str(k): v for k, v in self.hub.lost.items()},
             "busy_s": self.busy_s,

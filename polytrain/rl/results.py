@@ -79,14 +79,24 @@ def _bytes(records: dict[int, dict[str, Any]], world: int) -> tuple[int, dict[st
     return total, dict(by_op), by_rank
 
 
-def startup_s(run_dir: Path, sup: Supervision) -> float:
-    """Seconds from launch to the shared clock's origin (every process up and connected)."""
+def _lead_events(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "ranks" / "rank0.jsonl"
-    for line in path.read_text().splitlines() if path.exists() else []:
-        ev = json.loads(line)
-        if ev["event"] == "start":
-            return float(ev["epoch"]) - sup.launch_epoch
-    return 0.0
+    return [json.loads(line) for line in (path.read_text().splitlines() if path.exists() else [])
+            if line.endswith("}")]
+
+
+def startup_s(run_dir: Path, sup: Supervision) -> float:
+    """Seconds from this launch to its clock's start (every process up and connected); a
+    resumed run's file also holds the earlier launches' ``start`` events: the last is this one's."""
+    starts = [ev for ev in _lead_events(run_dir) if ev["event"] == "start"]
+    return float(starts[-1]["epoch"]) - sup.launch_epoch if starts else 0.0
+
+
+def resumes(run_dir: Path) -> list[dict[str, Any]]:
+    """Where the run was resumed (as the training loop's summary lists them): env steps, learner
+    updates and the run's clock at the checkpoint it continued from."""
+    return [{"from_env_steps": ev["env_steps"], "updates": ev["updates"], "t": ev["t_base"]}
+            for ev in _lead_events(run_dir) if ev["event"] == "resume"]
 
 
 def _lost(sup: Supervision, ranks: Layout, replay: dict[str, Any], cfg: RLConfig,
@@ -128,7 +138,9 @@ def build_summary(cfg: RLConfig, run_dir: Path, sup: Supervision) -> dict[str, A
     sent, by_op, by_rank = _bytes(records, cfg.world)
     offset = startup_s(run_dir, sup)
     env_steps = replay.get("env_steps", lead.get("env_steps", 0))
-    run_s = lead["wall_s"]
+    resumed = resumes(run_dir)
+    base = resumed[-1]["t"] if resumed else 0.0  # the run's clock when this launch's began
+    run_s = lead["wall_s"] + base  # the whole run's
     updates = sum(r["learner_updates"] for r in learners)
     return {
         "strategy": cfg.algo, "algo": cfg.algo, "env": cfg.env, "world_size": cfg.world,
@@ -144,9 +156,9 @@ def build_summary(cfg: RLConfig, run_dir: Path, sup: Supervision) -> dict[str, A
         "replay_capacity": cfg.replay_capacity,
         "bytes_sent": sent, "bytes_by_op": by_op, "bytes_by_rank": by_rank,
         "bytes_sent_per_env_step": sent / env_steps if env_steps else 0.0,
-        "wall_s": run_s, "launch_wall_s": sup.wall_s, "startup_s": offset,
-        "lost_actors": _lost(sup, ranks, replay, cfg, offset),
-        "exits": {str(r): {"role": e.role, "cause": e.cause, "at_s": round(e.at_s - offset, 3)}
+        "wall_s": run_s, "launch_wall_s": sup.wall_s, "startup_s": offset, "resumes": resumed,
+        "lost_actors": _lost(sup, ranks, replay, cfg, offset - base),
+        "exits": {str(r): {"role": e.role, "cause": e.cause, "at_s": round(e.at_s - offset + base, 3)}
                   for r, e in sorted(sup.exits.items())},
         "peak_rss_bytes": max((r["peak_rss_bytes"] for r in records.values()), default=0),
         "per_rank": [records[r] for r in sorted(records)],

@@ -87,11 +87,19 @@ def run_role(payload: dict[str, Any], rank: int, recorder: Recorder) -> dict[str
             clients = [*ranks.replica_ranks, *ranks.actor_ranks]
             links = make_links(comm, ranks.replay_rank, clients, cfg.timeout_s)
         dist.barrier()  # everyone is up: start the shared clock together
+    extra: dict[str, object] = {"resume": bool(payload.get("resume"))}
+    if extra["resume"]:  # as the training loop does: the record and the clock go on from the checkpoint
+        from polytrain.rl.checkpoint import resume_point
+
+        point = resume_point(Path(payload["run_dir"]), cfg.algo)
+        recorder.start_clock()  # (again below, after the barrier): the resume event at the cut's time
+        recorder.rewind(point["env_steps"], point["t"], env_steps=point["env_steps"],
+                        updates=point["updates"])
+        extra["save"] = point["save"]
     recorder.start_clock()
     cpu0 = time.process_time()  # CPU this process used from here on (its threads included)
     recorder.emit("start", role=describe(ranks, rank), epoch=time.time())
-    ctx = RoleContext(cfg, rank, ranks, recorder, Path(payload["run_dir"]), comm, links,
-                      extra={"resume": bool(payload.get("resume"))})
+    ctx = RoleContext(cfg, rank, ranks, recorder, Path(payload["run_dir"]), comm, links, extra=extra)
     result = _dispatch(ctx)
     record: dict[str, Any] = {"rank": rank, "role": describe(ranks, rank), "result": result,
                               "cpu_s": time.process_time() - cpu0,
