@@ -40,6 +40,9 @@ with error feedback and its sparsity warm-up, 25 % → 1 % over 50 encodings): i
 at chance level (0.494), ``dgc`` reached 0.663.
 Repeats interleaved (A, B, C, D, D, C, B, A, …), seed = repeat; median (min–max).
 Time to accuracy: the first evaluation at or above the target, in seconds since the start barrier.
+A run that diverges (NaN/inf parameters: DivergedError) is a result, not a failure of the
+benchmark: it counts in "diverged", with its time to the target if it got there first, and
+leaves final accuracy and bytes to the runs that finished.
 Bytes: polytrain's count at each send (``bytes_sent``, every rank; for the sparse codecs the size
 exchange of the variable-size payloads is included) and the testbed's interface counters
 (``wire_bytes_tx``: frames with headers), per rank and step.
@@ -108,6 +111,9 @@ def run(job: str, case: str, seed: int, a: argparse.Namespace, out: Path) -> dic
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, cwd=HERE.parent, capture_output=True, text=True, env=env)
     if done.returncode:
+        diverged = _diverged(job, case, seed, out)
+        if diverged is not None:  # a result: the case does not train at this setting
+            return diverged
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
     s = json.loads((out / "summary.json").read_text())
     events = map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
@@ -125,10 +131,25 @@ def run(job: str, case: str, seed: int, a: argparse.Namespace, out: Path) -> dic
             "evals": [(e["step"], round(e["t"], 3), e["accuracy"]) for e in evals]}
 
 
+def _diverged(job: str, case: str, seed: int, out: Path) -> dict[str, Any] | None:
+    """The record of a run that stopped with DivergedError (NaN/inf parameters), else None:
+    its evaluations until then, no final accuracy and no bytes (it wrote no summary)."""
+    err = out / "ranks" / "rank0.error.json"
+    if not err.exists() or "DivergedError" not in json.loads(err.read_text()).get("error", ""):
+        return None
+    events = map(json.loads, (out / "ranks" / "rank0.jsonl").read_text().splitlines())
+    evals = [e for e in events if e.get("event") == "eval"]
+    tta = next((e["t"] for e in evals if e["accuracy"] >= JOBS[job]["target"]), None)
+    return {"job": job, "case": case, "seed": seed, "tta_s": tta, "accuracy": None,
+            "diverged_at": json.loads(err.read_text()).get("step"), "wall_s": None, "samples_per_s": None,
+            "bytes_per_rank_step": None, "wire_per_rank_step": None, "ratio_vs_fp32": None,
+            "codec_ms": None, "evals": [(e["step"], round(e["t"], 3), e["accuracy"]) for e in evals]}
+
+
 def summarise(job: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     target = JOBS[job]["target"]
     med = statistics.median
-    base = [r for r in runs if r["case"] == "uncompressed"]
+    base = [r for r in runs if r["case"] == "uncompressed" and r["accuracy"] is not None]
     base_bytes, base_acc = med(r["bytes_per_rank_step"] for r in base), med(r["accuracy"] for r in base)
     base_tta = [r["tta_s"] for r in base if r["tta_s"] is not None]
     rows = []
@@ -137,21 +158,24 @@ def summarise(job: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not rs:
             continue
         reached = [r["tta_s"] for r in rs if r["tta_s"] is not None]
-        wire = [r["wire_per_rank_step"] for r in rs if r["wire_per_rank_step"]]
-        b = med(r["bytes_per_rank_step"] for r in rs)
+        ok = [r for r in rs if r["accuracy"] is not None]  # the runs that did not diverge
+        wire = [r["wire_per_rank_step"] for r in ok if r["wire_per_rank_step"]]
+        b = med(r["bytes_per_rank_step"] for r in ok) if ok else None
+        codec = [r["codec_ms"] for r in ok]
         rows.append({
             "job": job, "case": case,
             f"time to {target:.2f} s": fmt_spread(reached, 1) if reached else "never",
             "reached": f"{len(reached)}/{len(rs)}",
+            "diverged": f"{len(rs) - len(ok)}/{len(rs)}",
             "vs uncompressed": f"{med(base_tta) / med(reached):.2f}x" if reached and base_tta else "-",
-            "final accuracy": fmt_spread([r["accuracy"] for r in rs], 3),
-            "Δ accuracy (points)": f"{100 * (med(r['accuracy'] for r in rs) - base_acc):+.1f}",
-            "samples/s": fmt_spread([r["samples_per_s"] for r in rs], 0),
-            "codec ms/step (rank 0)": (fmt_spread([r["codec_ms"] for r in rs], 0)
-                                       if all(r["codec_ms"] is not None for r in rs) else "-"),
-            "counted bytes/step/rank": f"{b:,.0f}",
+            "final accuracy": fmt_spread([r["accuracy"] for r in ok], 3) if ok else "-",
+            "Δ accuracy (points)": f"{100 * (med(r['accuracy'] for r in ok) - base_acc):+.1f}" if ok else "-",
+            "samples/s": fmt_spread([r["samples_per_s"] for r in ok], 0) if ok else "-",
+            "codec ms/step (rank 0)": (fmt_spread(codec, 0) if ok and all(c is not None for c in codec)
+                                       else "-"),
+            "counted bytes/step/rank": f"{b:,.0f}" if b else "-",
             "wire bytes/step/rank": f"{med(wire):,.0f}" if wire else "-",
-            "bytes reduction": f"{base_bytes / b:.1f}x",
+            "bytes reduction": f"{base_bytes / b:.1f}x" if b else "-",
         })
     return rows
 
@@ -184,6 +208,8 @@ def main() -> None:
         r = run(a.job, case, rep, a, tmp / f"{case.replace(' ', '_')}-{rep}")
         runs.append(r)
         print({k: v for k, v in r.items() if k != "evals"}, flush=True)
+    if not any(r["case"] == "uncompressed" and r["accuracy"] is not None for r in runs):
+        raise SystemExit("no uncompressed run finished: nothing to compare against")
     rows, job = summarise(a.job, runs), JOBS[a.job]
     write_results(a.name or f"codecs_testbed_{a.job}", rows, list(rows[0]), extra={"runs": runs},
                   notes=f"allreduce on {a.hosts} emulated hosts at {a.nic} (polytrain testbed), one rank "
