@@ -259,8 +259,11 @@ def stored_profiles(raw: dict[str, Any]) -> dict[str, Any]:
 def _window(run: dict[str, Any]) -> list[float]:
     """The step intervals a run's mean is taken over. local-sgd averages after every ``period``-th
     step and after the last: whole periods ending at the last step (the run's step count is a
-    multiple of the period) hold one average per period, as the planner amortises it."""
+    multiple of the period) hold one average per period, as the planner amortises it. A
+    parameter-server worker's last step sends its push without waiting and pulls nothing: left out."""
     times = list(run["step_times"])
+    if run["strategy"] == "ps" and len(times) > 1:
+        times = times[:-1]  # the last step pushes without waiting and pulls nothing: not a steady step
     period = int(run["options"].get("period", 4)) if run["strategy"] == "local-sgd" else 1
     return times[len(times) % period :] if len(times) >= period else times
 
