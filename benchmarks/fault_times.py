@@ -15,6 +15,8 @@ ranks train, one fault is injected and the time until the job has acted is measu
 * ``SIGTERM launcher (ps)`` / ``(distbelief)`` / ``(ps k-of-n)``: as ``SIGTERM launcher`` for the
   strategies with loops of their own (ps: 1 server + 2 workers; distbelief: 2 stage servers + one
   replica of 2 stages; k-of-n: 1 server + 3 workers, k = 2, no checkpoint).
+* ``SIGTERM launcher (pipedream)`` / ``(spectrain)``: the stream pipelines (3 and 2 stages),
+  stopped in the middle of their one segment.
 * ``SIGTERM rl dqn`` / ``kill -9 rl dqn``: `polytrain rl dqn` (one learner process, endless env
   steps, ``--checkpoint-every`` large: the stop writes it), once its first episode ended: until
   the launcher exits / until the learner process is gone.
@@ -45,6 +47,7 @@ from harness import alternating, fmt_spread, spread, write_results  # noqa: E402
 
 PROBES = ["kill -9 rank 1", "SIGSTOP rank 1", "SIGTERM launcher", "kill -9 launcher",
           "SIGTERM launcher (ps)", "SIGTERM launcher (distbelief)", "SIGTERM launcher (ps k-of-n)",
+          "SIGTERM launcher (pipedream)", "SIGTERM launcher (spectrain)",
           "SIGTERM rl dqn", "kill -9 rl dqn"]
 RL = ["rl", "dqn", "--set=hidden=16", "--set=depth=1", "--set=max_seconds=1e6", "--set=target_return=1e6",
       "--set=eval_every_s=1e6", "--max-env-steps", "100000000", "--checkpoint-every", "100000000",
@@ -54,7 +57,12 @@ JOBS = {"SIGTERM launcher (ps)": (["--strategy", "ps"], 3),
         "SIGTERM launcher (distbelief)": (["--strategy", "distbelief"], 4),
         # 1 server, 3 workers, k = 2 (the batch divisible by 3); k-of-n keeps no checkpoint
         "SIGTERM launcher (ps k-of-n)": (["--strategy", "ps", "--set", "consistency=k-of-n",
-                                          "--batch-size", "66"], 4)}
+                                          "--batch-size", "66"], 4),
+        # stream pipelines: one segment spans the run (20,000 steps: its order is built whole),
+        # stopped mid-stream; pipedream on 3 stages, spectrain on 2
+        "SIGTERM launcher (pipedream)": (["--strategy", "pipedream", "--steps", "20000"], 3),
+        "SIGTERM launcher (spectrain)": (["--strategy", "spectrain", "--optimizer", "momentum",
+                                          "--steps", "20000"], 2)}
 NO_CHECKPOINT = {"SIGTERM launcher (ps k-of-n)"}
 
 

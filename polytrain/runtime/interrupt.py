@@ -6,10 +6,11 @@ Python attribute read, nothing sent). The first rank that sees it proposes a sto
 ahead of its own (``MARGIN``: synchronous ranks are within one step of each other) through the
 job's store with one compare-and-set, which every rank then reads back: all ranks stop after
 the same step, write a checkpoint there when the job checkpoints, and finish as usual, so rank 0
-writes the metrics and a summary marked ``interrupted``. A rank that cannot reach the agreed
-step in time (a stream pipeline between segments, a server) is killed by the launcher after its
-grace period; the launcher then writes the summary from the ranks' event files. A second
-signal (after ``AGAIN_S``) ends the rank at once (its default action).
+writes the metrics and a summary marked ``interrupted``. A stream pipeline's input stage
+proposes the step of the last mini-batch it admitted (:func:`propose`) and tells the other stages
+in-band (`polytrain.strategies.pipeline.executor`). A rank that cannot reach the agreed step in
+time is killed by the launcher after its grace period; the launcher then writes the summary from
+the ranks' event files. A second signal (after ``AGAIN_S``) ends the rank at once (its default action).
 """
 
 from __future__ import annotations
@@ -72,6 +73,18 @@ def stop_after(step: int, last: int) -> bool:
         else:
             _state.stop_at = int(_state.store.compare_set(KEY, "", proposal))
     return step >= _state.stop_at
+
+
+def propose(step: int) -> int:
+    """Propose ``step`` itself as the last (from a rank that knows no rank is past it: a stream
+    pipeline's input stage, which admits every step); returns the agreed step (the first
+    proposal wins). A rank told the step another way records it with the same call."""
+    if _state.stop_at is None:
+        if _state.store is None:
+            _state.stop_at = step
+        else:
+            _state.stop_at = int(_state.store.compare_set(KEY, "", str(step)))
+    return _state.stop_at
 
 
 def stopped_at() -> int | None:

@@ -93,13 +93,18 @@ def test_killed_launcher_takes_its_ranks(tmp_path: Path) -> None:
 # (strategy arguments, the ranks that run steps): the shared loop (allreduce), and strategies with
 # loops of their own whose servers end with their clients: ps (rank 0 a server), distbelief
 # (ranks 0-1 the two stages' servers, ranks 2-3 one replica's stages)
+# Stream pipelines stop mid-segment (their one segment here spans the whole run): pipedream on 3
+# stages (the STOP passes through a middle stage), spectrain on 2.
 JOBS = {"allreduce": ([], [0, 1]),
         "ps": (["--strategy", "ps", "--procs", "3"], [1, 2]),
-        "distbelief": (["--strategy", "distbelief", "--procs", "4"], [2, 3])}
+        "distbelief": (["--strategy", "distbelief", "--procs", "4"], [2, 3]),
+        "pipedream": (["--strategy", "pipedream", "--procs", "3", "--steps", "20000"], [0, 1, 2]),
+        "spectrain": (["--strategy", "spectrain", "--optimizer", "momentum", "--steps", "20000"], [0, 1])}
 
 
 @pytest.mark.parametrize(("how", "job"), [
-    ("SIGTERM", "allreduce"), ("SIGTERM", "distbelief"),
+    ("SIGTERM", "allreduce"), ("SIGTERM", "distbelief"), ("SIGTERM", "pipedream"),
+    pytest.param("SIGTERM", "spectrain", marks=pytest.mark.nightly),  # pipedream's stream
     pytest.param("SIGTERM", "ps", marks=pytest.mark.nightly),  # its loop is allreduce's
     pytest.param("SIGINT", "allreduce", marks=pytest.mark.nightly)])
 def test_stop_request_checkpoints_and_keeps_an_interrupted_summary(tmp_path: Path, how: str,

@@ -60,6 +60,17 @@ from polytrain.runtime.recorder import Recorder
 
 HEADER = 24  # bytes of the trailer: float64 tag, micro-batch index, ack
 POOL = 16  # buffers an outbox keeps per size, and an inbox tracks for reuse
+AHEAD = 4  # receives an inbox keeps posted
+STOP = -1  # micro-batch index of the message that stops a stream early (its tag: the first mb left out)
+PAD = -2  # micro-batch index of a message that only matches a receive posted for a mb left out
+
+
+class StreamStop(Exception):
+    """The previous stage stopped the stream: micro-batches ``first`` and later are left out."""
+
+    def __init__(self, first: int) -> None:
+        super().__init__(f"the stream stops before micro-batch {first}")
+        self.first = first
 
 
 class Frame:
@@ -155,7 +166,7 @@ class Inbox:
         op: str,
         stage: int,
         device: torch.device,
-        ahead: int = 4,
+        ahead: int = AHEAD,
     ) -> None:
         self.comm, self.rec, self.peer, self.meta, self.op, self.stage = comm, rec, peer, meta, op, stage
         self.device, self.ahead = device, max(1, ahead)
@@ -198,12 +209,23 @@ class Inbox:
         self.taken += 1
         self.acked = max(self.acked, frame.ack())
         self._post()
+        if got == STOP:
+            raise StreamStop(int(tag))
         if got != mb:
             raise RuntimeError(
                 f"stage {self.stage} expected the {self.op} of micro-batch {mb} from rank "
                 f"{self.peer} but received micro-batch {got}: the stages' schedules disagree."
             )
         return tensor, tag
+
+
+    def close(self) -> None:
+        """After a stream stopped early: take the padding the peer sends for every receive still
+        posted (:meth:`Outbox.pad`), so none is left to match a later message."""
+        for work, _ in self._posted:
+            work.wait()
+        self._posted.clear()
+        self.left = 0
 
 
 class Outbox:
@@ -234,6 +256,14 @@ class Outbox:
         self._sent[peer] = index + 1
         self._pending.append((self.comm.isend(buf, peer, op=op), frame, start, fields, peer, index))
         self.peak_outstanding = max(self.peak_outstanding, len(self._pending))
+
+    def pad(self, peer: int, meta: TensorMeta, device: torch.device, count: int, op: str,
+            mb: int = PAD, tag: float = 0.0) -> None:
+        """``count`` messages of ``meta``'s shape that carry nothing (``mb`` PAD), or the STOP
+        message (``mb`` STOP, ``tag`` the first micro-batch left out)."""
+        zeros = torch.zeros(tuple(meta.shape), dtype=meta.dtype, device=device)
+        for _ in range(count):
+            self.send(zeros, peer, op, tag, mb, -1)
 
     def acknowledged(self, peer: int, taken: int) -> None:
         """``peer`` has taken ``taken`` of this rank's messages: wait on those (at once) and recycle."""

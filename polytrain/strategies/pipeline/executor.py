@@ -43,7 +43,7 @@ from polytrain.errors import ConfigError
 from polytrain.plan.profile import TensorMeta
 from polytrain.runtime.job import Job, RankContext
 from polytrain.strategies.pipeline.actions import Action
-from polytrain.strategies.pipeline.activations_wire import Inbox, Outbox
+from polytrain.strategies.pipeline.activations_wire import AHEAD, STOP, Inbox, Outbox, StreamStop
 from polytrain.strategies.pipeline.weights import FlushWeights, Params
 
 CHECKPOINT_MODES = ("never", "except_last", "always")
@@ -154,9 +154,14 @@ class StageExecutor:
         self.flight: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.losses: dict[int, float] = {}
         self._last_mb = -1
+        self.stopped: int | None = None  # the first micro-batch an early stop left out
 
-    def run(self, order: list[Action], feed: Feed, done: Callable[[int, float], None]) -> Window:
-        """Execute ``order``; ``done(mb, loss)`` after each backward. Returns the compute window."""
+    def run(self, order: list[Action], feed: Feed, done: Callable[[int, float], None],
+            stop: Callable[[int], bool] | None = None) -> Window:
+        """Execute ``order``; ``done(mb, loss)`` after each backward. Returns the compute window.
+
+        ``stop`` (a stream's input stage): asked before each forward of micro-batch m > 0; True
+        ends the stream early — see :meth:`_stop`. ``stopped``: the first micro-batch left out."""
         forwards = [a.microbatch for a in order if a.op == "F"]
         channels = ((self.acts, self.spec.prev_ranks, "F"), (self.grads, self.spec.next_ranks, "B"))
         for inboxes, ranks, op in channels:
@@ -164,10 +169,21 @@ class StageExecutor:
                 inbox.expect(sum(a.op == op and peer(ranks, a.microbatch) == r for a in order))
         self._last_mb = max(forwards, default=-1)
         self.weights.begin_segment(order)
+        self.stopped = None
         window = Window()
-        for a in order:
+        todo, i = order, 0
+        while i < len(todo):
+            a = todo[i]
+            i += 1
             if a.op == "F":
-                self._forward(a.microbatch, feed, window)
+                if stop is not None and not self.acts and a.microbatch > 0 and stop(a.microbatch):
+                    todo, i = self._stop(todo[i - 1 :], a.microbatch), 0
+                    continue
+                try:
+                    self._forward(a.microbatch, feed, window)
+                except StreamStop as halt:
+                    todo, i = self._stop(todo[i - 1 :], halt.first), 0
+                    continue
             elif a.op == "B":
                 done(a.microbatch, self._backward(a.microbatch, feed, window))
             else:
@@ -176,8 +192,43 @@ class StageExecutor:
                     "action, which no built-in strategy schedules. Fix: fold W into B."
                 )
             self.outbox.poll()
+        if self.stopped is not None:
+            self._pad(order, self.stopped)
         self.outbox.drain()
         return window
+
+    def _stop(self, rest: list[Action], first: int) -> list[Action]:
+        """End the stream before micro-batch ``first``: what is left of the order without it and
+        later ones, and (not the last stage) the STOP message on, in place of its activation.
+
+        The order of a stream truncated so is the order of the shorter stream (1F1B keeps each
+        micro-batch's place: `schedule.pipedream_orders`), so every stage drains exactly the
+        micro-batches the input stage admitted and ends as at the end of a segment."""
+        if len(self.spec.prev_ranks) > 1 or len(self.spec.next_ranks) > 1:
+            raise RuntimeError("a stream stops early only with one rank per stage")
+        self.stopped = first
+        if self.spec.out_meta is not None:
+            self.outbox.pad(self.spec.next_ranks[0], self.spec.out_meta, self.ctx.device, 1, "activation",
+                            STOP, float(first))
+        return [a for a in rest if a.microbatch < first]
+
+    def _pad(self, order: list[Action], first: int) -> None:
+        """After an early stop: each peer still has receives posted for micro-batches left out,
+        as many as its inbox keeps ahead of what it has taken — match them with padding, and
+        take the padding sent for this stage's own (:meth:`Inbox.close`)."""
+        ahead = AHEAD
+        if self.spec.out_meta is not None:  # activations to the next stage: the STOP counted
+            expected = sum(a.op == "F" for a in order)
+            sent = sum(a.op == "F" and a.microbatch < first for a in order) + 1
+            self.outbox.pad(self.spec.next_ranks[0], self.spec.out_meta, self.ctx.device,
+                            min(ahead, expected - sent), "activation")
+        if self.spec.in_meta is not None:  # gradients to the previous stage
+            expected = sum(a.op == "B" for a in order)
+            sent = sum(a.op == "B" and a.microbatch < first for a in order)
+            self.outbox.pad(self.spec.prev_ranks[0], self.spec.in_meta, self.ctx.device,
+                            min(ahead, expected - sent), "gradient")
+        for inbox in [*self.acts.values(), *self.grads.values()]:
+            inbox.close()
 
     @contextmanager
     def _compute(self, name: str, mb: int, step: int, window: Window) -> Iterator[None]:

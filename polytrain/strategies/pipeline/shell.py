@@ -9,6 +9,11 @@ Segments. gpipe/1f1b run one segment per step: M micro-batches, then the flush (
 step). pipedream/spectrain run a stream: one segment spans the steps up to the next checkpoint,
 evaluation or the end; inside it every stage updates after every backward, and at its end the
 pipeline drains, so checkpoints are consistent across stages without any extra protocol.
+A stop request (SIGTERM, Ctrl-C) ends a stream early: the input stage admits no mini-batch after
+the step it proposes (`interrupt.propose`), sends STOP in place of the next activation, each
+stage passes it on and drains what was admitted — the truncated order is the order of the
+shorter stream — and pads the receives its neighbours had posted ahead; then every stage is at
+that step, as at a segment's end, and checkpoints there.
 
 Evaluation gathers the model on rank 0 and runs the test set there (one process; the run's
 stage-to-stage traffic is unchanged). A model too large for one process would need a pipelined
@@ -267,8 +272,13 @@ class PipelineRun:
         last = start
         for steps in _segments(start + 1, job.steps, self.plan, job):
             self._segment(steps, batches)
-            last = steps[-1]
-            stop = last < job.steps and interrupt.stop_after(last, job.steps)  # SIGTERM / Ctrl-C
+            left_out = self.executor.stopped  # a stream stopped early: every stage drained before it
+            if left_out is not None:
+                last, stop = steps[left_out - 1], True
+                interrupt.propose(last)  # the input stage's step, which every stage now knows
+            else:
+                last = steps[-1]
+                stop = last < job.steps and interrupt.stop_after(last, job.steps)  # SIGTERM / Ctrl-C
             self._boundary(last, stop)
             if stop:
                 ctx.recorder.emit("interrupted", step=last, signal=interrupt.signal_name())
@@ -297,8 +307,14 @@ class PipelineRun:
             else:
                 losses[step].append(loss)
 
+        def stop(mb: int) -> bool:
+            """The input stage of a stream, before admitting ``mb``: stop here on request?"""
+            return interrupt.requested() and feed.step(mb) > interrupt.propose(feed.step(mb - 1))
+
+        one_rank_each = self.stage.partition.ranks == self.stage.partition.stages
+        early = stop if self.plan.stream and one_rank_each else None
         with _collector_paused(not self.plan.stream):
-            self.windows.append(self.executor.run(order, feed, done))
+            self.windows.append(self.executor.run(order, feed, done, early))
         if not self.plan.stream:
             with self.ctx.recorder.span("optimizer", stage=self.stage.stage, step=steps[0]):
                 self.weights.end_segment()
