@@ -60,7 +60,8 @@ def test_apex_stopped_and_resumed_still_solves(tmp_path: Path) -> None:
                 progress=False, plots=False)
     if first["solved"]:
         pytest.skip("solved before the cut: nothing left to resume")
-    cfg = resume_config(str(out), {"algo": "apex", "max_seconds": first["wall_s"] + BUDGET_S["apex"]})
+    cfg = resume_config(str(out), {"algo": "apex", "max_env_steps": 0,  # no step limit now
+                                   "max_seconds": first["wall_s"] + BUDGET_S["apex"]})
     s = run_config(cfg, progress=False, plots=False, resume=True)
     print(f"resumed from {s['resumes']}: solved={s['solved']} time_to_target_s={s['time_to_target_s']} "
           f"updates={s['learner_updates']}")
