@@ -50,13 +50,13 @@ def test_solves_cartpole_within_budget(options: dict[str, Any], tmp_path: Path) 
 @pytest.mark.slow
 @slow
 def test_apex_stopped_and_resumed_still_solves(tmp_path: Path) -> None:
-    """apex checkpointed part-way (6,000 env steps, ~3k updates: not yet solved on seed 0) and
+    """apex checkpointed part-way (2,000 env steps, ~500 updates: far from solved) and
     resumed from there reaches the target within the remaining budget (tests/test_rl_snapshot.py
     checks the cut itself)."""
     from polytrain.rl.api import resume_config, run, run_config
 
     out = tmp_path / "run"
-    first = run(algo="apex", actors=2, max_env_steps=6_000, checkpoint_every=3_000, out=str(out),
+    first = run(algo="apex", actors=2, max_env_steps=2_000, checkpoint_every=1_000, out=str(out),
                 progress=False, plots=False)
     if first["solved"]:
         pytest.skip("solved before the cut: nothing left to resume")
@@ -65,4 +65,4 @@ def test_apex_stopped_and_resumed_still_solves(tmp_path: Path) -> None:
     s = run_config(cfg, progress=False, plots=False, resume=True)
     print(f"resumed from {s['resumes']}: solved={s['solved']} time_to_target_s={s['time_to_target_s']} "
           f"updates={s['learner_updates']}")
-    assert s["resumes"][0]["from_env_steps"] >= 6_000 and s["solved"]
+    assert s["resumes"][0]["from_env_steps"] >= 2_000 and s["solved"]
