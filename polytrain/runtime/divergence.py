@@ -1,8 +1,8 @@
 """Divergence stops a run: a non-finite loss or parameter after a step is an error.
 
 Checked by the shared loop after every step's update and before that step's checkpoint, so the
-newest checkpoint is always the last good state. The parameter check is one ``isfinite``
-reduction per tensor of this rank's parameters and one host sync. In synchronous data
+newest checkpoint is always the last good state. The parameter check is one reduction (a sum,
+:func:`all_finite`) per tensor of this rank's parameters and one host sync. In synchronous data
 parallelism a NaN on one rank reaches every rank's averaged gradient, so every rank stops at
 the same step; in any strategy the first rank that fails stops the job (the launcher stops
 the others and names the rank and the step).
@@ -41,15 +41,28 @@ def check_on_nonfinite(cfg: JobConfig) -> None:
 
 
 def all_finite(tensors: Iterable[torch.Tensor | None], snapshot: bool = False) -> bool:
-    """Whether every tensor is free of NaN/inf: one reduction each and one host sync.
+    """Whether every tensor is free of NaN/inf: one pass over the elements and one host sync.
 
-    ``snapshot``: check a private copy. ``isfinite`` may read an element more than once, so on
-    memory another process writes concurrently (``hogwild``'s shared copy) two reads of one
-    element can differ and a finite tensor reads as non-finite; a copy reads each element once.
+    A floating-point sum is NaN or infinite when any element is (IEEE: NaN and ±inf never turn
+    finite again), so a finite sum proves its tensor finite, reading each element once — about
+    7x cheaper than ``isfinite``'s element-wise test (measured: mlp 3x256, 150,794 parameters,
+    0.37 against 2.5 ms on the loaded 2-vCPU machine), which is a real part of a small step. A
+    non-finite sum is a non-finite element or finite ones that overflowed: the exact test decides.
+
+    ``snapshot``: for memory another process writes concurrently (``hogwild``'s shared copy).
+    The sum reads each element once; the exact test runs on a private copy, since ``isfinite``
+    may read an element more than once and two reads of a changing element can differ.
     """
-    flags = [torch.isfinite(t.detach().clone() if snapshot else t.detach()).all()
-             for t in tensors if t is not None]
-    return bool(torch.stack(flags).all()) if flags else True
+    items = [t.detach() for t in tensors if t is not None]
+    if not items:
+        return True
+    if all(t.is_floating_point() for t in items):
+        sums = torch.stack([t.sum(dtype=torch.float32) if t.element_size() < 4 else t.sum()
+                            for t in items])
+        if bool(torch.isfinite(sums).all()):
+            return True
+    flags = [torch.isfinite(t.clone() if snapshot else t).all() for t in items]
+    return bool(torch.stack(flags).all())
 
 
 def check_finite(step: int, loss: float, model: nn.Module, skipping: bool = False,
