@@ -49,6 +49,16 @@ def current_rss_bytes() -> int:
         scale = 1 if sys.platform == "darwin" else 1024
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 
+
+def _line(event: dict[str, Any]) -> str:
+    """One event as a JSON line, NaN/inf as null: encoded by the C encoder alone, and only an
+    event that holds a non-finite float (a NaN loss) also walks through :func:`json_safe`."""
+    try:
+        return json.dumps(event, allow_nan=False) + "\n"
+    except ValueError:
+        return json.dumps(json_safe(event)) + "\n"
+
+
 # A span as recorded on the hot path: (name, cat, start, end, fields).
 _Span = tuple[str, str, float, float, dict[str, Any]]
 
@@ -127,7 +137,7 @@ class Recorder:
             return
         pending, self._pending = self._pending, []
         if pending:
-            self._file.write("".join(json.dumps(json_safe(self._as_event(e))) + "\n" for e in pending))
+            self._file.write("".join(_line(self._as_event(e)) for e in pending))
         self._file.flush()
         self._flushed_at = time.perf_counter()
 
