@@ -18,6 +18,7 @@ Each rank writes ``ranks/rank{R}.result.json`` when it finishes; the parent asse
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -27,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from polytrain.errors import RankFailure
+from polytrain.launch.reaper import running
 from polytrain.launch.records import atomic_json, read_error_record, write_error_record
 from polytrain.rl.config import RLConfig
 from polytrain.rl.roles import describe, layout_ranks, role
+from polytrain.runtime.interrupt import AGAIN_S
 from polytrain.runtime.layout import Layout
 
 POLL_S = 0.05
@@ -61,17 +64,33 @@ class Supervision:
     stop_signal: str | None = None  # SIGTERM/SIGINT received by the launcher (see `StopRequest`)
 
 
+def _alive(p: Any) -> bool:
+    """The rank's process still runs. ``is_alive`` alone is not enough: the forkserver reports
+    a rank's end through a pipe, and a SIGTERM sent to the whole process group (``timeout``, a
+    supervisor) can end the forkserver before the ranks — its pipes then close and every rank
+    reads as exited while it is still checkpointing."""
+    return bool(p.is_alive() or (p.pid and running(p.pid)))
+
+
 def _stop_all(procs: dict[int, Any]) -> None:
     """SIGTERM, then SIGKILL what is left after 3 s (only our own children, by pid)."""
     for p in procs.values():
-        if p.is_alive():
-            p.terminate()
+        if _alive(p):
+            _signal(p, signal.SIGTERM)
     end = time.monotonic() + 3
     for p in procs.values():
-        p.join(timeout=max(0.0, end - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=2)
+        while _alive(p) and time.monotonic() < end:
+            time.sleep(POLL_S)
+        if _alive(p):
+            _signal(p, signal.SIGKILL)
+            stop = time.monotonic() + 2
+            while _alive(p) and time.monotonic() < stop:
+                time.sleep(POLL_S)
+
+
+def _signal(p: Any, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(p.pid, signum)
 
 
 class StopRequest:
@@ -85,18 +104,16 @@ class StopRequest:
         self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum: int, frame: Any) -> None:
-        from polytrain.runtime.interrupt import AGAIN_S
-
         now = time.monotonic()
         first = not self.signum
         if first:
             self.signum, self.since = signum, now
         for p in self.procs.values():
-            if p.is_alive() and p.pid:
+            if p.pid and _alive(p):
                 if first:
-                    os.kill(p.pid, signal.SIGTERM)
+                    _signal(p, signal.SIGTERM)
                 elif now - self.since > AGAIN_S:
-                    os.kill(p.pid, signal.SIGKILL)
+                    _signal(p, signal.SIGKILL)
 
     @property
     def name(self) -> str | None:
@@ -128,14 +145,15 @@ def supervise(cfg: RLConfig, run_dir: Path, procs: dict[int, Any], started: floa
         while len(sup.exits) < len(procs):
             now = time.monotonic()
             for rank, p in procs.items():
-                if rank in sup.exits or p.is_alive():
+                if rank in sup.exits or _alive(p):
                     continue
                 ex = Exit(rank, describe(ranks, rank), p.exitcode, now - started)
                 sup.exits[rank] = ex
                 if ex.code == 0:
                     lead_done_at = now if rank == ranks.lead else lead_done_at
                 elif rank in ranks.actor_ranks:
-                    sup.lost_actors.append(ex)
+                    if not stop.signum:  # an actor ended by a stop request is not lost
+                        sup.lost_actors.append(ex)
                 elif stop.signum:  # ended by the stop request itself (before its handler was set)
                     lead_done_at = now if lead_done_at is None else lead_done_at
                 else:
