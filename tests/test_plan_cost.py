@@ -13,6 +13,7 @@ from polytrain.plan.cost import (
     buckets_of,
     ddp_overlap,
     ps_traffic,
+    refilled,
     ring_allreduce_s,
     tp_block_s,
     tree_allreduce_s,
@@ -154,6 +155,23 @@ def test_shaped_link_bucket_by_hand() -> None:
     for nic in (1e7, 1e8):  # the bucket never makes a faster link slower
         fast, slow = Link(1e-4, nic * 10, 5e4), Link(1e-4, nic, 5e4)
         assert ring_allreduce_s(MB, 4, fast) <= ring_allreduce_s(MB, 4, slow)
+
+
+def test_bucket_refills_at_the_shaped_rate_by_hand() -> None:
+    """Collectives separated by a little compute find only what the bucket refilled meanwhile."""
+    cl = Cluster(hosts=2, procs_per_host=1, nic_bps=1e8, latency_s=0.0, burst_bytes=MB)
+    assert refilled(cl, 0.002).burst_bytes == pytest.approx(200_000)  # 2 ms at 100 MB/s
+    assert refilled(cl, 0.5).burst_bytes == MB  # never more than the bucket's depth
+    assert refilled(cl, -1.0).burst_bytes == 0.0
+    plain = Cluster(hosts=2, procs_per_host=1, nic_bps=1e8, latency_s=0.0)
+    assert refilled(plain, 0.002) == plain
+    # a tensor-parallel block over the 2 hosts: each all-reduce sends S = 1 MB per rank (2·1/2·S);
+    # forward compute 4 ms → 2 ms before each all-reduce → 200 kB of bucket; backward 20 ms → full
+    f, b = tp_block_s(MB, [0, 1], cl, compute_s=(0.004, 0.020))
+    assert f == pytest.approx(2 * (MB - 200_000) / 1e8)
+    assert b == pytest.approx(0.0)
+    # without the compute, every all-reduce is priced with a full bucket, as before
+    assert tp_block_s(MB, [0, 1], cl) == pytest.approx((0.0, 0.0))
 
 
 def test_testbed_cluster_has_the_testbeds_bucket() -> None:

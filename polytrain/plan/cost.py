@@ -20,6 +20,8 @@ A message of S bytes over a link costs α + S/β (α: latency per message, s; β
 - shaped links (``Cluster.burst_bytes``, the testbed's token bucket): a link idle before a message,
   a collective call or a parameter-server phase passes its first ``burst`` bytes at line speed,
   ``(S − burst)⁺/β`` (`Link.wire_s`); the NIC's flows share the bucket as they share its rate;
+  the bucket refills at the shaped rate, so after ``t`` seconds of compute only ``min(burst, β·t)``
+  is back (`refilled`: collectives separated by a little compute, as tensor parallelism's);
 - shared cores (`shared_cores`): where all ranks share a machine's cores (the testbed), a
   collective over n > cores ranks pays α·n/cores per message (each hop waits to be scheduled);
 - tensor-parallel collectives: per transformer block, two all-reduces of the (B, T, D) activations
@@ -88,6 +90,14 @@ def nic_link(cluster: Cluster, nic_share: int = 1) -> Link:
     share = max(1, nic_share)
     bps = min(cluster.nic_bps / share, cluster.intra_bps)
     return Link(cluster.latency_s, bps, cluster.burst_bytes / share)
+
+
+def refilled(cluster: Cluster, idle_s: float) -> Cluster:
+    """``cluster`` with the shaper's bucket as it stands after ``idle_s`` seconds without sending,
+    starting empty: a token bucket refills at the shaped rate, up to its depth."""
+    if cluster.burst_bytes <= 0:
+        return cluster
+    return replace(cluster, burst_bytes=min(cluster.burst_bytes, cluster.nic_bps * max(0.0, idle_s)))
 
 
 def hosts_of(cluster: Cluster, ranks: Sequence[int]) -> int:
@@ -255,9 +265,17 @@ def ps_traffic(
 
 
 def tp_block_s(
-    activation_bytes: float, ranks: Sequence[int], cluster: Cluster, nic_share: int = 1
+    activation_bytes: float,
+    ranks: Sequence[int],
+    cluster: Cluster,
+    nic_share: int = 1,
+    compute_s: tuple[float, float] | None = None,
 ) -> tuple[float, float]:
     """(forward, backward) collective seconds of one Megatron block: 2 all-reduces of the (B, T, D)
-    activations each way."""
-    one = allreduce_s(activation_bytes, ranks, cluster, nic_share)
-    return 2 * one, 2 * one
+    activations each way. ``compute_s``: the block's (forward, backward) compute; each all-reduce
+    follows half of it, all a shaped link's bucket has to refill in (`refilled`)."""
+    out = []
+    for k in range(2):
+        link = cluster if compute_s is None else refilled(cluster, compute_s[k] / 2)
+        out.append(2 * allreduce_s(activation_bytes, ranks, link, nic_share))
+    return out[0], out[1]

@@ -20,6 +20,7 @@ from polytrain.plan.cost import (
     ddp_overlap,
     group_allgather_s,
     ps_traffic,
+    refilled,
     tp_block_s,
 )
 from polytrain.plan.profile import Profile
@@ -288,7 +289,14 @@ def owt(scene: Scene, world: int) -> Estimate:
     cf, cb = scene.pass_fb(0, start, scene.batch / world, busy=world)
     ff, fb_ = scene.fb(start, n, scene.batch, busy=world, split=world)
     gathered = [prof.layers[i].activation_bytes * scene.batch / prof.batch_size for i in range(start - 1, n)]
-    gather = sum(group_allgather_s(g, ranks, cl) for g in gathered)
+    # each gather (reduce-scatter) follows the compute of the layer whose output it moves: all the
+    # time a shaped link's bucket has to refill in
+    fc = [scene.layer_fb(i, scene.batch, busy=world, split=world) for i in range(start, n)]
+    idle_f, idle_b = [cf, *(f for f, _ in fc)], [cb, *(b for _, b in fc)]
+    gather, scatter = (
+        sum(group_allgather_s(g, ranks, refilled(cl, t)) for g, t in zip(gathered, idle, strict=False))
+        for idle in (idle_f, idle_b)
+    )
     conv_p = sum(r.param_bytes for r in prof.layers[:start])
     sync = allreduce_s(conv_p, ranks, cl)
     opt = scene.optimizer_s(conv_p + (prof.param_bytes - conv_p) / world)
@@ -296,7 +304,7 @@ def owt(scene: Scene, world: int) -> Estimate:
         ("compute", "forward", cf + ff, "F"),
         ("comm", "comm", gather, "gathers"),
         ("compute", "backward", cb + fb_, "B"),
-        ("comm", "comm", gather, "reduce-scatters"),
+        ("comm", "comm", scatter, "reduce-scatters"),
         ("comm", "comm", sync, "conv all-reduce"),
         ("compute", "optimizer", opt, ""),
     ]
@@ -330,7 +338,7 @@ def tensor(scene: Scene, tp: int, dp: int = 1) -> Estimate:
         f, b = f + lf, b + lb
         if i in blocks:
             act = prof.layers[i].activation_bytes * batch / prof.batch_size
-            cf, cb = tp_block_s(act, range(tp), cl)
+            cf, cb = tp_block_s(act, range(tp), cl, compute_s=(lf, lb))
             comm += cf + cb
     shard_p = sum(r.param_bytes / (tp if i in blocks else 1) for i, r in enumerate(prof.layers))
     sync = (
