@@ -285,3 +285,25 @@ def test_partition_auto_is_priced_with_the_cut_the_runtime_makes() -> None:
 
     assert priced() == str(runtime)
     assert priced("link_gbps=0.1") == "2,2"  # planned for the slow link, as the runtime would
+
+
+def test_pipeline_messages_get_only_the_refilled_bucket() -> None:
+    """A shaped link's bucket refills at the shaped rate between a boundary's messages, which leave
+    one per micro-batch: with next to no compute between them it gives nothing back; with long
+    compute every message finds it full again."""
+    from dataclasses import replace
+
+    from polytrain.plan.estimate_pipe import pipeline
+
+    prof = vgg_like()
+    plain = Cluster.parse("hosts=2,nic=100mbit,latency=10us")
+    shaped = replace(plain, burst_bytes=50_000)
+    instant = replace(prof, layers=tuple(replace(r, forward_s=1e-9, backward_s=1e-9, forward_fixed_s=0.0,
+                                                 backward_fixed_s=0.0) for r in prof.layers))
+    for p, refills in ((instant, False), (prof, True)):
+        with_bucket, part = pipeline(Scene(p, shaped, 64), "gpipe", 2, 4)
+        without, _ = pipeline(Scene(p, plain, 64), "gpipe", 2, 4, partition=part)
+        if refills:
+            assert with_bucket.step_s < without.step_s
+        else:
+            assert with_bucket.step_s == pytest.approx(without.step_s, rel=1e-6)

@@ -9,7 +9,7 @@ Rank layout as `runtime.layout.Layout` numbers it: rank = d·pp + s.
 
 from __future__ import annotations
 
-from polytrain.plan.cost import allreduce_s, p2p_s, shared_cores
+from polytrain.plan.cost import allreduce_s, p2p_s, refilled, shared_cores
 from polytrain.plan.estimate import Estimate, Scene, Span
 from polytrain.plan.partition import LayerCost, Partition, pipedream_plan
 from polytrain.plan.simulate import StageTimes, pipeline_step, schedule_orders
@@ -77,7 +77,11 @@ def pipeline(
     slow, busy = 1.0, 1.0
     for _ in range(2):
         link = shared_cores(cl, busy)
-        messages = tuple(p2p_s(x, s, s + 1, link) for s, x in enumerate(acts))
+        # a boundary's messages leave one per micro-batch, spaced by the sender's compute: a shaped
+        # link's bucket refills only that long between them
+        messages = tuple(
+            p2p_s(x, s, s + 1, refilled(link, fb[s][0] * slow)) for s, x in enumerate(acts)
+        )
         times = StageTimes(
             tuple(f * slow for f, _ in fb),
             tuple((b + u) * slow for (_, b), u in zip(fb, updates, strict=True)),
