@@ -59,3 +59,20 @@ def test_stream_schedule_steady_state_is_the_slowest_stage() -> None:
     # pipedream: no flush, so per mini-batch the slowest stage's F+B sets the pace
     est = pipeline_step("pipedream", StageTimes((1.0, 2.0, 1.0), (2.0, 3.0, 2.0)), 1)
     assert est.step_s == pytest.approx(5.0)
+
+
+def test_queued_messages_share_their_link_by_hand() -> None:
+    """With ``queue`` a boundary's messages in one direction leave one after the other: gpipe, 2
+    stages, 3 micro-batches of 1 s forward and backward, 5 s per message. Stage 1's forwards start
+    at 6, 11 and 16 (each activation waits for the previous one's 5 s), not at 6, 7 and 8."""
+    from polytrain.plan.simulate import schedule_orders
+    from polytrain.strategies.pipeline.checks import simulate_times
+
+    orders = schedule_orders("gpipe", 2, 3)
+    durations = {a: 1.0 for row in orders.values() for a in row}
+    starts = {
+        queue: [t0 for a, t0, _ in simulate_times(orders, durations, 5.0, queue=queue)[1] if a.op == "F"]
+        for queue in (False, True)
+    }
+    assert starts[False] == [6.0, 7.0, 8.0]
+    assert starts[True] == [6.0, 11.0, 16.0]

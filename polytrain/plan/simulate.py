@@ -3,7 +3,8 @@
 Nothing here describes a schedule. `pipeline_timeline` asks the schedule registry
 (`strategies.pipeline.schedule.get_schedule`) for the very ``Orders`` the executor runs, gives each
 action the duration the profile predicts for its stage (forward or backward of one micro-batch),
-each message between neighbouring stages its α + S/β, and replays them with
+each message between neighbouring stages its α + S/β (a boundary's messages in one direction
+queue on its link: one leaves when the previous has arrived), and replays them with
 `strategies.pipeline.checks.simulate_times` — the continuous-time clock the pipeline metrics use to
 replay measured runs. So a new registered schedule is priced without a line of planner code, and
 what the planner prices is, action for action, what the runtime will execute.
@@ -71,7 +72,7 @@ def pipeline_timeline(schedule: str, times: StageTimes, microbatches: int) -> Ti
     def message(need: Action, action: Action) -> float:
         return times.message_s[min(need.stage, action.stage)]
 
-    return simulate_times(orders, durations, message)
+    return simulate_times(orders, durations, message, queue=True)
 
 
 def makespan_s(timeline: Timeline) -> float:

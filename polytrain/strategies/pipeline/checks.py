@@ -210,6 +210,7 @@ def simulate_times(
     orders: Mapping[int, list[Action]],
     durations: Durations,
     latency: Latency = 0.0,
+    queue: bool = False,
 ) -> dict[int, list[tuple[Action, float, float]]]:
     """Start and end time of every action when each takes ``durations[action]`` seconds.
 
@@ -218,7 +219,9 @@ def simulate_times(
     arrives ``latency`` seconds after it finishes (one message; a callable ``latency(need, action)``
     gives each message its own time, e.g. per stage boundary). No other cost exists, so the
     result is what the schedule alone implies for these compute times — compare it with a
-    measured timeline to tell the schedule's idle time from the runtime's. Deadlocks raise.
+    measured timeline to tell the schedule's idle time from the runtime's. ``queue``: the messages
+    between two neighbouring stages in one direction share one link, so a message leaves only once
+    the previous one has arrived (the planner's model of a slow link). Deadlocks raise.
     """
     check_rows(orders)
     finish: dict[Action, float] = {}
@@ -226,6 +229,15 @@ def simulate_times(
     free_at = dict.fromkeys(orders, 0.0)
     out: dict[int, list[tuple[Action, float, float]]] = {s: [] for s in sorted(orders)}
     delay = latency if callable(latency) else (lambda _need, _a: float(latency))  # type: ignore[misc]
+    link_free: dict[tuple[int, int], float] = {}  # (from stage, to stage) -> last arrival (queue)
+
+    def arrival(d: Action, a: Action) -> float:
+        if not queue:
+            return finish[d] + delay(d, a)
+        key = (d.stage, a.stage)
+        link_free[key] = max(finish[d], link_free.get(key, 0.0)) + delay(d, a)
+        return link_free[key]
+
     progress = True
     while progress:
         progress = False
@@ -235,7 +247,7 @@ def simulate_times(
                 deps = needs(a, len(orders))
                 if any(d not in finish for d in deps):
                     break
-                ready = max((finish[d] + (delay(d, a) if d.stage != s else 0.0) for d in deps), default=0.0)
+                ready = max((arrival(d, a) if d.stage != s else finish[d] for d in deps), default=0.0)
                 start = max(free_at[s], ready)
                 end = start + durations[a]
                 out[s].append((a, start, end))
