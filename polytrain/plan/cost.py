@@ -274,8 +274,10 @@ def tp_block_s(
     """(forward, backward) collective seconds of one Megatron block: 2 all-reduces of the (B, T, D)
     activations each way. ``compute_s``: the block's (forward, backward) compute; each all-reduce
     follows half of it, all a shaped link's bucket has to refill in (`refilled`)."""
-    out = []
-    for k in range(2):
-        link = cluster if compute_s is None else refilled(cluster, compute_s[k] / 2)
-        out.append(2 * allreduce_s(activation_bytes, ranks, link, nic_share))
-    return out[0], out[1]
+    def twice(idle_s: float | None) -> float:
+        link = cluster if idle_s is None else refilled(cluster, idle_s)
+        return 2 * allreduce_s(activation_bytes, ranks, link, nic_share)
+
+    if compute_s is None:
+        return twice(None), twice(None)
+    return twice(compute_s[0] / 2), twice(compute_s[1] / 2)

@@ -287,11 +287,11 @@ def owt(scene: Scene, world: int) -> Estimate:
     prof, cl = scene.profile, scene.cluster
     start, n, ranks = prof.fc_start or 0, scene.layers, range(world)
     cf, cb = scene.pass_fb(0, start, scene.batch / world, busy=world)
-    ff, fb_ = scene.fb(start, n, scene.batch, busy=world, split=world)
     gathered = [prof.layers[i].activation_bytes * scene.batch / prof.batch_size for i in range(start - 1, n)]
     # each gather (reduce-scatter) follows the compute of the layer whose output it moves: all the
     # time a shaped link's bucket has to refill in
     fc = [scene.layer_fb(i, scene.batch, busy=world, split=world) for i in range(start, n)]
+    ff, fb_ = sum(f for f, _ in fc), sum(b for _, b in fc)
     idle_f, idle_b = [cf, *(f for f, _ in fc)], [cb, *(b for _, b in fc)]
     gather, scatter = (
         sum(group_allgather_s(g, ranks, refilled(cl, t)) for g, t in zip(gathered, idle, strict=False))

@@ -79,13 +79,15 @@ def _stop_all(procs: dict[int, Any]) -> None:
             _signal(p, signal.SIGTERM)
     end = time.monotonic() + 3
     for p in procs.values():
-        while _alive(p) and time.monotonic() < end:
-            time.sleep(POLL_S)
+        _wait_gone(p, end)
         if _alive(p):
             _signal(p, signal.SIGKILL)
-            stop = time.monotonic() + 2
-            while _alive(p) and time.monotonic() < stop:
-                time.sleep(POLL_S)
+            _wait_gone(p, time.monotonic() + 2)
+
+
+def _wait_gone(p: Any, deadline: float) -> None:
+    while _alive(p) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
 
 
 def _signal(p: Any, signum: int) -> None:
