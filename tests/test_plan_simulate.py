@@ -76,3 +76,31 @@ def test_queued_messages_share_their_link_by_hand() -> None:
     }
     assert starts[False] == [6.0, 7.0, 8.0]
     assert starts[True] == [6.0, 11.0, 16.0]
+
+
+def test_shared_cores_by_hand() -> None:
+    """gpipe, 2 stages, 2 micro-batches of 1 s forward and backward, no message time. Stage 0's
+    second forward and stage 1's first overlap, as do stage 1's last backward and stage 0's first:
+    on 1.5 cores each of a pair runs at 0.75 of full speed, 4/3 s instead of 1, so the step is
+    1 + 4/3 + 1 + 1 + 4/3 + 1 = 20/3 s; on 1 core the total work, 8 s; on 2 cores the textbook 6 s."""
+    times = StageTimes.uniform(2, 1.0, 1.0)
+    spans = {cores: makespan_s(pipeline_timeline("gpipe", times, 2, cores)) for cores in (1.0, 1.5, 2.0)}
+    assert spans == pytest.approx({1.0: 8.0, 1.5: 20 / 3, 2.0: 6.0})
+
+
+@pytest.mark.parametrize("name", schedule_names())
+def test_shared_cores_enough_equals_own_cores(name: str) -> None:
+    """With a core per stage the shared-core clock is the plain one, action for action; with fewer
+    the step never shrinks, and on one core it is at least the total work."""
+    times = StageTimes((1.0, 3.0, 2.0, 0.5), (2.0, 1.0, 4.0, 1.5), (0.5, 0.25, 1.0))
+    own = pipeline_timeline(name, times, 5)
+    shared = pipeline_timeline(name, times, 5, cores=4.0)
+    assert {s: [a for a, _, _ in row] for s, row in shared.items()} == {
+        s: [a for a, _, _ in row] for s, row in own.items()
+    }
+    flat = [t for row in own.values() for _, t0, t1 in row for t in (t0, t1)]
+    assert [t for row in shared.values() for _, t0, t1 in row for t in (t0, t1)] == pytest.approx(flat)
+    spans = [makespan_s(pipeline_timeline(name, times, 5, cores=c)) for c in (4.0, 3.0, 2.0, 1.5, 1.0)]
+    assert all(b >= a - 1e-9 for a, b in itertools.pairwise(spans))
+    work = sum(t1 - t0 for row in own.values() for _, t0, t1 in row)
+    assert spans[-1] >= work - 1e-9

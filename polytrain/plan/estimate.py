@@ -57,7 +57,8 @@ class Scene:
     cluster: Cluster
     batch: int
     compute_scale: float = 1.0
-    action_overhead_s: float = 0.0  # the runtime's own time per forward or backward action (calibrated)
+    action_overhead_s: float = 0.0  # the pipeline executor's own time per forward or backward action
+    pass_overhead_s: float = 0.0  # the other runtimes' own time per forward or backward pass
 
     @property
     def layers(self) -> int:
@@ -77,10 +78,16 @@ class Scene:
         return f, b
 
     def pass_fb(self, lo: int, hi: int, batch: float, busy: int = 1, split: int = 1) -> tuple[float, float]:
-        """`fb` of one forward and one backward action, each with the runtime's per-action overhead."""
+        """`fb` of one forward and one backward pass, each with the runtime's per-pass overhead."""
         f, b = self.fb(lo, hi, batch, busy, split)
-        extra = self.action_overhead_s * self.cluster.contention(busy)
+        extra = self.pass_overhead_s * self.cluster.contention(busy)
         return f + extra, b + extra
+
+    def action_fb(self, lo: int, hi: int, batch: float) -> tuple[float, float]:
+        """`fb` of one pipeline forward and backward action with the executor's per-action
+        overhead, on a core of its own (the pipeline simulation shares the cores)."""
+        f, b = self.fb(lo, hi, batch)
+        return f + self.action_overhead_s, b + self.action_overhead_s
 
     def layer_fb(self, i: int, batch: float, busy: int = 1, split: int = 1) -> tuple[float, float]:
         return self.fb(i, i + 1, batch, busy, split)

@@ -66,32 +66,32 @@ def pipeline(
     batch = scene.batch / dp
     micro = batch / microbatches if flush else batch
     part = partition or plan_partition(scene, stages, micro)
-    fb = [scene.pass_fb(a, b, micro) for a, b in part.bounds]
+    fb = [scene.action_fb(a, b, micro) for a, b in part.bounds]
     acts = [prof.layers[b - 1].activation_bytes * micro / prof.batch_size for _, b in part.bounds[:-1]]
     stage_params = [sum(r.param_bytes for r in prof.layers[a:b]) for a, b in part.bounds]
     # a stream schedule updates after every backward: the update is part of each backward
     updates = [0.0 if flush else scene.optimizer_s(p) for p in stage_params]
     count = microbatches if flush else 1
-    # shared cores: a first pass finds how many ranks compute at once on average (the schedule's
-    # bubbles leave some idle), the second slows compute and each message's α by that contention
-    slow, busy = 1.0, 1.0
+    # shared cores: the simulation shares them among the stages computing at each moment (the dp
+    # replicas run alongside, each pipeline gets 1/dp of them); a first pass finds how many ranks
+    # compute at once on average, the second slows each message's α by that contention
+    cores = cl.cores / dp if cl.cores is not None else None
+    busy = 1.0
     for _ in range(2):
         link = shared_cores(cl, busy)
+        slow = cl.contention(busy)
         # a boundary's messages leave one per micro-batch, spaced by the sender's compute: a shaped
         # link's bucket refills only that long between them
-        messages = tuple(
-            p2p_s(x, s, s + 1, refilled(link, fb[s][0] * slow)) for s, x in enumerate(acts)
-        )
+        messages = tuple(p2p_s(x, s, s + 1, refilled(link, fb[s][0] * slow)) for s, x in enumerate(acts))
         times = StageTimes(
-            tuple(f * slow for f, _ in fb),
-            tuple((b + u) * slow for (_, b), u in zip(fb, updates, strict=True)),
+            tuple(f for f, _ in fb),
+            tuple(b + u for (_, b), u in zip(fb, updates, strict=True)),
             messages,
         )
-        est = pipeline_step(schedule, times, count)
+        est = pipeline_step(schedule, times, count, cores)
         work = sum(e - s for row in est.timeline.values() for _, s, e in row)
         span = max((row[-1][2] for row in est.timeline.values() if row), default=0.0)
         busy = dp * work / span if span > 0 else 1.0
-        slow = cl.contention(busy)
     sync = (
         max(
             allreduce_s(p, range(s, dp * stages, stages), cl, nic_share=min(cl.procs_per_host, stages))

@@ -17,11 +17,11 @@ what the planner prices is, action for action, what the runtime will execute.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from polytrain.strategies.pipeline.actions import Action, Orders
-from polytrain.strategies.pipeline.checks import simulate_times, timed_bubble
+from polytrain.strategies.pipeline.checks import _deadlock, check_rows, needs, simulate_times, timed_bubble
 from polytrain.strategies.pipeline.schedule import get_schedule
 
 Timeline = dict[int, list[tuple[Action, float, float]]]
@@ -60,8 +60,11 @@ def schedule_orders(schedule: str, stages: int, microbatches: int) -> Orders:
     return get_schedule(schedule).orders(stages, microbatches)
 
 
-def pipeline_timeline(schedule: str, times: StageTimes, microbatches: int) -> Timeline:
-    """(action, start, end) per stage for one run of ``schedule`` over ``microbatches``."""
+def pipeline_timeline(
+    schedule: str, times: StageTimes, microbatches: int, cores: float | None = None
+) -> Timeline:
+    """(action, start, end) per stage for one run of ``schedule`` over ``microbatches``; ``cores``:
+    the stages share that many cores (`shared_times`), None: each has its own."""
     orders = schedule_orders(schedule, times.stages, microbatches)
     durations = {
         a: (times.forward_s if a.op == "F" else times.backward_s)[a.stage]
@@ -72,7 +75,83 @@ def pipeline_timeline(schedule: str, times: StageTimes, microbatches: int) -> Ti
     def message(need: Action, action: Action) -> float:
         return times.message_s[min(need.stage, action.stage)]
 
-    return simulate_times(orders, durations, message, queue=True)
+    if cores is None:
+        return simulate_times(orders, durations, message, queue=True)
+    return shared_times(orders, durations, message, cores)
+
+
+def shared_times(
+    orders: Orders,
+    durations: dict[Action, float],
+    message: Callable[[Action, Action], float],
+    cores: float,
+) -> Timeline:
+    """`simulate_times` (with queued links) when the stages share ``cores`` cores: an event clock
+    on which the n actions computing at once each progress at min(1, cores/n) of full speed
+    (processor sharing, as the OS shares cores among busy ranks); a message takes no core. With
+    ``cores`` ≥ the number of stages this is `simulate_times(..., queue=True)` exactly."""
+    check_rows(orders)
+    stages = len(orders)
+    consumers: dict[Action, list[Action]] = {}
+    for row in orders.values():
+        for a in row:
+            for d in needs(a, stages):
+                consumers.setdefault(d, []).append(a)
+    pos = dict.fromkeys(orders, 0)
+    arrived: dict[tuple[Action, Action], float] = {}  # (need, consumer) -> arrival time
+    done: dict[Action, float] = {}
+    link_free: dict[tuple[int, int], float] = {}
+    running: dict[int, tuple[Action, float, float]] = {}  # stage -> (action, start, work left)
+    out: Timeline = {s: [] for s in sorted(orders)}
+    now = 0.0
+
+    def ready_at(s: int) -> float | None:
+        a = orders[s][pos[s]]
+        times = []
+        for d in needs(a, stages):
+            if d not in done:
+                return None
+            times.append(done[d] if d.stage == s else arrived[(d, a)])
+        return max(times, default=0.0)
+
+    while True:
+        waiting = {
+            s: t
+            for s in orders
+            if s not in running and pos[s] < len(orders[s]) and (t := ready_at(s)) is not None
+        }
+        for s, t in waiting.items():
+            if t <= now:
+                a = orders[s][pos[s]]
+                running[s] = (a, now, durations[a])
+        if not running:
+            later = [t for s, t in waiting.items() if s not in running]
+            if not later:
+                break
+            now = min(later)
+            continue
+        rate = min(1.0, cores / len(running))
+        end = now + min(left for _, _, left in running.values()) / rate
+        start = min((t for s, t in waiting.items() if s not in running and t > now), default=end)
+        step = min(end, start)
+        for s, (a, t0, left) in list(running.items()):
+            left -= (step - now) * rate
+            if left > 1e-12:
+                running[s] = (a, t0, left)
+                continue
+            del running[s]
+            out[s].append((a, t0, step))
+            done[a] = step
+            pos[s] += 1
+            for c in consumers.get(a, []):
+                if c.stage != s:
+                    key = (s, c.stage)
+                    link_free[key] = max(step, link_free.get(key, 0.0)) + message(a, c)
+                    arrived[(a, c)] = link_free[key]
+        now = step
+    if any(pos[s] < len(o) for s, o in orders.items()):
+        raise _deadlock(orders, pos, 0)
+    return out
 
 
 def makespan_s(timeline: Timeline) -> float:
@@ -89,15 +168,18 @@ class PipelineEstimate:
     timeline: Timeline
 
 
-def pipeline_step(schedule: str, times: StageTimes, microbatches: int) -> PipelineEstimate:
-    """Flush schedules: one mini-batch's makespan. Stream schedules: the steady-state slope."""
+def pipeline_step(
+    schedule: str, times: StageTimes, microbatches: int, cores: float | None = None
+) -> PipelineEstimate:
+    """Flush schedules: one mini-batch's makespan. Stream schedules: the steady-state slope.
+    ``cores``: as `pipeline_timeline`."""
     spec = get_schedule(schedule)
     if spec.flush:
-        timeline = pipeline_timeline(schedule, times, microbatches)
+        timeline = pipeline_timeline(schedule, times, microbatches, cores)
         return PipelineEstimate(makespan_s(timeline), timed_bubble(timeline), timeline)
     short, long = 2 * times.stages, 4 * times.stages
-    first = pipeline_timeline(schedule, times, short)
-    second = pipeline_timeline(schedule, times, long)
+    first = pipeline_timeline(schedule, times, short, cores)
+    second = pipeline_timeline(schedule, times, long, cores)
     slope = (makespan_s(second) - makespan_s(first)) / (long - short)
     return PipelineEstimate(slope, timed_bubble(second), first)
 
