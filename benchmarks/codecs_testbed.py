@@ -89,10 +89,12 @@ CASES: dict[str, list[str]] = {
     "dgc 10% zstd": ["compression=dgc", "ratio=0.1", "entropy=zstd", "dgc_momentum=0", "dgc_warmup=50"],
     # DGC as designed: its momentum correction (0.9) replaces the optimizer's momentum (plain SGD)
     "dgc momentum 1% zstd": ["compression=dgc", "ratio=0.01", "entropy=zstd", "dgc_warmup=25"],
+    "dgc momentum 0.5% zstd": ["compression=dgc", "ratio=0.005", "entropy=zstd", "dgc_warmup=25"],
     # the same with 1-bit values (one pair of means per parameter): DGC's selection, onebit's size
     "dgc+onebit momentum 1% zstd": ["compression=dgc+onebit", "ratio=0.01", "entropy=zstd", "dgc_warmup=25"],
 }
-PLAIN_SGD = {"dgc momentum 1% zstd", "dgc+onebit momentum 1% zstd"}  # cases whose momentum lives in the codec
+# cases whose momentum lives in the codec
+PLAIN_SGD = {"dgc momentum 1% zstd", "dgc momentum 0.5% zstd", "dgc+onebit momentum 1% zstd"}
 DEFAULT_CASES = {"vgg": "uncompressed,powersgd rank 2,dgc 1% zstd,topk+onebit 1% zstd",
                  "gpt": "uncompressed,powersgd rank 2,dgc 1% zstd,topk+onebit 1% zstd",
                  "cnn": "uncompressed,powersgd rank 2,fp16,dgc momentum 1% zstd,topk+onebit 1% zstd",
