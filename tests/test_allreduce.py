@@ -44,3 +44,22 @@ def test_allreduce_equals_single(single_runs: dict[str, Path], tmp_path: Path, p
     assert len(summary["per_rank"]) == procs
     assert summary["per_rank"][1]["bytes_by_op"]["allreduce"] > 0
     assert read_summary(out)["strategy"] == "allreduce"
+
+
+@pytest.mark.slow
+def test_batch_norm_buffers_broadcast_counted(tmp_path: Path) -> None:
+    """A model with buffers (VGG-16-BN): rank 0's BatchNorm statistics reach every rank before each
+    training forward, as DDP's default does, but through the accounted comm: the bytes are counted
+    where sent (op ``buffers``: one float32 and one int64 broadcast per step to the other rank)."""
+    from polytrain.models.vgg import BLOCKS
+
+    out = tmp_path / "bn"
+    summary = polytrain.train(strategy="allreduce", procs=2, model="vgg16", dataset="synthetic-images",
+                              steps=3, batch_size=8, optimizer="sgd", lr=0.01, out=str(out),
+                              sets=["model.width=2", "model.batch_norm=true"])
+    channels = sum(m * 2 for block in BLOCKS for m in block)
+    per_step = 2 * channels * 4 + len([m for b in BLOCKS for m in b]) * 8  # mean+var, batches seen
+    assert summary["per_rank"][0]["bytes_by_op"]["buffers"] == 3 * per_step
+    state = load_model(out)
+    assert sum(k.endswith("running_var") for k in state) == 13
+    assert int(state["conv1_1.1.num_batches_tracked"]) == 3

@@ -116,3 +116,36 @@ def powersgd(comm: Comm, rank: int) -> tuple[Any, Any]:
     state = powerSGD_hook.PowerSGDState(process_group=comm.group, matrix_approximation_rank=rank,
                                         start_powerSGD_iter=2)
     return state, powerSGD_hook.powerSGD_hook
+
+
+def counted_ddp(model: torch.nn.Module, comm: Comm, **kwargs: Any) -> Any:
+    """``DistributedDataParallel(model)`` whose buffer broadcast goes through the accounted comm.
+
+    DDP's default sends rank 0's buffers (BatchNorm running statistics) to every rank before each
+    training forward, outside any comm hook — bytes no counter would see. Here DDP's own broadcast
+    is off and a forward pre-hook does the same broadcast through ``comm`` (op ``buffers``), so the
+    semantics are DDP's and the bytes are counted where sent. A model without buffers sends nothing.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(model, broadcast_buffers=False, **kwargs)
+    buffers = [b for b in model.buffers() if b.numel() > 0]
+    if buffers and comm.world > 1:
+
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for b in buffers:
+            by_dtype.setdefault(b.dtype, []).append(b)
+
+        def sync(module: torch.nn.Module, _args: Any) -> None:
+            if not module.training:
+                return
+            for group in by_dtype.values():  # one coalesced broadcast per dtype, as DDP does
+                flat = torch.cat([b.reshape(-1) for b in group])
+                comm.broadcast(flat, 0, op="buffers")
+                at = 0
+                for b in group:
+                    b.copy_(flat[at : at + b.numel()].view_as(b))
+                    at += b.numel()
+
+        model.register_forward_pre_hook(sync)
+    return ddp

@@ -15,7 +15,8 @@ at h = √P — and that is VGG-16's own choice (√14.7 M ≈ 3835 ≈ 4096). I
 parameters for any width (0.74 in the real network).
 
 No dropout: strategies are compared against single-process training to float tolerance, and
-dropout would make that depend on per-rank RNG streams.
+dropout would make that depend on per-rank RNG streams. ``batch_norm=true`` is VGG-16-BN
+(BatchNorm2d between each conv and its ReLU), for jobs that train with plain SGD + momentum.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class VggOptions(BaseModel):
     image: int | None = Field(None, ge=1, description="input side (default: the dataset's)")
     adapt_pool: bool = Field(False, description="skip poolings that do not fit a small image")
     hidden: int | None = Field(None, ge=1, description="FC width (default: √(conv params))")
+    batch_norm: bool = Field(False, description=(
+        "VGG-16-BN: a BatchNorm2d after every convolution (torchvision's vgg16_bn); trains with "
+        "plain SGD + momentum where the plain shape does not. Its statistics depend on each rank's "
+        "batch, so strategies that split the batch no longer equal single-process training"))
 
 
 def conv_parameters(width: int, in_channels: int) -> int:
@@ -111,6 +116,8 @@ def build_vgg16(spec: DataSpec, o: VggOptions) -> nn.Sequential:
         pool = next(plan)
         for i, mult in enumerate(block, start=1):
             parts: list[nn.Module] = [nn.Conv2d(channels, mult * o.width, 3, padding=1), nn.ReLU()]
+            if o.batch_norm:
+                parts.insert(1, nn.BatchNorm2d(mult * o.width))
             if pool and i == len(block):
                 parts.append(nn.MaxPool2d(2))
             layers[f"conv{b}_{i}"] = nn.Sequential(*parts)

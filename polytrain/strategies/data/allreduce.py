@@ -18,10 +18,9 @@ from typing import Any
 
 from pydantic import ConfigDict, field_validator
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from polytrain.comm.codecs.engine import Engine
-from polytrain.comm.ddp_hooks import builtin_hook, codec_hook, powersgd, ring_hook
+from polytrain.comm.ddp_hooks import builtin_hook, codec_hook, counted_ddp, powersgd, ring_hook
 from polytrain.comm.exchange import codec_report
 from polytrain.comm.options import CodecOptions, CollectiveOptions, check_codec
 from polytrain.config import JobConfig
@@ -96,8 +95,8 @@ class Allreduce(Strategy):
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: AllreduceOptions = self.options  # type: ignore[assignment]
         model = job.build_model().to(ctx.device)
-        ddp = DDP(model, bucket_cap_mb=opts.bucket_mb,
-                  device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+        ddp = counted_ddp(model, ctx.comm, bucket_cap_mb=opts.bucket_mb,
+                          device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
         engine = codec_engine(opts, job, ctx)
         if engine is not None:
             ddp.register_comm_hook(None, codec_hook(ctx.comm, ctx.world, ctx.recorder, engine,
