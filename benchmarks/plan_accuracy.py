@@ -358,21 +358,25 @@ def predict(
         r["error"] = e.step_s / r["measured_step_s"] - 1
 
 
+# the calibrated numbers, in `predict`'s order, each with the grid it is chosen from
+GRIDS: tuple[tuple[float, ...], ...] = (
+    tuple(0.1 * 1.12**i for i in range(32)),  # compute scale
+    (0.0, 2e-4, 5e-4, 1e-3, 2e-3),  # extra α per message
+    (0.0, 0.03, 0.06, 0.1, 0.15, 0.2, 0.25),  # share of a core per emulated host
+    (0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 2e-3),  # pipeline executor, per action
+    (0.0, 5e-4, 1e-3, 2e-3, 4e-3),  # other runtimes, per forward/backward pass
+)
+
+
 def fit(rows: list[dict[str, Any]], profiles: dict[str, Any]) -> tuple[float, ...]:
     """(compute scale, extra α, cores taken per emulated host, per-action overhead of the pipeline
     executor, per-pass overhead of the other runtimes) minimising the mean |log(pred/meas)| on
-    ``rows``."""
-    best: tuple[float, ...] = (math.inf, 1.0, 0.0, 0.0, 0.0, 0.0)
-    for per_host in (0.0, 0.03, 0.06, 0.1, 0.15, 0.2, 0.25):
-        for scale in [0.1 * 1.12**i for i in range(32)]:
-            for alpha in (0.0, 2e-4, 5e-4, 1e-3, 2e-3):
-                for overhead in (0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 2e-3):
-                    for per_pass in (0.0, 5e-4, 1e-3, 2e-3, 4e-3):
-                        predict(rows, profiles, scale, alpha, per_host, overhead, per_pass)
-                        score = statistics.mean(
-                            abs(math.log(r["predicted_step_s"] / r["measured_step_s"])) for r in rows
-                        )
-                        best = min(best, (score, scale, alpha, per_host, overhead, per_pass))
+    ``rows``, over every combination of `GRIDS`."""
+    best: tuple[float, ...] = (math.inf,)
+    for x in itertools.product(*GRIDS):
+        predict(rows, profiles, *x)
+        score = statistics.mean(abs(math.log(r["predicted_step_s"] / r["measured_step_s"])) for r in rows)
+        best = min(best, (score, *x))
     return best[1:]
 
 
