@@ -7,8 +7,9 @@ root): what one pipeline boundary message costs on the testbed.
 One process per emulated host (``polytrain.launch.testbed``), ranks 0 and 1 on two hosts play
 ping-pong with gloo send/recv (``testbed_p2p_rank.py``); a message's time is half a round trip,
 median (min–max) of ``--repeats``. Beside it: the planner's price of the same message on the
-same cluster (`plan.cost.p2p_s` on `plan.predict.run_cluster`, the shaper's bucket full, as it is
-after an idle round trip).
+same cluster (`plan.cost.p2p_s` on `plan.predict.run_cluster`) with the shapers' bucket as
+ping-pong leaves it: each direction idles while the reply travels, so the bucket holds what
+refilled in one message time (`plan.cost.refilled`) — the fixed point t = p2p_s(S, refilled(t)).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from harness import fmt_spread, write_results  # noqa: E402
 
 from polytrain.launch.netns import parse_rate  # noqa: E402
 from polytrain.launch.testbed import Testbed, run_torchrun  # noqa: E402
-from polytrain.plan.cost import p2p_s  # noqa: E402
+from polytrain.plan.cluster import Cluster  # noqa: E402
+from polytrain.plan.cost import p2p_s, refilled  # noqa: E402
 from polytrain.plan.predict import run_cluster  # noqa: E402
 
 
@@ -40,6 +42,19 @@ def run_case(hosts: int, nic: str, sizes: str, repeats: int) -> list[dict[str, A
     if rc != 0:
         raise SystemExit(f"{hosts} hosts {nic}: ranks failed (rc {rc}); logs in {work / 'logs'}")
     return json.loads((work / "p2p.json").read_text())
+
+
+def ping_pong_s(nbytes: int, cluster: Cluster) -> float:
+    """The planner's one-way time in a ping-pong: t = p2p_s(S) on the bucket refilled for t (by
+    bisection; the right side falls as t grows)."""
+    lo, hi = 0.0, p2p_s(nbytes, 0, 1, refilled(cluster, 0.0))
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if p2p_s(nbytes, 0, 1, refilled(cluster, mid)) > mid:
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 def main() -> None:
@@ -55,7 +70,7 @@ def main() -> None:
         cluster = run_cluster(a.hosts, {"hosts": a.hosts, "rate_bits_per_s": parse_rate(nic)})
         for r in run_case(a.hosts, nic, a.sizes, a.repeats):
             med = statistics.median(r["one_way_s"])
-            model = p2p_s(r["bytes"], 0, 1, cluster)
+            model = ping_pong_s(r["bytes"], cluster)
             rows.append({"hosts": a.hosts, "nic": nic, "bytes": r["bytes"],
                          "measured ms": fmt_spread([1e3 * x for x in r["one_way_s"]], 3),
                          "planner ms": round(1e3 * model, 3), "measured / planner": round(med / model, 2),
@@ -65,7 +80,8 @@ def main() -> None:
         f"Ranks 0 and 1 on two of {a.hosts} emulated hosts, gloo send/recv ping-pong, one torch thread; a "
         f"message = half a round trip; {a.repeats} timed round trips after 3 warm-ups per size, median "
         "(min–max). 'planner ms': `plan.cost.p2p_s` on the run's cluster (configured latency, shaped "
-        "rate, the bucket full), without the benchmark-calibrated extra α."))
+        "rate) with each direction's bucket refilled for one message time, as ping-pong leaves it; "
+        "without plan_accuracy's calibrated extra α."))
 
 
 if __name__ == "__main__":
