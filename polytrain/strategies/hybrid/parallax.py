@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from polytrain.comm.ddp_hooks import counted_ddp
 from polytrain.comm.groups import GroupComm, new_groups
 from polytrain.config import JobConfig
 from polytrain.runtime.job import Job, RankContext, RankResult
@@ -158,8 +159,8 @@ class HybridPsAr(Strategy):
         forward: Any = model
         if dense and wcomm is not None:
             DDP._set_params_and_buffers_to_ignore_for_model(model, [a.name for a in sparse])
-            forward = DDP(model, process_group=wcomm.group,
-                          device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+            forward = counted_ddp(model, wcomm, process_group=wcomm.group,
+                                  device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
             forward.register_comm_hook(None, _hook(wcomm, ctx))
         optimizer = job.make_optimizer(dense) if dense else None
         rec, specs = ctx.recorder, exchange.params
