@@ -6,6 +6,10 @@ against uncompressed ``allreduce`` and PyTorch's PowerSGD hook, in the same run.
     sudo .venv/bin/python benchmarks/codecs_testbed.py --job gpt [--repeats 5]
     sudo .venv/bin/python benchmarks/codecs_testbed.py --job cnn [--repeats 5]
     sudo .venv/bin/python benchmarks/codecs_testbed.py --job gpt-momentum [--repeats 5] [--budget-min 28]
+    sudo .venv/bin/python benchmarks/codecs_testbed.py --job gpt-momentum --steps 600 \
+        --cases "uncompressed,powersgd rank 2,dgc momentum 1% zstd,dgc momentum 0.5% zstd" \
+        --name codecs_testbed_gpt-momentum_600
+    sudo .venv/bin/python benchmarks/codecs_testbed.py --job vgg-momentum [--repeats 5]
     sudo .venv/bin/python benchmarks/codecs_testbed.py --job gpt \
         --cases "uncompressed,fp16,topk 10% zstd,dgc 10% zstd" --name codecs_testbed_gpt_moderate
 
@@ -21,6 +25,11 @@ diverged, 0.15 learned slower: single-process exploratory runs), 300 steps, targ
 next-character accuracy (with SGD gpt-mini reaches ~0.39 in 300 steps, Adam 0.53). Its cases:
 uncompressed, PowerSGD rank 2, ``dgc`` 1 % + zstd with its momentum correction (plain SGD in the
 optimizer), ``topk+onebit`` and ``topk`` at 1 % + zstd.
+
+Job ``vgg-momentum``: ``vgg16`` at ``model.width=4`` with ``model.batch_norm=true`` (VGG-16-BN,
+which trains with SGD + momentum where the plain shape stays at chance) on 2-class
+``synthetic-images``, lr 0.02, 300 steps, target 0.65; cases: uncompressed, PowerSGD rank 2,
+``dgc`` at 1 % and 0.5 % + zstd with its momentum correction (plain SGD in the optimizer).
 
 Jobs ``vgg`` and ``gpt`` (Adam for all cases: VGG-16's shape without batch norm does not leave
 chance level in 600 SGD steps on this data; measured):
