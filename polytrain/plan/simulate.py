@@ -124,15 +124,15 @@ def shared_times(
             if t <= now:
                 a = orders[s][pos[s]]
                 running[s] = (a, now, durations[a])
+        later = [t for t in waiting.values() if t > now]  # the ready times not yet reached
         if not running:
-            later = [t for s, t in waiting.items() if s not in running]
             if not later:
                 break
             now = min(later)
             continue
         rate = min(1.0, cores / len(running))
         end = now + min(left for _, _, left in running.values()) / rate
-        start = min((t for s, t in waiting.items() if s not in running and t > now), default=end)
+        start = min(later, default=end)
         step = min(end, start)
         for s, (a, t0, left) in list(running.items()):
             left -= (step - now) * rate

@@ -1,0 +1,180 @@
+"""The model side of `plan_accuracy.py`: the measured runs merged into one row per (scenario,
+strategy), each row's job config, the planner's prediction for it on the testbed's cluster, and
+the calibration fit (`fit`) with the figures the analysis reports (`crossover`,
+`recommended_hits`, `stats`). Pure functions of the raw file's runs and stored profiles: the
+analysis (`plan_accuracy.py --analyse`) needs no testbed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import math
+import os
+import statistics
+from typing import Any
+
+MODELS = {
+    "cnn": (["--model", "cnn", "--dataset", "digits"], 64),
+    "vgg16": (["--model", "vgg16", "--set", "model.width=8", "--dataset", "synthetic-images"], 64),
+    "gpt-mini": (["--model", "gpt-mini", "--dataset", "chars"], 32),
+}
+MACHINE_CORES = float(os.cpu_count() or 1)  # every emulated host shares this machine's cores
+
+
+def _window(run: dict[str, Any]) -> list[float]:
+    """The step intervals a run's mean is taken over. local-sgd averages after every ``period``-th
+    step and after the last: whole periods ending at the last step (the run's step count is a
+    multiple of the period) hold one average per period, as the planner amortises it. A
+    parameter-server worker's last step sends its push without waiting and pulls nothing: left out."""
+    times = list(run["step_times"])
+    if run["strategy"] == "ps" and len(times) > 1:
+        times = times[:-1]  # the last step pushes without waiting and pulls nothing: not a steady step
+    period = int(run["options"].get("period", 4)) if run["strategy"] == "local-sgd" else 1
+    return times[len(times) % period :] if len(times) >= period else times
+
+
+def merge_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (scenario, strategy): the median over repeats of each run's mean step time,
+    with min-max and every repeat's value kept; peak RSS is the largest seen."""
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault((r["scenario"], r["strategy"]), []).append(r)
+    rows = []
+    for (_, _), group in sorted(groups.items()):
+        # each run's mean step (after warm-up): what the planner predicts, periodic syncs included
+        per = [statistics.mean(_window(g)) for g in group]
+        rows.append(
+            {
+                **group[0],
+                "measured_step_s": statistics.median(per),
+                "repeat_step_s": per,
+                "measured_min_ms": min(per) * 1e3,
+                "measured_max_ms": max(per) * 1e3,
+                "repeats": len(per),
+                "peak_rss_bytes": max(g["peak_rss_bytes"] for g in group),
+                "load_start": statistics.median(g["load_start"] for g in group),
+            }
+        )
+    return rows
+
+
+def _config(row: dict[str, Any]) -> Any:
+    key = (row["model"], row["strategy"], row["hosts"], json.dumps(row["options"], sort_keys=True))
+    return _config_of(*key)
+
+
+@functools.cache  # the fit prices every row thousands of times
+def _config_of(model: str, strategy: str, hosts: int, options: str) -> Any:
+    from polytrain.config import load_config
+
+    row = {"model": model, "strategy": strategy, "hosts": hosts, "options": json.loads(options)}
+
+    args, batch = MODELS[row["model"]]
+    over = {
+        "model": args[1],
+        "dataset": args[-1],
+        "batch_size": batch,
+        "optimizer": "sgd",
+        "strategy": row["strategy"],
+        "procs": row["hosts"],
+    }
+    sets = [args[3]] if row["model"] == "vgg16" else []
+    sets += [f"{k}={v}" for k, v in row["options"].items()]
+    return load_config(None, over, sets)
+
+
+def model_config(model: str) -> Any:
+    return _config({"model": model, "strategy": "single", "hosts": 1, "options": {}})
+
+
+def predict(
+    rows: list[dict[str, Any]],
+    profiles: dict[str, Any],
+    scale: float,
+    alpha: float,
+    per_host: float = 0.0,
+    overhead: float = 0.0,
+    pass_overhead: float = 0.0,
+) -> None:
+    """Predict every row in place. ``per_host``: the share of a core each emulated host's own
+    processes take, so the ranks share ``MACHINE_CORES - per_host * hosts`` cores."""
+    from polytrain.plan.estimate import Scene
+    from polytrain.plan.predict import estimate_for, run_cluster
+
+    for r in rows:
+        cfg = _config(r)
+        nic_bits = {"100mbit": 1e8, "1gbit": 1e9}[r["nic"]]
+        cluster = run_cluster(r["hosts"], {"hosts": r["hosts"], "rate_bits_per_s": nic_bits})
+        cluster = dataclasses.replace(
+            cluster,
+            procs_per_host=1,
+            latency_s=cluster.latency_s + alpha,
+            intra_latency_s=cluster.intra_alpha + alpha,
+            cores=max(0.25, MACHINE_CORES - per_host * r["hosts"]),
+        )
+        scene = Scene(profiles[r["model"]], cluster, cfg.batch_size, scale, overhead, pass_overhead)
+        e = estimate_for(cfg, r["hosts"], scene)
+        assert not isinstance(e, str), e
+        r["predicted_step_s"] = e.step_s
+        r["predicted_memory_bytes"] = e.peak_memory_bytes
+        r["error"] = e.step_s / r["measured_step_s"] - 1
+
+
+# the calibrated numbers, in `predict`'s order, each with the grid it is chosen from
+GRIDS: tuple[tuple[float, ...], ...] = (
+    tuple(0.1 * 1.12**i for i in range(32)),  # compute scale
+    (0.0, 2e-4, 5e-4, 1e-3, 2e-3),  # extra α per message
+    (0.0, 0.03, 0.06, 0.1, 0.15, 0.2, 0.25),  # share of a core per emulated host
+    (0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 2e-3),  # pipeline executor, per action
+    (0.0, 5e-4, 1e-3, 2e-3, 4e-3),  # other runtimes, per forward/backward pass
+)
+
+
+def fit(rows: list[dict[str, Any]], profiles: dict[str, Any]) -> tuple[float, ...]:
+    """(compute scale, extra α, cores taken per emulated host, per-action overhead of the pipeline
+    executor, per-pass overhead of the other runtimes) minimising the mean |log(pred/meas)| on
+    ``rows``, over every combination of `GRIDS`."""
+    best: tuple[float, ...] = (math.inf,)
+    for x in itertools.product(*GRIDS):
+        predict(rows, profiles, *x)
+        score = statistics.mean(abs(math.log(r["predicted_step_s"] / r["measured_step_s"])) for r in rows)
+        best = min(best, (score, *x))
+    return best[1:]
+
+
+def crossover(rows: list[dict[str, Any]], key: str) -> int | None:
+    """First host count (VGG-16, 1gbit) at which owt or mesh steps faster than allreduce."""
+    for hosts in (2, 4, 8):
+        here = {
+            r["strategy"]: r[key]
+            for r in rows
+            if r["model"] == "vgg16" and r["nic"] == "1gbit" and r["hosts"] == hosts
+        }
+        hybrid = min((here[s] for s in ("owt", "mesh") if s in here), default=math.inf)
+        if "allreduce" in here and hybrid < here["allreduce"]:
+            return hosts
+    return None
+
+
+def recommended_hits(rows: list[dict[str, Any]], scenarios: set[int]) -> tuple[int, int, list[str]]:
+    hits, lines = 0, []
+    for i in sorted(scenarios):
+        here = [r for r in rows if r["scenario"] == i]
+        pick = min(here, key=lambda r: r["predicted_step_s"])
+        fastest = min(here, key=lambda r: r["measured_step_s"])
+        ok = pick["measured_step_s"] <= 1.05 * fastest["measured_step_s"]
+        hits += ok
+        lines.append(
+            f"scenario {i}: recommended {pick['strategy']}, measured fastest {fastest['strategy']}"
+            f" ({pick['measured_step_s'] / fastest['measured_step_s']:.2f}x its step) "
+            f"{'hit' if ok else 'MISS'}"
+        )
+    return hits, len(scenarios), lines
+
+
+def stats(errors: list[float]) -> dict[str, float]:
+    a = [abs(e) for e in errors]
+    return {"median_abs_error": statistics.median(a), "max_abs_error": max(a), "n": len(a)}
