@@ -302,3 +302,19 @@ def test_ps_roles_and_valid_options() -> None:
     assert make_strategy("ps", {"servers": 2}).roles(5) == ["server"] * 2 + ["worker"] * 3
     with pytest.raises(ConfigError, match="consistency"):
         make_strategy("ps", {"consistency": "eventual"})
+
+
+@pytest.mark.parametrize("strategy,procs,options", [
+    ("ps", 3, {}), ("sandblaster", 4, {"batch": "job"}), ("distbelief", 4, {})])
+def test_parameter_servers_refuse_buffers_before_launch(strategy: str, procs: int,
+                                                        options: dict[str, Any]) -> None:
+    """Servers hold parameters only: BatchNorm's running statistics would never reach the model
+    they evaluate and save, so a model with buffers is refused before any process starts."""
+    from polytrain.launch.prepare import prepare
+
+    bn = make_config({"strategy": strategy, "procs": procs, "model": "vgg16", "dataset": "synthetic-images",
+                      "batch_size": 24, "model_options": {"width": 2, "batch_norm": True},
+                      "options": options})
+    with pytest.raises(ConfigError, match=r"not its buffers.*conv1_1\.1\.running_mean.*GroupNorm"):
+        prepare(bn)
+    prepare(bn.model_copy(update={"model_options": {"width": 2}}))  # the same model without BatchNorm

@@ -48,6 +48,7 @@ from polytrain.strategies.ps.sharding import (
     make_plan,
     param_infos,
 )
+from polytrain.strategies.ps.strategy import check_no_buffers
 
 
 class DistBeliefOptions(BaseModel):
@@ -98,6 +99,7 @@ class DistBelief(Strategy):
                 f"replicas of {o.stages} ranks. Fix: --procs {fit} (or {fit + o.stages})."
             )
         check_divisible(cfg, lay.dp, self.name)
+        check_no_buffers(cfg, self.name)
         refuse_ties(meta_model(cfg), cfg, self.name, "each stage's parameters live on that stage's own "
                     "servers")
         if o.staleness is not None and o.consistency != "ssp":  # as ps: never silently ignored

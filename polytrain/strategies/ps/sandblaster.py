@@ -37,7 +37,7 @@ from polytrain.strategies.base import Strategy
 from polytrain.strategies.ps.client import gather_shards
 from polytrain.strategies.ps.lbfgs import LbfgsShard
 from polytrain.strategies.ps.sharding import flat_grads, flat_params, load_flat, make_plan, param_infos
-from polytrain.strategies.ps.strategy import check_roles, model_plan
+from polytrain.strategies.ps.strategy import check_no_buffers, check_roles, model_plan
 from polytrain.strategies.ps.worker import work_seconds
 
 OPS = {"sum": 1.0, "max": 2.0}
@@ -308,6 +308,7 @@ class Sandblaster(Strategy):
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_roles(self.name, self.opts.servers + 1, world)
+        check_no_buffers(cfg, self.name)
         try:
             model_plan(cfg, self.opts.sharding, self.opts.servers)
         except ConfigError:

@@ -84,6 +84,23 @@ def model_plan(cfg: JobConfig, kind: str, servers: int) -> ShardPlan:
     return make_plan(kind, param_infos(model), servers)
 
 
+def check_no_buffers(cfg: JobConfig, name: str) -> None:
+    """Parameter servers hold parameters only: a model's buffers (BatchNorm's running statistics)
+    would never reach the model the servers evaluate and save. Refused before launch."""
+    from polytrain.strategies.pipeline.options import meta_model
+
+    model = meta_model(cfg)  # None: a factory that cannot build on meta (not checked here)
+    names = [n for n, _ in model.named_buffers()] if model is not None else []
+    if names:
+        raise ConfigError(
+            f"Strategy '{name}' keeps the model's parameters on its servers but not its buffers, "
+            f"and --model {cfg.model} has {len(names)} ({names[0]}, ...: BatchNorm running "
+            "statistics), which the model it evaluates and saves would carry untrained. Fix: a model "
+            "without buffers (GroupNorm instead of BatchNorm; for vgg16 drop model.batch_norm), or "
+            "--strategy allreduce / local-sgd."
+        )
+
+
 def check_roles(name: str, servers: int, world: int, role: str = "worker") -> int:
     """The number of workers; at least one must remain after the servers."""
     if servers >= world:
@@ -129,6 +146,7 @@ class Ps(Strategy):
         o = self.opts
         workers = check_roles(self.name, o.servers, world)
         check_divisible(cfg, workers, self.name)
+        check_no_buffers(cfg, self.name)
         check_codec(self.name, o, world, hooks=False)
         if o.staleness is not None and o.consistency != "ssp":
             raise ConfigError(f"Option staleness={o.staleness} applies to consistency=ssp only "
