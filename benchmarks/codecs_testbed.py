@@ -104,11 +104,17 @@ CASES: dict[str, list[str]] = {
     # DGC as designed: its momentum correction (0.9) replaces the optimizer's momentum (plain SGD)
     "dgc momentum 1% zstd": ["compression=dgc", "ratio=0.01", "entropy=zstd", "dgc_warmup=25"],
     "dgc momentum 0.5% zstd": ["compression=dgc", "ratio=0.005", "entropy=zstd", "dgc_warmup=25"],
+    # DGC's per-layer selection: each tensor's largest entries, not the whole bucket's
+    "dgc momentum 1% tensor zstd": ["compression=dgc", "ratio=0.01", "entropy=zstd", "dgc_warmup=25",
+                                    "select=tensor"],
+    "dgc momentum 0.5% tensor zstd": ["compression=dgc", "ratio=0.005", "entropy=zstd", "dgc_warmup=25",
+                                      "select=tensor"],
     # the same with 1-bit values (one pair of means per parameter): DGC's selection, onebit's size
     "dgc+onebit momentum 1% zstd": ["compression=dgc+onebit", "ratio=0.01", "entropy=zstd", "dgc_warmup=25"],
 }
 # cases whose momentum lives in the codec
-PLAIN_SGD = {"dgc momentum 1% zstd", "dgc momentum 0.5% zstd", "dgc+onebit momentum 1% zstd"}
+PLAIN_SGD = {"dgc momentum 1% zstd", "dgc momentum 0.5% zstd", "dgc+onebit momentum 1% zstd",
+             "dgc momentum 1% tensor zstd", "dgc momentum 0.5% tensor zstd"}
 DEFAULT_CASES = {"vgg": "uncompressed,powersgd rank 2,dgc 1% zstd,topk+onebit 1% zstd",
                  "gpt": "uncompressed,powersgd rank 2,dgc 1% zstd,topk+onebit 1% zstd",
                  "cnn": "uncompressed,powersgd rank 2,fp16,dgc momentum 1% zstd,topk+onebit 1% zstd",

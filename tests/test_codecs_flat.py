@@ -26,10 +26,10 @@ SHAPES = ((4, 3), (5,), (2, 2, 2))
 NAMES = ("a.weight", "a.bias", "b.weight")
 
 
-def engine(name: str, ratio: float = 0.3) -> Engine:
+def engine(name: str, ratio: float = 0.3, select: str = "bucket") -> Engine:
     name, _, scale = name.partition(":")  # "onebit:row": scale=row
     opts = CodecOptions(compression=name, ratio=ratio, tau=0.5, error_feedback=True, levels=4,
-                        scale=scale or "tensor")
+                        scale=scale or "tensor", select=select)
     return Engine.from_options(opts, world=2, rank=0, seed=3)
 
 
@@ -93,6 +93,29 @@ def test_flat_equals_per_parameter_where_the_codec_is_elementwise(name: str, rat
             assert torch.equal(flat.ef.residuals[n], single.ef.residuals[n]), (name, n)
         for i, u in getattr(single.codec, "velocity", {}).items():
             assert torch.equal(flat.codec.velocity[i], u)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", ["topk", "dgc", "topk+onebit", "dgc+fp16"])
+def test_select_tensor_keeps_what_each_parameter_alone_keeps(name: str) -> None:
+    flat, single = engine(name, 0.3, "tensor"), engine(name, 0.3, "tensor")
+    for step in range(3):
+        gs = gradients(step)
+        for a, b in zip(flat_step(flat, gs), single_step(single, gs), strict=True):
+            assert torch.equal(a, b), (name, step)
+        assert flat.ef is not None and single.ef is not None
+        for n in NAMES:
+            assert torch.equal(flat.ef.residuals[n], single.ef.residuals[n]), (name, n)
+    bucket = engine(name, 0.3)  # the whole bucket's largest: not each parameter's share
+    gs = gradients(0)
+    gs[1] = gs[1] * 1e-3
+    assert torch.count_nonzero(flat_step(bucket, gs)[1]) == 0
+    assert torch.count_nonzero(flat_step(engine(name, 0.3, "tensor"), gs)[1]) == 2
+
+
+@pytest.mark.parametrize("name", ["onebit", "randomk", "threshold", "fp16", "randomk+onebit"])
+def test_select_tensor_is_refused_where_nothing_is_selected_by_magnitude(name: str) -> None:
+    with pytest.raises(ValueError, match=r"select=tensor .* applies to topk and dgc"):
+        CodecOptions(compression=name, select="tensor")
 
 
 def test_flat_topk_onebit_keeps_one_pair_of_means_per_parameter() -> None:

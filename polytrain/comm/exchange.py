@@ -16,7 +16,8 @@ all the tensors of one call (a DDP bucket) as one flat vector: one encode, one p
 decode per rank instead of one per parameter, each parameter keeping its own residual and state.
 Results equal the per-parameter ones for elementwise codecs (fp16, bf16, threshold), for the
 quantisers (onebit, terngrad, qsgd: one scale per parameter or row, as alone) and for
-``topk``/``dgc`` at ``ratio=1``; ``topk``/``dgc`` keep the largest entries of the whole bucket
+``topk``/``dgc`` at ``ratio=1`` or with ``select=tensor`` (each parameter's own largest entries);
+with ``select=bucket`` (the default) ``topk``/``dgc`` keep the largest entries of the whole bucket
 (not ratio of each parameter), ``randomk`` draws over the bucket, and a chain ``topk+onebit``
 keeps one pair of onebit means per parameter over that parameter's kept entries.
 

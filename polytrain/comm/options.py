@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from polytrain.errors import ConfigError
 
@@ -35,6 +35,8 @@ class CodecOptions(BaseModel):
 
     compression: str = Field("none", description="gradient codec: none, fp16, topk, topk+onebit, ...")
     ratio: float = Field(0.01, description="topk/randomk/dgc: fraction of entries sent, in (0, 1]")
+    select: Literal["bucket", "tensor"] = Field(
+        "bucket", description="topk/dgc: the largest entries of a whole DDP bucket, or of each tensor")
     tau: float = Field(1e-3, description="threshold: entries with |g| >= tau are sent as ±tau")
     levels: int = Field(16, description="qsgd: quantisation levels s, 1..255")
     scale: Literal["tensor", "row"] = Field("tensor", description="onebit: one scale pair per tensor or row")
@@ -72,6 +74,14 @@ class CodecOptions(BaseModel):
         if not 1 <= v <= 255:
             raise ValueError("levels must be in 1..255 (qsgd quantisation levels), e.g. levels=16")
         return v
+
+    @model_validator(mode="after")
+    def _select(self) -> CodecOptions:
+        if self.select == "tensor" and self.compression.split("+")[0] not in ("topk", "dgc"):
+            raise ValueError(f"select=tensor (each tensor's largest entries) applies to topk and dgc "
+                             f"(alone or as topk+X, dgc+X), not compression={self.compression}; "
+                             "drop select or use select=bucket")
+        return self
 
     @property
     def compressing(self) -> bool:

@@ -59,7 +59,7 @@ def _one(name: str, opts: Any, world: int, gen: torch.Generator) -> Codec:
     if name == "bf16":
         return Bf16(gen)
     if name == "topk":
-        return TopK(opts.ratio, gen)
+        return TopK(opts.ratio, gen, per_tensor=opts.select == "tensor")
     if name == "randomk":
         return RandomK(opts.ratio, gen)
     if name == "threshold":
@@ -71,7 +71,8 @@ def _one(name: str, opts: Any, world: int, gen: torch.Generator) -> Codec:
     if name == "qsgd":
         return Qsgd(opts.levels, gen)
     if name == "dgc":
-        return Dgc(opts.ratio, opts.dgc_momentum, opts.dgc_clip, opts.dgc_warmup, world, gen)
+        return Dgc(opts.ratio, opts.dgc_momentum, opts.dgc_clip, opts.dgc_warmup, world, gen,
+                   per_tensor=opts.select == "tensor")
     raise ValueError(f"unknown codec '{name}'; valid: {valid_names()}")
 
 

@@ -34,8 +34,9 @@ class Dgc(TopK):
     name = "dgc"
 
     def __init__(self, ratio: float, momentum: float = 0.9, clip: float | None = None,
-                 warmup: int = 0, world: int = 1, gen: torch.Generator | None = None) -> None:
-        super().__init__(ratio, gen)
+                 warmup: int = 0, world: int = 1, gen: torch.Generator | None = None,
+                 per_tensor: bool = False) -> None:
+        super().__init__(ratio, gen, per_tensor)
         self.momentum, self.clip, self.warmup, self.world = momentum, clip, warmup, world
         self.velocity: dict[int, torch.Tensor] = {}
 

@@ -3,6 +3,9 @@
 * ``topk`` (``ratio=``): the ceil(ratio·N) entries of largest magnitude, as sorted int32 indices +
   float32 values (ties broken by ``torch.topk``, deterministic on CPU). With error feedback this
   is "sparsified SGD with memory" (Stich, Cordonnier & Jaggi, NeurIPS 2018; Aji & Heafield 2017).
+  Over a flat vector of several parameters (a DDP bucket) ``select=bucket`` keeps the largest
+  entries of the whole vector, ``select=tensor`` the largest ceil(ratio·N) of each parameter (the
+  per-layer selection of DGC, Lin et al. 2018): the same entries as encoding each one alone.
 * ``randomk`` (``ratio=``): ceil(ratio·N) entries chosen uniformly at random by a generator every
   rank seeds with (seed, parameter, call), so all ranks pick the *same* indices: only the values
   travel (no indices), and ranks can all-reduce them like a dense k-vector. Values are sent
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from polytrain.comm.codecs.base import Codec, Key, Parts, Shape, count, expect
+from polytrain.comm.codecs.base import Codec, Key, Parts, Shape, count, expect, numel_of
 from polytrain.comm.codecs.payload import Payload, Schema, pack_bits, unpack_bits
 
 
@@ -40,9 +43,9 @@ class _Ratio(Codec):
     sparse = True
     flat = True
 
-    def __init__(self, ratio: float, gen: torch.Generator | None = None) -> None:
+    def __init__(self, ratio: float, gen: torch.Generator | None = None, per_tensor: bool = False) -> None:
         super().__init__(gen)
-        self.ratio = ratio
+        self.ratio, self.per_tensor = ratio, per_tensor
 
     @property
     def label(self) -> str:
@@ -68,9 +71,24 @@ class TopK(_Ratio):
         expect(bool((idx[1:] > idx[:-1]).all()), "indices not in increasing order")
         return idx
 
-    def encode(self, x: torch.Tensor, shape: Shape, key: Key, parts: Parts | None = None) -> Payload:
+    def top(self, x: torch.Tensor, key: Key) -> torch.Tensor:
+        """The sorted indices of ``x``'s largest entries (``keep`` of them)."""
         k = self.keep(x, key)
-        idx = torch.topk(x.abs(), k, sorted=False).indices.sort().values if k else x.new_zeros(0).long()
+        return torch.topk(x.abs(), k, sorted=False).indices.sort().values if k else x.new_zeros(0).long()
+
+    def select(self, x: torch.Tensor, key: Key, parts: Parts | None) -> torch.Tensor:
+        """The sorted indices to send: over the whole vector, or each part's own (``per_tensor``)."""
+        if not self.per_tensor or parts is None or len(parts) < 2:
+            return self.top(x, key)
+        chosen, at = [], 0
+        for p in parts:
+            n = numel_of(p)
+            chosen.append(self.top(x[at : at + n], key) + at)
+            at += n
+        return torch.cat(chosen)
+
+    def encode(self, x: torch.Tensor, shape: Shape, key: Key, parts: Parts | None = None) -> Payload:
+        idx = self.select(x, key, parts)
         return Payload({"indices": idx.to(torch.int32), "values": x[idx]})
 
     def decode(self, p: Payload, numel: int, shape: Shape, key: Key,
