@@ -109,12 +109,21 @@ CASES: dict[str, list[str]] = {
                                     "select=tensor"],
     "dgc momentum 0.5% tensor zstd": ["compression=dgc", "ratio=0.005", "entropy=zstd", "dgc_warmup=25",
                                       "select=tensor"],
+    # no sparsity warm-up (its first encodings at up to 25 % cost bytes), values as fp16 or as
+    # qsgd's 8-bit levels + sign (one norm per parameter; error feedback keeps what rounding lost)
+    "dgc momentum 1% tensor zstd no-warmup": ["compression=dgc", "ratio=0.01", "entropy=zstd",
+                                              "select=tensor"],
+    "dgc+fp16 momentum 1% zstd no-warmup": ["compression=dgc+fp16", "ratio=0.01", "entropy=zstd"],
+    "dgc+qsgd255 momentum 1% zstd no-warmup": ["compression=dgc+qsgd", "levels=255", "ratio=0.01",
+                                               "entropy=zstd"],
+    "dgc+qsgd255 momentum 1% tensor zstd no-warmup": ["compression=dgc+qsgd", "levels=255", "ratio=0.01",
+                                                      "entropy=zstd", "select=tensor"],
     # the same with 1-bit values (one pair of means per parameter): DGC's selection, onebit's size
     "dgc+onebit momentum 1% zstd": ["compression=dgc+onebit", "ratio=0.01", "entropy=zstd", "dgc_warmup=25"],
 }
 # cases whose momentum lives in the codec
-PLAIN_SGD = {"dgc momentum 1% zstd", "dgc momentum 0.5% zstd", "dgc+onebit momentum 1% zstd",
-             "dgc momentum 1% tensor zstd", "dgc momentum 0.5% tensor zstd"}
+PLAIN_SGD = {case for case, sets in CASES.items()
+             if any(x.startswith("compression=dgc") for x in sets) and "dgc_momentum=0" not in sets}
 DEFAULT_CASES = {"vgg": "uncompressed,powersgd rank 2,dgc 1% zstd,topk+onebit 1% zstd",
                  "gpt": "uncompressed,powersgd rank 2,dgc 1% zstd,topk+onebit 1% zstd",
                  "cnn": "uncompressed,powersgd rank 2,fp16,dgc momentum 1% zstd,topk+onebit 1% zstd",
