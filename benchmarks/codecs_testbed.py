@@ -180,6 +180,13 @@ def _diverged(job: str, case: str, seed: int, out: Path) -> dict[str, Any] | Non
             "codec_ms": None, "evals": [(e["step"], round(e["t"], 3), e["accuracy"]) for e in evals]}
 
 
+def paired(runs: list[dict[str, Any]], base: list[dict[str, Any]]) -> str:
+    """Final accuracy minus uncompressed's with the same seed, in points: median (min–max)."""
+    by_seed = {r["seed"]: r["accuracy"] for r in base}
+    diffs = [100 * (r["accuracy"] - by_seed[r["seed"]]) for r in runs if r["seed"] in by_seed]
+    return fmt_spread(diffs, 1) if diffs and any(r["case"] != "uncompressed" for r in runs) else "-"
+
+
 def summarise(job: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     target = JOBS[job]["target"]
     med = statistics.median
@@ -204,6 +211,7 @@ def summarise(job: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "vs uncompressed": f"{med(base_tta) / med(reached):.2f}x" if reached and base_tta else "-",
             "final accuracy": fmt_spread([r["accuracy"] for r in ok], 3) if ok else "-",
             "Δ accuracy (points)": f"{100 * (med(r['accuracy'] for r in ok) - base_acc):+.1f}" if ok else "-",
+            "Δ paired by seed (points)": paired(ok, base),
             "samples/s": fmt_spread([r["samples_per_s"] for r in ok], 0) if ok else "-",
             "codec ms/step (rank 0)": (fmt_spread(codec, 0) if ok and all(c is not None for c in codec)
                                        else "-"),
@@ -253,9 +261,11 @@ def main() -> None:
                         f"{job['target']} test accuracy (evaluated every {job['eval_every']} steps on "
                         "rank 0). "
                         "'vs uncompressed': its median time to the target over the case's. 'Δ accuracy': "
-                        "final accuracy, median, minus uncompressed's. Counted bytes: polytrain's count at "
-                        "the sends; wire bytes: the hosts' interface counters (frames with headers). The "
-                        "2 cores are shared by the 4 hosts' ranks and the link shaping.")
+                        "final accuracy, median, minus uncompressed's; 'Δ paired': each run's final "
+                        "accuracy minus the uncompressed run's with the same seed. Counted bytes: "
+                        "polytrain's count at the sends; wire bytes: the hosts' interface counters "
+                        "(frames with headers). The 2 cores are shared by the 4 hosts' ranks and the "
+                        "link shaping.")
 
 
 if __name__ == "__main__":
