@@ -113,6 +113,10 @@ CASES: dict[str, list[str]] = {
     # qsgd's 8-bit levels + sign (one norm per parameter; error feedback keeps what rounding lost)
     "dgc momentum 1% tensor zstd no-warmup": ["compression=dgc", "ratio=0.01", "entropy=zstd",
                                               "select=tensor"],
+    "dgc momentum 5% tensor zstd no-warmup": ["compression=dgc", "ratio=0.05", "entropy=zstd",
+                                              "select=tensor"],
+    "dgc momentum 10% tensor zstd no-warmup": ["compression=dgc", "ratio=0.1", "entropy=zstd",
+                                               "select=tensor"],
     "dgc+fp16 momentum 1% zstd no-warmup": ["compression=dgc+fp16", "ratio=0.01", "entropy=zstd"],
     "dgc+qsgd255 momentum 1% zstd no-warmup": ["compression=dgc+qsgd", "levels=255", "ratio=0.01",
                                                "entropy=zstd"],
