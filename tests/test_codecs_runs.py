@@ -32,6 +32,8 @@ SMALL = {"model": "mlp", "dataset": "digits", "batch_size": 32, "seed": 4, "opti
     ("allreduce", {"compression": "powersgd", "collective": "ring"}, "drop collective=ring"),
     ("ps", {"compression": "powersgd"}, "only 'allreduce' runs"),
     ("ps", {"compression": "ring"}, "unknown codec 'ring'"),
+    ("ps", {"compression": "topk", "select": "tensor"}, "shard as one vector, so select=tensor"),
+    ("allreduce", {"compression": "onebit", "select": "tensor"}, "select=tensor .* applies to topk and dgc"),
 ])
 def test_bad_codec_options_are_refused_before_launch(strategy: str, options: dict[str, Any],
                                                      match: str) -> None:

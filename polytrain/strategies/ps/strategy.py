@@ -148,6 +148,10 @@ class Ps(Strategy):
         check_divisible(cfg, workers, self.name)
         check_no_buffers(cfg, self.name)
         check_codec(self.name, o, world, hooks=False)
+        if o.select == "tensor":
+            raise ConfigError(f"Strategy '{self.name}' encodes each server's shard as one vector, so "
+                              "select=tensor (each tensor's largest entries) cannot apply to it. Drop "
+                              "select (the shard's largest entries) or use allreduce, local-sgd or mesh.")
         if o.staleness is not None and o.consistency != "ssp":
             raise ConfigError(f"Option staleness={o.staleness} applies to consistency=ssp only "
                               f"(got consistency={o.consistency}). Drop it or --set consistency=ssp.")
