@@ -135,3 +135,15 @@ def test_randomk_ranks_agree_on_indices_and_codecs_are_checked() -> None:
     for bad, msg in bad_options:
         with pytest.raises(ValidationError, match=msg):
             CodecOptions(**bad)  # type: ignore[arg-type]
+
+
+def test_dgc_at_ratio_one_is_plain_sgd() -> None:
+    """Momentum factor masking zeroes every sent entry's velocity: at ratio 1 everything is sent
+    each step, so what travels is the gradient itself, with no momentum (the docstring's claim)."""
+    e = Engine.from_options(CodecOptions(compression="dgc", ratio=1.0), world=2, rank=0, seed=1)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(4):
+        g = torch.randn(6, generator=gen)
+        got = e.decode(0, "w", e.encode(0, "w", g, (6,)), (6,))
+        e.done(0)
+        assert torch.equal(got, g)
