@@ -188,7 +188,7 @@ def paired(runs: list[dict[str, Any]], base: list[dict[str, Any]]) -> str:
     """Final accuracy minus uncompressed's with the same seed, in points: median (min–max)."""
     by_seed = {r["seed"]: r["accuracy"] for r in base}
     diffs = [100 * (r["accuracy"] - by_seed[r["seed"]]) for r in runs if r["seed"] in by_seed]
-    return fmt_spread(diffs, 1) if diffs and any(r["case"] != "uncompressed" for r in runs) else "-"
+    return fmt_spread(diffs, 1) if diffs else "-"
 
 
 def summarise(job: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -215,7 +215,7 @@ def summarise(job: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "vs uncompressed": f"{med(base_tta) / med(reached):.2f}x" if reached and base_tta else "-",
             "final accuracy": fmt_spread([r["accuracy"] for r in ok], 3) if ok else "-",
             "Δ accuracy (points)": f"{100 * (med(r['accuracy'] for r in ok) - base_acc):+.1f}" if ok else "-",
-            "Δ paired by seed (points)": paired(ok, base),
+            "Δ paired by seed (points)": paired(ok, base) if case != "uncompressed" else "-",
             "samples/s": fmt_spread([r["samples_per_s"] for r in ok], 0) if ok else "-",
             "codec ms/step (rank 0)": (fmt_spread(codec, 0) if ok and all(c is not None for c in codec)
                                        else "-"),
