@@ -122,6 +122,11 @@ CASES: dict[str, list[str]] = {
                                                "entropy=zstd"],
     "dgc+qsgd255 momentum 1% tensor zstd no-warmup": ["compression=dgc+qsgd", "levels=255", "ratio=0.01",
                                                       "entropy=zstd", "select=tensor"],
+    # without momentum factor masking: sent entries keep their velocity (momentum SGD at ratio 1)
+    "dgc momentum 1% tensor zstd no-warmup no-mask": ["compression=dgc", "ratio=0.01", "entropy=zstd",
+                                                      "select=tensor", "dgc_masking=false"],
+    "dgc momentum 5% tensor zstd no-warmup no-mask": ["compression=dgc", "ratio=0.05", "entropy=zstd",
+                                                      "select=tensor", "dgc_masking=false"],
     # the same with 1-bit values (one pair of means per parameter): DGC's selection, onebit's size
     "dgc+onebit momentum 1% zstd": ["compression=dgc+onebit", "ratio=0.01", "entropy=zstd", "dgc_warmup=25"],
 }

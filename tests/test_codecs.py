@@ -147,3 +147,18 @@ def test_dgc_at_ratio_one_is_plain_sgd() -> None:
         got = e.decode(0, "w", e.encode(0, "w", g, (6,)), (6,))
         e.done(0)
         assert torch.equal(got, g)
+
+
+def test_dgc_without_masking_at_ratio_one_is_momentum_sgd() -> None:
+    """dgc_masking=false keeps the velocity of sent entries: at ratio 1 what travels each step is
+    the momentum-SGD velocity u ← m·u + g itself."""
+    opts = CodecOptions(compression="dgc", ratio=1.0, dgc_masking=False, dgc_momentum=0.9)
+    e = Engine.from_options(opts, world=2, rank=0, seed=1)
+    gen = torch.Generator().manual_seed(5)
+    u = torch.zeros(6)
+    for _ in range(4):
+        g = torch.randn(6, generator=gen)
+        u = 0.9 * u + g
+        got = e.decode(0, "w", e.encode(0, "w", g, (6,)), (6,))
+        e.done(0)
+        torch.testing.assert_close(got, u, rtol=0, atol=1e-6)

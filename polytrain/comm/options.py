@@ -30,6 +30,16 @@ def check_collective(strategy: str, collective: str, world: int) -> None:
             f"(valid: {', '.join(COLLECTIVES)}).")
 
 
+# which codecs read each codec option (the others refuse it: nothing is silently ignored)
+_ANY = ("fp16", "bf16", "topk", "randomk", "threshold", "onebit", "terngrad", "qsgd", "dgc")
+OPTION_CODECS: dict[str, tuple[str, ...]] = {
+    "ratio": ("topk", "randomk", "dgc"), "select": ("topk", "dgc"), "tau": ("threshold",),
+    "levels": ("qsgd",), "scale": ("onebit",), "error_feedback": _ANY, "entropy": _ANY,
+    "dgc_momentum": ("dgc",), "dgc_clip": ("dgc",), "dgc_warmup": ("dgc",), "dgc_masking": ("dgc",),
+    "powersgd_rank": ("powersgd",),
+}
+
+
 class CodecOptions(BaseModel):
     """``--set compression=NAME`` and the codecs' own options (see :mod:`polytrain.comm.codecs`)."""
 
@@ -45,6 +55,7 @@ class CodecOptions(BaseModel):
     dgc_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="dgc: momentum of the corrected velocity")
     dgc_clip: float | None = Field(None, gt=0.0, description="dgc: local clip norm C (scaled by W^-1/2)")
     dgc_warmup: int = Field(0, ge=0, description="dgc: encodings over which sparsity warms up")
+    dgc_masking: bool = Field(True, description="dgc: momentum factor masking (sent entries leave the velocity)")
     powersgd_rank: int = Field(1, ge=1, description="powersgd: rank of the low-rank factors")
 
     @field_validator("compression")
@@ -94,6 +105,13 @@ def check_codec(strategy: str, opts: CodecOptions, world: int, *, hooks: bool) -
     ``hooks``: the strategy trains through DDP, so PyTorch's ``powersgd`` hook applies."""
     collective = getattr(opts, "collective", "builtin")
     check_collective(strategy, collective, world)
+    parts = set(opts.compression.split("+"))
+    for option in sorted(opts.model_fields_set):
+        users = OPTION_CODECS.get(option)
+        if users is not None and not parts & set(users):
+            raise ConfigError(
+                f"Strategy '{strategy}': {option}= is read only by compression={'|'.join(users)}, "
+                f"not by compression={opts.compression}; drop {option} or choose one of those codecs.")
     if opts.compression == "powersgd" and not hooks:
         raise ConfigError(
             f"Strategy '{strategy}' cannot take compression=powersgd: it is PyTorch's DDP gradient "

@@ -72,7 +72,7 @@ def _one(name: str, opts: Any, world: int, gen: torch.Generator) -> Codec:
         return Qsgd(opts.levels, gen)
     if name == "dgc":
         return Dgc(opts.ratio, opts.dgc_momentum, opts.dgc_clip, opts.dgc_warmup, world, gen,
-                   per_tensor=opts.select == "tensor")
+                   per_tensor=opts.select == "tensor", masking=opts.dgc_masking)
     raise ValueError(f"unknown codec '{name}'; valid: {valid_names()}")
 
 

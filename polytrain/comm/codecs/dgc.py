@@ -8,7 +8,11 @@ Top-k sparsification (``ratio=``) plus the paper's three corrections:
   stale momentum does not push them again. Use ``--optimizer sgd`` without momentum with it:
   the momentum lives here. A consequence of the masking: an entry sent every step never keeps
   momentum, so at ``ratio=1`` DGC is plain SGD, and larger ratios move it towards it (on the
-  testbed's VGG-16-BN job, 5 % and 10 % learned slower than 1 %: README).
+  testbed's VGG-16-BN job, 5 % and 10 % learned slower than 1 %: README). ``masking=False``
+  (``--set dgc_masking=false``) keeps the velocity of sent entries: every gradient then reaches
+  the parameters with the total weight 1/(1−m) it has under momentum SGD, only later for the
+  entries held back, and at ``ratio=1`` DGC is exactly momentum SGD (a polytrain option, not the
+  paper's).
 * **local gradient clipping** (``clip=C``): each parameter's local gradient is clipped to norm
   C·W^(−1/2) before it is accumulated (the paper clips the whole local gradient by the same
   rule; per-parameter is what a DDP bucket hook sees).
@@ -37,14 +41,16 @@ class Dgc(TopK):
 
     def __init__(self, ratio: float, momentum: float = 0.9, clip: float | None = None,
                  warmup: int = 0, world: int = 1, gen: torch.Generator | None = None,
-                 per_tensor: bool = False) -> None:
+                 per_tensor: bool = False, masking: bool = True) -> None:
         super().__init__(ratio, gen, per_tensor)
         self.momentum, self.clip, self.warmup, self.world = momentum, clip, warmup, world
+        self.masking = masking
         self.velocity: dict[int, torch.Tensor] = {}
 
     @property
     def label(self) -> str:
-        return f"dgc(ratio={self.ratio:g}, momentum={self.momentum:g})"
+        mask = "" if self.masking else ", masking=off"
+        return f"dgc(ratio={self.ratio:g}, momentum={self.momentum:g}{mask})"
 
     def ratio_at(self, call: int) -> float:
         """The kept fraction at the ``call``-th encoding (sparsity warm-up)."""
@@ -69,11 +75,15 @@ class Dgc(TopK):
 
     def post(self, p: Payload, key: Key) -> None:
         """Momentum factor masking: what was sent leaves the velocity."""
+        if not self.masking:
+            return
         self.velocity[key.index][p["indices"].long()] = 0.0
 
     def post_group(self, p: Payload, keys: list[Key], sizes: list[int]) -> None:
         """Momentum factor masking for a flat payload of several parameters: each parameter's
         velocity loses the entries of its own range."""
+        if not self.masking:
+            return
         idx = p["indices"].long()  # sorted: each parameter's entries are one run of them
         ends = torch.tensor(sizes, dtype=torch.int64).cumsum(0)
         upto = torch.searchsorted(idx, ends).tolist()
