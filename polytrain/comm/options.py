@@ -55,7 +55,7 @@ class CodecOptions(BaseModel):
     dgc_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="dgc: momentum of the corrected velocity")
     dgc_clip: float | None = Field(None, gt=0.0, description="dgc: local clip norm C (scaled by W^-1/2)")
     dgc_warmup: int = Field(0, ge=0, description="dgc: encodings over which sparsity warms up")
-    dgc_masking: bool = Field(True, description="dgc: momentum factor masking (sent entries leave the velocity)")
+    dgc_masking: bool = Field(True, description="dgc: momentum factor masking (sent entries leave u)")
     powersgd_rank: int = Field(1, ge=1, description="powersgd: rank of the low-rank factors")
 
     @field_validator("compression")
