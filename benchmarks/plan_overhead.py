@@ -1,0 +1,96 @@
+"""What W ranks on the testbed's shared cores add to a training step beyond the profile's compute:
+the planner's per-pass overhead measured on its own, not fitted (`plan_accuracy.py` fits it).
+
+Each run is `local-sgd` with ``period=0`` (the replicas average once, after the last step), so
+the steps measured exchange nothing: a step is one forward, one backward and one optimizer step
+of W ranks sharing the machine's cores. Against the planner's price of that step with no per-pass
+overhead (the stored profiles of `plan_accuracy_raw.json`, the compute scale and the share of a
+core per emulated host that `plan_accuracy.md` fitted), the excess per pass is
+
+    (measured step − predicted step without overhead) / (2 · contention(W))
+
+— what the planner's ``pass_overhead_s`` would have to be for this model and W. A per-pass
+overhead that is one number would come out the same for every model and W.
+
+    flock /work/bench.lock .venv/bin/python benchmarks/plan_overhead.py --repeats 3   # as root
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import plan_accuracy as pa  # noqa: E402
+from harness import alternating, write_results  # noqa: E402
+
+FITTED = {"scale": 1.0803848264467948, "alpha": 2e-4, "per_host": 0.03}  # plan_accuracy.md's fit
+BATCH = {"cnn": 64, "vgg16": 64, "gpt-mini": 32}
+
+
+def predicted_without_overhead(model: str, hosts: int, profiles: dict[str, Any]) -> tuple[float, float]:
+    """(the planner's step without per-pass overhead, the cores' contention) for ``hosts`` ranks."""
+    from polytrain.plan.estimate import Scene, local_sgd
+    from polytrain.plan.predict import run_cluster
+
+    cluster = run_cluster(hosts, {"hosts": hosts, "rate_bits_per_s": 1e9})
+    cluster = dataclasses.replace(cluster, procs_per_host=1,
+                                  cores=max(0.25, pa.MACHINE_CORES - FITTED["per_host"] * hosts))
+    scene = Scene(profiles[model], cluster, BATCH[model], FITTED["scale"])
+    # the planner's own local-sgd step, its one average spread over so many steps that it is nil
+    return local_sgd(scene, hosts, 10**9).step_s, cluster.contention(hosts)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--models", default="cnn,gpt-mini,vgg16")
+    p.add_argument("--hosts", default="2,4,8")
+    p.add_argument("--steps", type=int, default=14)
+    p.add_argument("--repeats", type=int, default=3)
+    a = p.parse_args()
+    os.environ["POLYTRAIN_CACHE"] = str(pa.PROFILES)
+    profiles = pa.stored_profiles(json.loads(pa.RAW.read_text()))
+    cells = [(m, int(h)) for m in a.models.split(",") for h in a.hosts.split(",")]
+    runs: list[dict[str, Any]] = []
+    for rep, (model, hosts) in alternating(cells, a.repeats):
+        row = pa.run_one(model, hosts, "1gbit", "local-sgd", {"period": 0}, a.steps)
+        if "error" in row:
+            raise SystemExit(f"{model} on {hosts} hosts failed: {row['error']}")
+        steady = row["step_times"][:-1]  # the last step ends with the one average
+        runs.append({"model": model, "hosts": hosts, "repeat": rep, "step_s": statistics.mean(steady),
+                     "load_start": row["load_start"]})
+        print(json.dumps(runs[-1]), flush=True)
+    rows = []
+    for model, hosts in cells:
+        per = sorted(r["step_s"] for r in runs if (r["model"], r["hosts"]) == (model, hosts))
+        pred, k = predicted_without_overhead(model, hosts, profiles)
+        med = statistics.median(per)
+        rows.append({"model": model, "hosts": hosts, "contention": round(k, 2),
+                     "measured_ms": f"{med * 1e3:.1f} ({per[0] * 1e3:.1f}–{per[-1] * 1e3:.1f})",
+                     "predicted_no_overhead_ms": round(pred * 1e3, 1),
+                     "excess_ms": round((med - pred) * 1e3, 1),
+                     "per_pass_overhead_ms": round((med - pred) / (2 * k) * 1e3, 2),
+                     "repeats": len(per)})
+    notes = ("local-sgd period=0 on W emulated hosts at 1 Gbit/s (no exchange before the last step), "
+             f"{a.steps} steps, the first two and the last left out, mean step per run; median (min–max) "
+             f"of {a.repeats} interleaved repeats. Predicted: the planner's local-sgd step at the run's "
+             "per-rank batch (forward and backward × contention, optimizer), with no per-pass overhead "
+             f"(compute scale {FITTED['scale']:.2f}, {FITTED['per_host']} of a core per emulated host: "
+             "plan_accuracy.md's fit). per_pass_overhead = excess / (2 × contention): the "
+             "pass_overhead_s this cell implies (plan_accuracy.md fitted 2 ms).")
+    write_results("plan_overhead", rows, ["model", "hosts", "contention", "measured_ms",
+                                          "predicted_no_overhead_ms", "excess_ms", "per_pass_overhead_ms",
+                                          "repeats"], notes, extra={"runs": runs})
+
+
+if __name__ == "__main__":
+    main()
