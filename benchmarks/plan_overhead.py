@@ -13,6 +13,7 @@ core per emulated host that `plan_accuracy.md` fitted), the excess per pass is
 overhead that is one number would come out the same for every model and W.
 
     flock /work/bench.lock .venv/bin/python benchmarks/plan_overhead.py --repeats 3   # as root
+    flock /work/bench.lock .venv/bin/python benchmarks/plan_overhead.py --concurrency 1,2,4 --repeats 3
 """
 
 from __future__ import annotations
@@ -50,13 +51,80 @@ def predicted_without_overhead(model: str, hosts: int, profiles: dict[str, Any])
     return local_sgd(scene, hosts, 10**9).step_s, cluster.contention(hosts)
 
 
+def _compute_worker(model: str, batch: int, iters: int, start: Any, out: Any) -> None:
+    """One process, one torch thread: ``iters`` forward + backward + SGD steps of ``model`` at
+    ``batch``, begun when every process is ready; the median step goes to ``out``."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(1)
+    from polytrain.runtime.job import Job
+
+    job = Job.from_config(pa.model_config(model))
+    net = job.build_model()
+    opt = job.make_optimizer(net.parameters())
+    x, y = job.dataset.x_train[:batch], job.dataset.y_train[:batch]
+    times = []
+    start.wait()
+    for _ in range(iters):
+        t = time.perf_counter()
+        opt.zero_grad()
+        job.loss(net(x), y).backward()
+        opt.step()
+        times.append(time.perf_counter() - t)
+    out.put(statistics.median(times[2:]))
+
+
+def concurrency(models: list[str], counts: list[int], iters: int, repeats: int) -> None:
+    """The same compute in n processes at once against alone: how much one rank slows when n share
+    the machine's cores — the cores' parallel efficiency, which `Cluster.contention` takes as 1."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    runs: list[dict[str, Any]] = []
+    for rep, (model, n) in alternating([(m, n) for m in models for n in counts], repeats):
+        start, out = ctx.Barrier(n), ctx.Queue()
+        procs = [ctx.Process(target=_compute_worker, args=(model, BATCH[model] // 2, iters, start, out))
+                 for _ in range(n)]
+        for proc in procs:
+            proc.start()
+        steps = [out.get() for _ in procs]
+        for proc in procs:
+            proc.join()
+        runs.append({"model": model, "procs": n, "repeat": rep, "step_s": statistics.median(steps)})
+        print(json.dumps(runs[-1]), flush=True)
+    rows = []
+    for model in models:
+        alone = statistics.median(r["step_s"] for r in runs if (r["model"], r["procs"]) == (model, 1))
+        for n in counts:
+            per = sorted(r["step_s"] / alone for r in runs if (r["model"], r["procs"]) == (model, n))
+            rows.append({"model": model, "procs": n, "batch": BATCH[model] // 2,
+                         "slowdown": f"{statistics.median(per):.2f} ({per[0]:.2f}–{per[-1]:.2f})",
+                         "linear_sharing": f"{max(1.0, n / pa.MACHINE_CORES):.2f}", "repeats": len(per)})
+    notes = (f"n processes at once, one torch thread each, {iters} forward + backward + SGD steps of the "
+             "model at half the plan_accuracy batch (a 2-rank data-parallel share), the median step after "
+             "two; slowdown: the median over processes of that step over the same step alone (median of "
+             f"the alone runs), median (min–max) of {repeats} interleaved repeats. linear_sharing: what "
+             "the planner's contention assumes (n / cores, at least 1). No testbed, nothing else running.")
+    write_results("plan_overhead_concurrency", rows,
+                  ["model", "procs", "batch", "slowdown", "linear_sharing", "repeats"], notes,
+                  extra={"runs": runs})
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--models", default="cnn,gpt-mini,vgg16")
     p.add_argument("--hosts", default="2,4,8")
     p.add_argument("--steps", type=int, default=14)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--concurrency", default="",
+                   help="instead: the same compute in n processes at once, e.g. 1,2,4 (no testbed)")
+    p.add_argument("--iters", type=int, default=30, help="--concurrency: steps per process")
     a = p.parse_args()
+    if a.concurrency:
+        concurrency(a.models.split(","), [int(n) for n in a.concurrency.split(",")], a.iters, a.repeats)
+        return
     os.environ["POLYTRAIN_CACHE"] = str(pa.PROFILES)
     profiles = pa.stored_profiles(json.loads(pa.RAW.read_text()))
     cells = [(m, int(h)) for m in a.models.split(",") for h in a.hosts.split(",")]
