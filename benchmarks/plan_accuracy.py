@@ -264,9 +264,11 @@ def stored_profiles(raw: dict[str, Any]) -> dict[str, Any]:
     return {m: p for m, (_, p) in best.items()}
 
 
-def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str, Any] | None = None) -> None:
+def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str, Any] | None = None,
+            pass_overheads: dict[str, float] | None = None) -> None:
     """Fit on the calibration half, report both halves; ``profiled``: the raw file whose stored
-    profiles to use (default ``raw``'s own)."""
+    profiles to use (default ``raw``'s own); ``pass_overheads``: per model, measured
+    (`plan_overhead.py`), instead of one fitted number."""
     from harness import write_results
 
     from polytrain.plan.predict import cached_profile
@@ -282,7 +284,8 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
         profiles[m] = cached_profile(model_config(m))
     calib = {i for i in range(len(SCENARIOS)) if i % 2 == 0}
     held = set(range(len(SCENARIOS))) - calib
-    scale, alpha, per_host, overhead, per_pass = fit([r for r in rows if r["scenario"] in calib], profiles)
+    scale, alpha, per_host, overhead, per_pass = fit([r for r in rows if r["scenario"] in calib], profiles,
+                                                   pass_overheads)
     predict(rows, profiles, scale, alpha, per_host, overhead, per_pass)
     for r in rows:
         r["set"] = "calibration" if r["scenario"] in calib else "held back"
@@ -374,6 +377,8 @@ def main() -> None:
     p.add_argument("--raw", help="analyse this raw file (default results/plan_accuracy_raw.json)")
     p.add_argument("--name", default="plan_accuracy", help="results file name of the analysis")
     p.add_argument("--profiles-from", help="use the profiles stored in this raw file")
+    p.add_argument("--pass-overhead-from", help="analyse: each model's per-pass overhead from this "
+                   "plan_overhead.json (its 2-host row), not fitted")
     p.add_argument("--scenarios", help="measure only these scenario numbers, in this order, e.g. 5,3")
     p.add_argument("--repeats", type=int, default=5, help="runs per (scenario, strategy), interleaved")
     p.add_argument("--resume", action="store_true", help="keep and skip the runs already in the raw file")
@@ -394,7 +399,11 @@ def main() -> None:
             return
     raw = Path(a.raw) if a.raw else RAW
     profiled = json.loads(Path(a.profiles_from).read_text()) if a.profiles_from else None
-    analyse(json.loads(raw.read_text()), a.name, profiled)
+    measured = None
+    if a.pass_overhead_from:
+        rows = json.loads(Path(a.pass_overhead_from).read_text())["rows"]
+        measured = {r["model"]: r["per_pass_overhead_ms"] / 1e3 for r in rows if r["hosts"] == 2}
+    analyse(json.loads(raw.read_text()), a.name, profiled, measured)
 
 
 if __name__ == "__main__":

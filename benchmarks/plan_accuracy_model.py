@@ -97,10 +97,11 @@ def predict(
     alpha: float,
     per_host: float = 0.0,
     overhead: float = 0.0,
-    pass_overhead: float = 0.0,
+    pass_overhead: float | dict[str, float] = 0.0,
 ) -> None:
     """Predict every row in place. ``per_host``: the share of a core each emulated host's own
-    processes take, so the ranks share ``MACHINE_CORES - per_host * hosts`` cores."""
+    processes take, so the ranks share ``MACHINE_CORES - per_host * hosts`` cores;
+    ``pass_overhead``: one number, or one per model."""
     from polytrain.plan.estimate import Scene
     from polytrain.plan.predict import estimate_for, run_cluster
 
@@ -115,7 +116,8 @@ def predict(
             intra_latency_s=cluster.intra_alpha + alpha,
             cores=max(0.25, MACHINE_CORES - per_host * r["hosts"]),
         )
-        scene = Scene(profiles[r["model"]], cluster, cfg.batch_size, scale, overhead, pass_overhead)
+        per_pass = pass_overhead[r["model"]] if isinstance(pass_overhead, dict) else pass_overhead
+        scene = Scene(profiles[r["model"]], cluster, cfg.batch_size, scale, overhead, per_pass)
         e = estimate_for(cfg, r["hosts"], scene)
         assert not isinstance(e, str), e
         r["predicted_step_s"] = e.step_s
@@ -133,15 +135,18 @@ GRIDS: tuple[tuple[float, ...], ...] = (
 )
 
 
-def fit(rows: list[dict[str, Any]], profiles: dict[str, Any]) -> tuple[float, ...]:
+def fit(rows: list[dict[str, Any]], profiles: dict[str, Any],
+        pass_overheads: dict[str, float] | None = None) -> tuple[Any, ...]:
     """(compute scale, extra α, cores taken per emulated host, per-action overhead of the pipeline
     executor, per-pass overhead of the other runtimes) minimising the mean |log(pred/meas)| on
-    ``rows``, over every combination of `GRIDS`."""
-    best: tuple[float, ...] = (math.inf,)
-    for x in itertools.product(*GRIDS):
+    ``rows``, over every combination of `GRIDS`; ``pass_overheads``: measured per model, not fitted."""
+    grids: tuple[tuple[Any, ...], ...] = GRIDS if pass_overheads is None else (*GRIDS[:4], (pass_overheads,))
+    best: tuple[Any, ...] = (math.inf,)
+    for x in itertools.product(*grids):
         predict(rows, profiles, *x)
         score = statistics.mean(abs(math.log(r["predicted_step_s"] / r["measured_step_s"])) for r in rows)
-        best = min(best, (score, *x))
+        if score < best[0]:  # the first of equal scores, as min over the tuples kept it
+            best = (score, *x)
     return best[1:]
 
 
