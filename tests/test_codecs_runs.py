@@ -115,3 +115,14 @@ def test_residuals_survive_checkpoint_and_resume(tmp_path: Path, strategy: str, 
     cut_back(full, part, 3)
     polytrain.train(resume=str(part))
     assert_same_params(load_model(part), load_model(full), atol=1e-6, rtol=1e-6)
+
+
+def test_every_codec_option_names_the_codecs_that_read_it() -> None:
+    """The refusal table covers every codec option and every codec, so a new one cannot slip
+    through unchecked."""
+    from polytrain.comm.codecs import SINGLE
+    from polytrain.comm.options import OPTION_CODECS
+
+    assert set(OPTION_CODECS) == set(CodecOptions.model_fields) - {"compression"}
+    assert set(OPTION_CODECS["entropy"]) == set(SINGLE)
+    assert {c for users in OPTION_CODECS.values() for c in users} == set(SINGLE) | {"powersgd"}
