@@ -88,7 +88,7 @@ class CodecOptions(BaseModel):
 
     @model_validator(mode="after")
     def _select(self) -> CodecOptions:
-        if self.select == "tensor" and self.compression.split("+")[0] not in ("topk", "dgc"):
+        if self.select == "tensor" and self.compression.split("+")[0] not in OPTION_CODECS["select"]:
             raise ValueError(f"select=tensor (each tensor's largest entries) applies to topk and dgc "
                              f"(alone or as topk+X, dgc+X), not compression={self.compression}; "
                              "drop select or use select=bucket")
