@@ -206,7 +206,8 @@ def run_one(
 
 
 def measure(
-    steps: int, only: list[int] | None, repeats: int, resume: bool, budget_s: float = math.inf
+    steps: int, only: list[int] | None, repeats: int, resume: bool, budget_s: float = math.inf,
+    scenarios: list[Any] = SCENARIOS, raw: Path = RAW,
 ) -> list[dict[str, Any]]:
     """Run every (scenario, strategy) ``repeats`` times, repeats interleaved (repeat r of every
     scenario before repeat r+1 of any), saving after each run; with ``resume`` the runs already in
@@ -216,16 +217,16 @@ def measure(
 
     t0, longest = time.monotonic(), 0.0
 
-    old = json.loads(RAW.read_text()) if RAW.exists() and resume else {}
+    old = json.loads(raw.read_text()) if raw.exists() and resume else {}
     rows, profiles = old.get("runs", []), old.get("profiles", [])
     done = {(r["scenario"], r["strategy"], r.get("repeat", 0)) for r in rows if "measured_step_s" in r}
     rows = [r for r in rows if "measured_step_s" in r]
-    todo = list(range(len(SCENARIOS))) if only is None else only  # in the order given
-    for m in sorted({SCENARIOS[i][0] for i in todo}):  # under the same lock and load as the runs
+    todo = list(range(len(scenarios))) if only is None else only  # in the order given
+    for m in sorted({scenarios[i][0] for i in todo}):  # under the same lock and load as the runs
         profiles.append({"model": m, "time": time.time(), "load": os.getloadavg()[0], "profile": _profile(m)})
     for rep in range(repeats):
         for i in todo:
-            model, hosts, nic, strategies = SCENARIOS[i]
+            model, hosts, nic, strategies = scenarios[i]
             for strategy, opts in strategies:
                 if (i, strategy, rep) in done:
                     continue
@@ -238,7 +239,7 @@ def measure(
                 print(json.dumps({k: v for k, v in row.items() if k != "step_times"}), flush=True)
                 rows.append(row)
                 record = {"steps": steps, "commit": git_commit(), "command": command_line(), "runs": rows}
-                RAW.write_text(json.dumps({**record, "profiles": profiles}, indent=1))
+                raw.write_text(json.dumps({**record, "profiles": profiles}, indent=1))
     return rows
 
 

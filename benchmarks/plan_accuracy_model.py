@@ -102,12 +102,13 @@ def predict(
     """Predict every row in place. ``per_host``: the share of a core each emulated host's own
     processes take, so the ranks share ``MACHINE_CORES - per_host * hosts`` cores;
     ``pass_overhead``: one number, or one per model."""
+    from polytrain.plan.cluster import parse_rate
     from polytrain.plan.estimate import Scene
     from polytrain.plan.predict import estimate_for, run_cluster
 
     for r in rows:
         cfg = _config(r)
-        nic_bits = {"100mbit": 1e8, "1gbit": 1e9}[r["nic"]]
+        nic_bits = 8 * parse_rate(r["nic"], "nic")
         cluster = run_cluster(r["hosts"], {"hosts": r["hosts"], "rate_bits_per_s": nic_bits})
         cluster = dataclasses.replace(
             cluster,

@@ -1,0 +1,97 @@
+"""The planner's blind test: scenarios measured only after the model and its calibration were
+frozen, predicted with the numbers `plan_accuracy.py --analyse` fitted (read from
+``results/plan_accuracy.json``, never refitted here), and used to fit or choose nothing.
+
+They mix new host counts (3, 6) and NIC rates (250, 500 Mbit/s) with the old ones, on the same three
+models, each with allreduce and two other strategies. The runs are `plan_accuracy.py`'s own
+(`run_one`: `polytrain testbed`, 12 steps, the mean step after two), 5 repeats interleaved.
+
+    # as root (the testbed), in chunks under the benchmark lock, as plan_accuracy.py:
+    flock /work/bench.lock .venv/bin/python benchmarks/plan_accuracy_blind.py --repeats 5 \\
+        [--budget-min 28 --resume] --no-analyse
+    .venv/bin/python benchmarks/plan_accuracy_blind.py --analyse   # → results/plan_accuracy_blind.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+import plan_accuracy as pa
+from harness import write_results
+from plan_accuracy_model import merge_repeats, predict, recommended_hits, stats
+
+# (model, hosts, nic, [(strategy, --set options)]), fixed before any of them was measured
+BLIND: list[tuple[str, int, str, list[tuple[str, dict[str, Any]]]]] = [
+    ("cnn", 3, "500mbit", [("allreduce", {}), ("ps", {"servers": 1}), ("gpipe", {"microbatches": 4})]),
+    ("cnn", 6, "250mbit", [("allreduce", {}), ("local-sgd", {"period": 4}), ("ps", {"servers": 2})]),
+    ("cnn", 2, "1gbit", [("allreduce", {}), ("1f1b", {"microbatches": 4}), ("layerwise", {})]),
+    ("cnn", 8, "100mbit", [("allreduce", {}), ("ps", {"servers": 4}), ("owt", {})]),
+    ("vgg16", 3, "500mbit", [("allreduce", {}), ("owt", {}), ("gpipe", {"microbatches": 4})]),
+    ("vgg16", 6, "1gbit", [("allreduce", {}), ("owt", {}), ("mesh", {"dp": 3, "pp": 2})]),
+    ("vgg16", 8, "250mbit", [("allreduce", {}), ("owt", {}), ("mesh", {"dp": 4, "pp": 2})]),
+    ("vgg16", 2, "500mbit", [("allreduce", {}), ("pipedream", {}), ("1f1b", {"microbatches": 4})]),
+    ("gpt-mini", 3, "500mbit", [("allreduce", {}), ("ps", {"servers": 1}), ("gpipe", {"microbatches": 4})]),
+    ("gpt-mini", 2, "100mbit", [("allreduce", {}), ("tensor", {}), ("1f1b", {"microbatches": 4})]),
+    ("gpt-mini", 8, "1gbit", [("allreduce", {}), ("local-sgd", {"period": 4}), ("mesh", {"dp": 4, "tp": 2})]),
+    ("gpt-mini", 6, "250mbit", [("allreduce", {}), ("mesh", {"dp": 3, "tp": 2}), ("ps", {"servers": 2})]),
+]
+RAW = pa.HERE / "results" / "plan_accuracy_blind_raw.json"
+FROZEN = pa.HERE / "results" / "plan_accuracy.json"
+
+
+def analyse(raw: dict[str, Any]) -> None:
+    frozen = json.loads(FROZEN.read_text())["summary"]
+    c = frozen["calibration"]
+    rows = merge_repeats([r for r in raw["runs"] if "measured_step_s" in r])
+    failed = [r for r in raw["runs"] if "measured_step_s" not in r]
+    os.environ["POLYTRAIN_CACHE"] = str(pa.PROFILES)
+    profiles = pa.stored_profiles(raw)
+    predict(rows, profiles, c["compute_scale"], c["extra_alpha_s"], c["cores_per_host"],
+            c["action_overhead_s"], c["pass_overhead_s"])
+    for r in rows:
+        r["measured_ms"], r["predicted_ms"] = r["measured_step_s"] * 1e3, r["predicted_step_s"] * 1e3
+        r["error_%"] = round(100 * r["error"], 1)
+        r["opts"] = " ".join(f"{k}={v}" for k, v in r["options"].items())
+    hits, total, lines = recommended_hits(rows, {r["scenario"] for r in rows})
+    summary = {
+        "frozen_calibration": c,
+        "frozen_fit_commit": frozen["git_commit"],
+        "blind": stats([r["error"] for r in rows]),
+        "median_signed_error": statistics.median(r["error"] for r in rows),
+        "recommended_is_fastest": f"{hits}/{total}",
+        "runs": sum(r["repeats"] for r in rows),
+        "repeats_min_max": [min(r["repeats"] for r in rows), max(r["repeats"] for r in rows)],
+        "runs_commit": raw.get("commit"),
+        "failed_runs": failed,
+    }
+    cols = ["scenario", "model", "hosts", "nic", "strategy", "opts", "measured_ms", "measured_min_ms",
+            "measured_max_ms", "repeats", "predicted_ms", "error_%", "load_start"]
+    notes = "\n".join([f"Summary: {json.dumps(summary)}", "", *lines])
+    write_results("plan_accuracy_blind", [{k: r.get(k) for k in [*cols, "repeat_step_s"]} for r in rows],
+                  cols, notes, extra={"summary": summary})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--analyse", action="store_true", help="only recompute from the saved raw runs")
+    p.add_argument("--resume", action="store_true", help="keep and skip the runs already saved")
+    p.add_argument("--no-analyse", action="store_true", help="measure only (a chunk); analyse later")
+    p.add_argument("--budget-min", type=float, default=math.inf)
+    a = p.parse_args()
+    if not a.analyse:
+        pa.measure(a.steps, None, a.repeats, a.resume, 60 * a.budget_min, BLIND, RAW)
+        if a.no_analyse:
+            return
+    analyse(json.loads(Path(RAW).read_text()))
+
+
+if __name__ == "__main__":
+    main()
