@@ -143,9 +143,11 @@ def step_times(run_dir: Path, skip: int = 2) -> list[float]:
 
 
 def run_one(
-    model: str, hosts: int, nic: str, strategy: str, opts: dict[str, Any], steps: int
+    model: str, hosts: int, nic: str, strategy: str, opts: dict[str, Any], steps: int,
+    batch: int | None = None,
 ) -> dict[str, Any]:
-    args, batch = MODELS[model]
+    args, default_batch = MODELS[model]
+    batch = batch or default_batch
     out = Path(tempfile.mkdtemp()) / "run"
     sets = [x for k, v in opts.items() for x in ("--set", f"{k}={v}")]
     cmd = [
@@ -185,6 +187,7 @@ def run_one(
         "nic": nic,
         "strategy": strategy,
         "options": opts,
+        "batch": batch,
         "load_start": load0,
         "load_end": os.getloadavg()[0],
     }
@@ -226,7 +229,7 @@ def measure(
         profiles.append({"model": m, "time": time.time(), "load": os.getloadavg()[0], "profile": _profile(m)})
     for rep in range(repeats):
         for i in todo:
-            model, hosts, nic, strategies = scenarios[i]
+            model, hosts, nic, strategies, *batch = scenarios[i]  # a 5th item: its global batch
             for strategy, opts in strategies:
                 if (i, strategy, rep) in done:
                     continue
@@ -234,7 +237,8 @@ def measure(
                     print(f"budget reached: stopping before scenario {i} {strategy} repeat {rep}")
                     return rows
                 t1 = time.monotonic()
-                row = {"scenario": i, "repeat": rep, **run_one(model, hosts, nic, strategy, opts, steps)}
+                got = run_one(model, hosts, nic, strategy, opts, steps, *batch)
+                row = {"scenario": i, "repeat": rep, **got}
                 longest = max(longest, time.monotonic() - t1)
                 print(json.dumps({k: v for k, v in row.items() if k != "step_times"}), flush=True)
                 rows.append(row)

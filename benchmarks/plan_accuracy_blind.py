@@ -26,20 +26,21 @@ import plan_accuracy as pa
 from harness import write_results
 from plan_accuracy_model import merge_repeats, predict, recommended_hits, stats
 
-# (model, hosts, nic, [(strategy, --set options)]), fixed before any of them was measured
-BLIND: list[tuple[str, int, str, list[tuple[str, dict[str, Any]]]]] = [
-    ("cnn", 3, "500mbit", [("allreduce", {}), ("ps", {"servers": 1}), ("gpipe", {"microbatches": 4})]),
-    ("cnn", 6, "250mbit", [("allreduce", {}), ("local-sgd", {"period": 4}), ("ps", {"servers": 2})]),
+# (model, hosts, nic, [(strategy, --set options)][, batch]), fixed before any of them was measured
+BLIND: list[tuple[Any, ...]] = [  # a 5th item: the global batch, where the default does not divide
+    ("cnn", 3, "500mbit", [("allreduce", {}), ("ps", {"servers": 1}), ("gpipe", {"microbatches": 4})], 48),
+    ("cnn", 6, "250mbit", [("allreduce", {}), ("local-sgd", {"period": 4}), ("ps", {"servers": 2})], 48),
     ("cnn", 2, "1gbit", [("allreduce", {}), ("1f1b", {"microbatches": 4}), ("layerwise", {})]),
     ("cnn", 8, "100mbit", [("allreduce", {}), ("ps", {"servers": 4}), ("owt", {})]),
-    ("vgg16", 3, "500mbit", [("allreduce", {}), ("owt", {}), ("gpipe", {"microbatches": 4})]),
-    ("vgg16", 6, "1gbit", [("allreduce", {}), ("owt", {}), ("mesh", {"dp": 3, "pp": 2})]),
+    ("vgg16", 3, "500mbit", [("allreduce", {}), ("owt", {}), ("gpipe", {"microbatches": 4})], 48),
+    ("vgg16", 6, "1gbit", [("allreduce", {}), ("owt", {}), ("mesh", {"dp": 3, "pp": 2})], 48),
     ("vgg16", 8, "250mbit", [("allreduce", {}), ("owt", {}), ("mesh", {"dp": 4, "pp": 2})]),
     ("vgg16", 2, "500mbit", [("allreduce", {}), ("pipedream", {}), ("1f1b", {"microbatches": 4})]),
-    ("gpt-mini", 3, "500mbit", [("allreduce", {}), ("ps", {"servers": 1}), ("gpipe", {"microbatches": 4})]),
+    ("gpt-mini", 3, "500mbit",
+     [("allreduce", {}), ("ps", {"servers": 1}), ("gpipe", {"microbatches": 4})], 24),
     ("gpt-mini", 2, "100mbit", [("allreduce", {}), ("tensor", {}), ("1f1b", {"microbatches": 4})]),
     ("gpt-mini", 8, "1gbit", [("allreduce", {}), ("local-sgd", {"period": 4}), ("mesh", {"dp": 4, "tp": 2})]),
-    ("gpt-mini", 6, "250mbit", [("allreduce", {}), ("mesh", {"dp": 3, "tp": 2}), ("ps", {"servers": 2})]),
+    ("gpt-mini", 6, "250mbit", [("allreduce", {}), ("mesh", {"dp": 3, "tp": 2}), ("ps", {"servers": 2})], 24),
 ]
 RAW = pa.HERE / "results" / "plan_accuracy_blind_raw.json"
 FROZEN = pa.HERE / "results" / "plan_accuracy.json"

@@ -63,20 +63,20 @@ def merge_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _config(row: dict[str, Any]) -> Any:
     key = (row["model"], row["strategy"], row["hosts"], json.dumps(row["options"], sort_keys=True))
-    return _config_of(*key)
+    return _config_of(*key, row.get("batch"))
 
 
 @functools.cache  # the fit prices every row thousands of times
-def _config_of(model: str, strategy: str, hosts: int, options: str) -> Any:
+def _config_of(model: str, strategy: str, hosts: int, options: str, batch: int | None = None) -> Any:
     from polytrain.config import load_config
 
     row = {"model": model, "strategy": strategy, "hosts": hosts, "options": json.loads(options)}
 
-    args, batch = MODELS[row["model"]]
+    args, default_batch = MODELS[row["model"]]
     over = {
         "model": args[1],
         "dataset": args[-1],
-        "batch_size": batch,
+        "batch_size": batch or default_batch,
         "optimizer": "sgd",
         "strategy": row["strategy"],
         "procs": row["hosts"],
