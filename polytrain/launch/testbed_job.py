@@ -98,6 +98,7 @@ def run_testbed(hosts: int, nic: str, latency: str | None, loss: str | None,
     _check_supports(strategies)
     root = Path(_take(args, "--out") or f"runs/{stamp}-testbed-{command}")
     args = _without(_without(args, "--out"), "--strategy")
+    _check_job(strategies, args, hosts, hosts * nper)
     code = 0
     with Testbed(hosts, nic, latency=latency, loss=loss) as tb:
         for name in strategies:
@@ -135,6 +136,20 @@ def _run_aco(hosts: int, nic: str, latency: str | None, loss: str | None, nper: 
         code = run_torchrun(tb, ["-m", "polytrain", "aco", *args, "--out", str(out)], nper)
         _annotate(out, before, tb.interface_bytes())
     return code
+
+
+def _check_job(strategies: list[str], args: list[str], hosts: int, procs: int) -> None:
+    """Validate the whole job, as every host's ``prepare()`` will, before any emulated host starts:
+    a bad flag or option is one error line here, not a failure inside N torchrun agents."""
+    from polytrain.cli import _overrides, build_parser
+    from polytrain.config import load_config
+    from polytrain.launch.prepare import prepare
+
+    ns = build_parser().parse_args(["train", *args, "--procs", str(procs)])
+    for name in strategies:
+        if name != "auto":  # resolved by the planner on the first host
+            prepare(load_config(ns.config, {**_overrides(ns), "strategy": name}, ns.sets),
+                    hosts=hosts, testbed=True)
 
 
 def _check_supports(strategies: list[str]) -> None:
