@@ -35,6 +35,19 @@ from harness import alternating, write_results  # noqa: E402
 CORES = float(os.cpu_count() or 1)
 
 
+COMPUTE_SLOWDOWN = 1.0  # the planner's compute is the profile's × contention; no more
+
+
+def planner_allreduce_s(world: int) -> float:
+    """The planner's price of this experiment's all-reduce on this machine: ``world`` processes on
+    one host sharing its cores (`plan.predict.run_cluster`, `plan.cost.allreduce_s`)."""
+    sys.path.insert(0, str(HERE.parent))
+    from polytrain.plan.cost import allreduce_s
+    from polytrain.plan.predict import run_cluster
+
+    return allreduce_s(1024.0, list(range(world)), run_cluster(world, None))
+
+
 def _work(ops: int) -> None:
     import torch
 
@@ -112,6 +125,7 @@ def main() -> None:
     rows = []
     for world in worlds:
         t_ar = statistics.median(r["step_s"] for r in runs if (r["world"], r["compute_s"]) == (world, 0.0))
+        priced = planner_allreduce_s(world)
         share = max(1.0, world / CORES)
         for c in sizes:
             per = sorted(r["step_s"] for r in runs if (r["world"], r["compute_s"]) == (world, c))
@@ -120,16 +134,21 @@ def main() -> None:
             rows.append({"world": world, "compute_ms": c * 1e3, "share": round(share, 2),
                          "measured_ms": f"{med * 1e3:.2f} ({per[0] * 1e3:.2f}–{per[-1] * 1e3:.2f})",
                          "expected_ms": round(expected * 1e3, 2),
-                         "wait_ms": round((med - expected) * 1e3, 2), "repeats": len(per),
+                         "wait_ms": round((med - expected) * 1e3, 2),
+                         "planner_ms": round((c * share * COMPUTE_SLOWDOWN + priced) * 1e3, 2),
+                         "repeats": len(per),
                          "wait_s": med - expected, "measured_s": med})
     notes = (f"W processes on {CORES:g} cores, one torch thread each, gloo over loopback: {a.iters} "
              "iterations of (compute_ms of 64x64 matmuls, timed alone; one blocking all-reduce of 1 kB), "
              "the median iteration after five, the median over ranks; median (min–max) of "
              f"{a.repeats} interleaved launches. expected = compute × max(1, W / cores) + the all-reduce "
              "with no compute (the compute_ms 0 row); wait = measured − expected: what one blocking "
-             "collective adds when its ranks time-share the cores.")
+             "collective adds when its ranks time-share the cores. planner_ms: the planner's price of the "
+             "same iteration on this machine (compute × contention, plus its all-reduce of 1 kB over W "
+             "processes on one host: `plan.cost.allreduce_s` on `plan.predict.run_cluster`), uncalibrated.")
     write_results("plan_sync", rows, ["world", "compute_ms", "share", "measured_ms", "expected_ms",
-                                      "wait_ms", "repeats"], notes, extra={"runs": runs, "plan": plan})
+                                      "wait_ms", "planner_ms", "repeats"], notes,
+                  extra={"runs": runs, "plan": plan})
 
 
 if __name__ == "__main__":
