@@ -50,6 +50,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 from plan_accuracy_model import (  # noqa: E402
     MACHINE_CORES,
     MODELS,
+    add_display_columns,
     crossover,
     fit,
     merge_repeats,
@@ -292,11 +293,9 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
     scale, alpha, per_host, overhead, per_pass = fit([r for r in rows if r["scenario"] in calib], profiles,
                                                    pass_overheads)
     predict(rows, profiles, scale, alpha, per_host, overhead, per_pass)
+    add_display_columns(rows)
     for r in rows:
         r["set"] = "calibration" if r["scenario"] in calib else "held back"
-        r["measured_ms"], r["predicted_ms"] = r["measured_step_s"] * 1e3, r["predicted_step_s"] * 1e3
-        r["error_%"] = round(100 * r["error"], 1)
-        r["opts"] = " ".join(f"{k}={v}" for k, v in r["options"].items())
     held_stats = stats([r["error"] for r in rows if r["set"] == "held back"])
     calib_stats = stats([r["error"] for r in rows if r["set"] == "calibration"])
     hits, total, lines = recommended_hits(rows, {r["scenario"] for r in rows})

@@ -24,7 +24,7 @@ from typing import Any
 
 import plan_accuracy as pa
 from harness import write_results
-from plan_accuracy_model import merge_repeats, predict, recommended_hits, stats
+from plan_accuracy_model import add_display_columns, merge_repeats, predict, recommended_hits, stats
 
 # (model, hosts, nic, [(strategy, --set options)][, batch]), fixed before any of them was measured
 BLIND: list[tuple[Any, ...]] = [  # a 5th item: the global batch, where the default does not divide
@@ -55,10 +55,7 @@ def analyse(raw: dict[str, Any]) -> None:
     profiles = pa.stored_profiles(raw)
     predict(rows, profiles, c["compute_scale"], c["extra_alpha_s"], c["cores_per_host"],
             c["action_overhead_s"], c["pass_overhead_s"])
-    for r in rows:
-        r["measured_ms"], r["predicted_ms"] = r["measured_step_s"] * 1e3, r["predicted_step_s"] * 1e3
-        r["error_%"] = round(100 * r["error"], 1)
-        r["opts"] = " ".join(f"{k}={v}" for k, v in r["options"].items())
+    add_display_columns(rows)
     hits, total, lines = recommended_hits(rows, {r["scenario"] for r in rows})
     summary = {
         "frozen_calibration": c,

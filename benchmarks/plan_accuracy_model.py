@@ -181,6 +181,14 @@ def recommended_hits(rows: list[dict[str, Any]], scenarios: set[int]) -> tuple[i
     return hits, len(scenarios), lines
 
 
+def add_display_columns(rows: list[dict[str, Any]]) -> None:
+    """The results table's columns of a predicted row: milliseconds, error in %, options as text."""
+    for r in rows:
+        r["measured_ms"], r["predicted_ms"] = r["measured_step_s"] * 1e3, r["predicted_step_s"] * 1e3
+        r["error_%"] = round(100 * r["error"], 1)
+        r["opts"] = " ".join(f"{k}={v}" for k, v in r["options"].items())
+
+
 def stats(errors: list[float]) -> dict[str, float]:
     a = [abs(e) for e in errors]
     return {"median_abs_error": statistics.median(a), "max_abs_error": max(a), "n": len(a)}

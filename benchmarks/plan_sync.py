@@ -29,19 +29,16 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
 
 from harness import alternating, write_results  # noqa: E402
 
 CORES = float(os.cpu_count() or 1)
 
 
-COMPUTE_SLOWDOWN = 1.0  # the planner's compute is the profile's × contention; no more
-
-
 def planner_allreduce_s(world: int) -> float:
     """The planner's price of this experiment's all-reduce on this machine: ``world`` processes on
     one host sharing its cores (`plan.predict.run_cluster`, `plan.cost.allreduce_s`)."""
-    sys.path.insert(0, str(HERE.parent))
     from polytrain.plan.cost import allreduce_s
     from polytrain.plan.predict import run_cluster
 
@@ -135,7 +132,7 @@ def main() -> None:
                          "measured_ms": f"{med * 1e3:.2f} ({per[0] * 1e3:.2f}–{per[-1] * 1e3:.2f})",
                          "expected_ms": round(expected * 1e3, 2),
                          "wait_ms": round((med - expected) * 1e3, 2),
-                         "planner_ms": round((c * share * COMPUTE_SLOWDOWN + priced) * 1e3, 2),
+                         "planner_ms": round((c * share + priced) * 1e3, 2),
                          "repeats": len(per),
                          "wait_s": med - expected, "measured_s": med})
     notes = (f"W processes on {CORES:g} cores, one torch thread each, gloo over loopback: {a.iters} "

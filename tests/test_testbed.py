@@ -321,6 +321,24 @@ def test_allreduce_is_shaped_to_the_configured_rate(tmp_path: Path) -> None:
         assert res["payload"] <= tx <= 1.001 * res["wire"][h] <= 1.1 * res["payload"], res
     assert res["record"]["procs_per_host"] == 1
 
+@pytest.mark.parametrize(
+    ("job", "rule"),
+    [
+        (["train", "--strategy", "allreduce", "--procs", "3", "--batch-size", "64"], "multiple of 3"),
+        (["train", "--strategy", "ps", "--procs", "3", "--set", "servers=5"], "servers"),
+        (["compare", "--strategies", "allreduce,gpipe", "--procs", "3", "--set", "nope=1"], "nope"),
+    ],
+)
+def test_testbed_job_is_validated_before_any_host_starts(job: list[str], rule: str) -> None:
+    """The whole job goes through the hosts' own ``prepare()`` first: one error line, no host
+    started (no root needed to see it)."""
+    from rich.console import Console
+
+    from polytrain.launch.testbed_job import run_testbed
+
+    with pytest.raises(ConfigError, match=rule):
+        run_testbed(3, "1gbit", None, None, None, job, Console())
+
 
 def bench() -> None:
     """Print the markdown table quoted in polytrain/launch/testbed.py's docstring."""
@@ -345,21 +363,3 @@ if __name__ == "__main__" and "--bench" in sys.argv:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     bench()
 
-
-@pytest.mark.parametrize(
-    ("job", "rule"),
-    [
-        (["train", "--strategy", "allreduce", "--procs", "3", "--batch-size", "64"], "multiple of 3"),
-        (["train", "--strategy", "ps", "--procs", "3", "--set", "servers=5"], "servers"),
-        (["compare", "--strategies", "allreduce,gpipe", "--procs", "3", "--set", "nope=1"], "nope"),
-    ],
-)
-def test_testbed_job_is_validated_before_any_host_starts(job: list[str], rule: str) -> None:
-    """The whole job goes through the hosts' own ``prepare()`` first: one error line, no host
-    started (no root needed to see it)."""
-    from rich.console import Console
-
-    from polytrain.launch.testbed_job import run_testbed
-
-    with pytest.raises(ConfigError, match=rule):
-        run_testbed(3, "1gbit", None, None, None, job, Console())

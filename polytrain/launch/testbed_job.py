@@ -95,7 +95,6 @@ def run_testbed(hosts: int, nic: str, latency: str | None, loss: str | None,
             raise ConfigError("compare needs --strategies a,b,c")
         strategies = [s.strip() for s in names.split(",") if s.strip()]
         args = _without(_without(args, "--strategies"), "--target-accuracy")
-    _check_supports(strategies)
     root = Path(_take(args, "--out") or f"runs/{stamp}-testbed-{command}")
     args = _without(_without(args, "--out"), "--strategy")
     _check_job(strategies, args, hosts, hosts * nper)
@@ -139,25 +138,14 @@ def _run_aco(hosts: int, nic: str, latency: str | None, loss: str | None, nper: 
 
 
 def _check_job(strategies: list[str], args: list[str], hosts: int, procs: int) -> None:
-    """Validate the whole job, as every host's ``prepare()`` will, before any emulated host starts:
-    a bad flag or option is one error line here, not a failure inside N torchrun agents."""
+    """Validate the whole job for each strategy — that it runs on the testbed, its options, the batch
+    against the ranks, model and data — with the hosts' own ``prepare()``, before any emulated host
+    starts: a bad job is one error line here, not a failure inside N torchrun agents."""
     from polytrain.cli import _overrides, build_parser
     from polytrain.config import load_config
     from polytrain.launch.prepare import prepare
 
     ns = build_parser().parse_args(["train", *args, "--procs", str(procs)])
     for name in strategies:
-        if name != "auto":  # resolved by the planner on the first host
-            prepare(load_config(ns.config, {**_overrides(ns), "strategy": name}, ns.sets),
-                    hosts=hosts, testbed=True)
-
-
-def _check_supports(strategies: list[str]) -> None:
-    """Refuse, before any emulated host starts, a strategy that cannot run on the testbed (the
-    job's other flags are checked by every host's ``prepare()``)."""
-    from polytrain.config import load_config
-    from polytrain.launch.prepare import check_supports, job_request
-
-    for name in strategies:
-        cfg = load_config(None, {"strategy": name})
-        check_supports(cfg, job_request(cfg, testbed=True))
+        cfg = load_config(ns.config, {**_overrides(ns), "strategy": name}, ns.sets)
+        prepare(cfg, hosts=hosts, testbed=True)
