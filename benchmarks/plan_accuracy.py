@@ -290,9 +290,9 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
         profiles[m] = cached_profile(model_config(m))
     calib = {i for i in range(len(SCENARIOS)) if i % 2 == 0}
     held = set(range(len(SCENARIOS))) - calib
-    scale, alpha, per_host, overhead, per_pass = fit([r for r in rows if r["scenario"] in calib], profiles,
-                                                   pass_overheads)
-    predict(rows, profiles, scale, alpha, per_host, overhead, per_pass)
+    scale, alpha, per_host, overhead, per_pass, call = fit(
+        [r for r in rows if r["scenario"] in calib], profiles, pass_overheads)
+    predict(rows, profiles, scale, alpha, per_host, overhead, per_pass, call)
     add_display_columns(rows)
     for r in rows:
         r["set"] = "calibration" if r["scenario"] in calib else "held back"
@@ -313,6 +313,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
             "machine_cores": MACHINE_CORES,
             "action_overhead_s": overhead,
             "pass_overhead_s": per_pass,
+            "call_s": call,
             "scenarios": sorted(calib),
         },
         "held_back": held_stats,

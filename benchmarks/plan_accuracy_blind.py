@@ -77,7 +77,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind") -> None:
     os.environ["POLYTRAIN_CACHE"] = str(pa.PROFILES)
     profiles = pa.stored_profiles(raw)
     predict(rows, profiles, c["compute_scale"], c["extra_alpha_s"], c["cores_per_host"],
-            c["action_overhead_s"], c["pass_overhead_s"])
+            c["action_overhead_s"], c["pass_overhead_s"], c.get("call_s", 0.0))
     add_display_columns(rows)
     hits, total, lines = recommended_hits(rows, {r["scenario"] for r in rows})
     summary = {

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import json
 import math
 import os
@@ -98,10 +97,12 @@ def predict(
     per_host: float = 0.0,
     overhead: float = 0.0,
     pass_overhead: float | dict[str, float] = 0.0,
+    call: float = 0.0,
 ) -> None:
     """Predict every row in place. ``per_host``: the share of a core each emulated host's own
     processes take, so the ranks share ``MACHINE_CORES - per_host * hosts`` cores;
-    ``pass_overhead``: one number, or one per model."""
+    ``pass_overhead``: one number, or one per model; ``call``: a rank's own time per collective
+    call (`Cluster.call_s`)."""
     from polytrain.plan.cluster import parse_rate
     from polytrain.plan.estimate import Scene
     from polytrain.plan.predict import estimate_for, run_cluster
@@ -116,6 +117,7 @@ def predict(
             latency_s=cluster.latency_s + alpha,
             intra_latency_s=cluster.intra_alpha + alpha,
             cores=max(0.25, MACHINE_CORES - per_host * r["hosts"]),
+            call_s=call,
         )
         per_pass = pass_overhead[r["model"]] if isinstance(pass_overhead, dict) else pass_overhead
         scene = Scene(profiles[r["model"]], cluster, cfg.batch_size, scale, overhead, per_pass)
@@ -132,23 +134,45 @@ GRIDS: tuple[tuple[float, ...], ...] = (
     (0.0, 2e-4, 5e-4, 1e-3, 2e-3),  # extra α per message
     (0.0, 0.03, 0.06, 0.1, 0.15, 0.2, 0.25),  # share of a core per emulated host
     (0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 2e-3),  # pipeline executor, per action
-    (0.0, 5e-4, 1e-3, 2e-3, 4e-3),  # other runtimes, per forward/backward pass
+    (0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 1.5e-3, 2e-3, 4e-3),  # other runtimes, per forward/backward pass
+    (0.0, 5e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3),  # a rank's own time per collective call
 )
+# where the searches start (each number snapped to its grid): compute scale, per-action overhead and
+# time per collective call low and high, as those three trade against each other
+STARTS = [(s, 0.0, 0.0, a, 0.0, c) for s in (0.8, 1.0, 1.25) for a in (0.0, 1e-3) for c in (0.0, 2e-3)]
 
 
 def fit(rows: list[dict[str, Any]], profiles: dict[str, Any],
         pass_overheads: dict[str, float] | None = None) -> tuple[Any, ...]:
     """(compute scale, extra α, cores taken per emulated host, per-action overhead of the pipeline
-    executor, per-pass overhead of the other runtimes) minimising the mean |log(pred/meas)| on
-    ``rows``, over every combination of `GRIDS`; ``pass_overheads``: measured per model, not fitted."""
-    grids: tuple[tuple[Any, ...], ...] = GRIDS if pass_overheads is None else (*GRIDS[:4], (pass_overheads,))
-    best: tuple[Any, ...] = (math.inf,)
-    for x in itertools.product(*grids):
-        predict(rows, profiles, *x)
-        score = statistics.mean(abs(math.log(r["predicted_step_s"] / r["measured_step_s"])) for r in rows)
-        if score < best[0]:  # the first of equal scores, as min over the tuples kept it
-            best = (score, *x)
-    return best[1:]
+    executor, per-pass overhead of the other runtimes, time per collective call) minimising the
+    mean |log(pred/meas)| on ``rows``: coordinate descent over `GRIDS` — each number in turn set to
+    its grid value that scores best (the first of equal scores), sweeps repeated until none moves —
+    from each of `STARTS`, the best end kept; ``pass_overheads``: measured per model, not fitted."""
+    grids: list[tuple[Any, ...]] = list(GRIDS)
+    if pass_overheads is not None:
+        grids[4] = (pass_overheads,)
+
+    def score(y: list[Any]) -> float:
+        predict(rows, profiles, *y)
+        return statistics.mean(abs(math.log(r["predicted_step_s"] / r["measured_step_s"])) for r in rows)
+
+    ends = []
+    for start in STARTS:
+        # each number starts at its grid value nearest the start (a measured dict: its only value)
+        x = [min(g, key=lambda v, s=s: abs(v - s) if isinstance(v, float) else 0.0)
+             for g, s in zip(grids, start, strict=True)]
+        best, moved = score(x), True
+        while moved:
+            moved = False
+            for i, grid in enumerate(grids):
+                for v in grid:
+                    y = [*x[:i], v, *x[i + 1:]]
+                    s = score(y)
+                    if s < best - 1e-12:
+                        best, x, moved = s, y, True
+        ends.append((best, x))
+    return tuple(min(ends, key=lambda e: e[0])[1])
 
 
 def crossover(rows: list[dict[str, Any]], key: str) -> int | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from polytrain.errors import ConfigError
@@ -12,6 +14,7 @@ from polytrain.plan.cost import (
     allreduce_s,
     buckets_of,
     ddp_overlap,
+    group_allgather_s,
     ps_traffic,
     refilled,
     ring_allreduce_s,
@@ -133,8 +136,18 @@ def test_shared_cores_scale_alpha_by_hand() -> None:
     # Ring (tiny message): 2*7 messages * 4 ms; tree: 2*3 levels * 4 ms = 24 ms is the faster
     cl = Cluster(hosts=8, procs_per_host=1, nic_bps=1e12, intra_bps=1e12, latency_s=1e-3, cores=2)
     assert allreduce_s(1.0, range(8), cl) == pytest.approx(0.024, rel=1e-6)
+    # 2 of the 8 ranks (a dp×tp mesh's tensor pair): every rank computes between collectives, so
+    # the pair's 2 messages wait on the machine's contention too, 2 * 4 ms
+    assert allreduce_s(1.0, [0, 1], cl) == pytest.approx(0.008, rel=1e-6)
     # 2 ranks on 2 cores: no contention, α unchanged (tree = ring = 2 messages of 1 ms)
-    assert allreduce_s(1.0, [0, 1], cl) == pytest.approx(0.002, rel=1e-6)
+    pair = Cluster(hosts=2, procs_per_host=1, nic_bps=1e12, intra_bps=1e12, latency_s=1e-3, cores=2)
+    assert allreduce_s(1.0, [0, 1], pair) == pytest.approx(0.002, rel=1e-6)
+    # a call's own time: 0.5 ms per all-reduce or all-gather, times the contention 8/2
+    called = replace(cl, call_s=5e-4)
+    assert allreduce_s(1.0, range(8), called) == pytest.approx(0.024 + 0.002, rel=1e-6)
+    extra = group_allgather_s(1.0, range(8), called) - group_allgather_s(1.0, range(8), cl)
+    assert extra == pytest.approx(0.002)
+    assert allreduce_s(1.0, [0], called) == 0.0  # one rank: no call
     # without shared cores nothing changes
     free = Cluster(hosts=8, procs_per_host=1, nic_bps=1e12, intra_bps=1e12, latency_s=1e-3)
     assert allreduce_s(1.0, range(8), free) == pytest.approx(0.006, rel=1e-6)

@@ -79,6 +79,7 @@ class Cluster:
     intra_latency_s: float | None = None
     cores: float | None = None
     burst_bytes: float = 0.0  # a shaped NIC's bucket: bytes sent at line speed after an idle spell
+    call_s: float = 0.0  # a rank's own time per collective call, beyond its messages (see plan.cost)
 
     @property
     def world(self) -> int:
@@ -117,6 +118,7 @@ class Cluster:
             "intra_latency_s": self.intra_alpha,
             "cores": self.cores,
             "burst_bytes": self.burst_bytes,
+            "call_s": self.call_s,
         }
 
     @classmethod

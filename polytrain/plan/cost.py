@@ -22,8 +22,13 @@ A message of S bytes over a link costs α + S/β (α: latency per message, s; β
   ``(S − burst)⁺/β`` (`Link.wire_s`); the NIC's flows share the bucket as they share its rate;
   the bucket refills at the shaped rate, so after ``t`` seconds of compute only ``min(burst, β·t)``
   is back (`refilled`: collectives separated by a little compute, as tensor parallelism's);
-- shared cores (`shared_cores`): where all ranks share a machine's cores (the testbed), a
-  collective over n > cores ranks pays α·n/cores per message (each hop waits to be scheduled);
+- shared cores (`shared_cores`): where all ranks share a machine's cores (the testbed), every
+  message of a collective pays α·W/cores when the machine's W ranks outnumber its cores (each hop
+  waits for its receiver to be scheduled, and every rank computes between collectives, not only
+  the collective's own: a dp×tp mesh's pair of tensor-parallel ranks waits on all W);
+- a collective call's own time (``Cluster.call_s``): entering the collective and waking from it
+  costs a rank a fixed time beyond its messages, which on shared cores also grows by W/cores
+  (`call_s`; measured on the testbed by `benchmarks/plan_accuracy.py`'s calibration);
 - tensor-parallel collectives: per transformer block, two all-reduces of the (B, T, D) activations
   in forward and two of their gradients in backward (Megatron's f and g), `tp_block_s`.
 
@@ -105,25 +110,34 @@ def hosts_of(cluster: Cluster, ranks: Sequence[int]) -> int:
 
 
 def shared_cores(cluster: Cluster, n: float) -> Cluster:
-    """On shared cores (the testbed) every hop of a collective over ``n`` ranks waits for the next
-    rank to be scheduled: each message's α grows by the cores' contention, n/cores when n > cores."""
+    """On shared cores (the testbed) every hop waits for its receiver to be scheduled among ``n``
+    ranks competing for the cores: each message's α grows by the contention, n/cores when n > cores."""
     k = cluster.contention(n)
     if k == 1.0:
         return cluster
     return replace(cluster, latency_s=cluster.latency_s * k, intra_latency_s=cluster.intra_alpha * k)
 
 
+def call_s(cluster: Cluster) -> float:
+    """A rank's own time per collective call: ``Cluster.call_s``, times W/cores on shared cores."""
+    return cluster.call_s * cluster.contention(cluster.world)
+
+
 def allreduce_s(nbytes: float, ranks: Sequence[int], cluster: Cluster, nic_share: int = 1) -> float:
-    """Fastest of flat ring, tree and two-level all-reduce of ``nbytes`` over ``ranks``."""
+    """Fastest of flat ring, tree and two-level all-reduce of ``nbytes`` over ``ranks``, plus the
+    call's own time (`call_s`)."""
     n = len(ranks)
-    cluster = shared_cores(cluster, n)
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    own = call_s(cluster)
+    cluster = shared_cores(cluster, cluster.world)
     hosts = hosts_of(cluster, ranks)
     if hosts <= 1:
         link = intra_link(cluster)
-        return min(ring_allreduce_s(nbytes, n, link), tree_allreduce_s(nbytes, n, link))
+        return own + min(ring_allreduce_s(nbytes, n, link), tree_allreduce_s(nbytes, n, link))
     link = nic_link(cluster, nic_share)
     flat = min(ring_allreduce_s(nbytes, n, link), tree_allreduce_s(nbytes, n, link))
-    return min(flat, two_level_allreduce_s(nbytes, n // hosts, hosts, cluster, nic_share))
+    return own + min(flat, two_level_allreduce_s(nbytes, n // hosts, hosts, cluster, nic_share))
 
 
 def two_level_allreduce_s(
@@ -141,9 +155,12 @@ def two_level_allreduce_s(
 def group_allgather_s(
     total_bytes: float, ranks: Sequence[int], cluster: Cluster, nic_share: int = 1
 ) -> float:
-    cluster = shared_cores(cluster, len(ranks))
+    if len(ranks) <= 1 or total_bytes <= 0:
+        return 0.0
+    own = call_s(cluster)
+    cluster = shared_cores(cluster, cluster.world)
     link = intra_link(cluster) if hosts_of(cluster, ranks) <= 1 else nic_link(cluster, nic_share)
-    return allgather_s(total_bytes, len(ranks), link)
+    return own + allgather_s(total_bytes, len(ranks), link)
 
 
 def p2p_s(nbytes: float, a: int, b: int, cluster: Cluster, nic_share: int = 1) -> float:
