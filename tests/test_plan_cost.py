@@ -165,6 +165,9 @@ def test_shaped_link_bucket_by_hand() -> None:
     t = ps_traffic([3 * MB, 1 * MB], [0, 1], [2, 3, 4, 5], shaped)
     assert t.phase_s == pytest.approx(0.11)  # (12 MB − 1 MB) / 100 MB/s
     assert Cluster.parse("hosts=2,nic=100mbit,burst=50kB").burst_bytes == 50_000
+    assert Cluster.parse("hosts=2,cores=2,call=1.5ms").call_s == pytest.approx(1.5e-3)
+    with pytest.raises(ConfigError, match=r"'call' is '2'.*call=5us"):
+        Cluster.parse("hosts=2,call=2")
     for nic in (1e7, 1e8):  # the bucket never makes a faster link slower
         fast, slow = Link(1e-4, nic * 10, 5e4), Link(1e-4, nic, 5e4)
         assert ring_allreduce_s(MB, 4, fast) <= ring_allreduce_s(MB, 4, slow)

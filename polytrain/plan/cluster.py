@@ -11,6 +11,9 @@
   ``intra_latency`` the same inside a host (default: a tenth of ``latency``);
 - ``burst``: bytes a NIC passes at line speed after it has been idle — the depth of a token-bucket
   shaper such as the testbed's ``tbf`` (4 ms of its rate); 0 (default) for a plain link;
+- ``call``: a rank's own time per collective call beyond its messages — entering the call and
+  waking from it (``1.5ms`` on the testbed, as `benchmarks/plan_accuracy.py` calibrates it; 0 by
+  default); on shared cores it grows by (ranks / cores), as every message's α does;
 - ``cores``: when set, ALL ranks of the cluster share this many cores — an emulated cluster on one
   machine (the testbed) — so compute slows by (busy ranks / cores) when more ranks than cores
   compute at once. Unset: every rank has its own device.
@@ -31,7 +34,7 @@ _RATE_RE = re.compile(rf"^{_NUM}\s*([kmgt]?)(bit|byte|b)?(?:/s|ps)?$", re.IGNORE
 _TIME_RE = re.compile(rf"^{_NUM}\s*(ns|us|µs|ms|s)$", re.IGNORECASE)
 _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
-FIELDS = ("hosts", "procs_per_host", "nic", "intra", "latency", "intra_latency", "cores", "burst")
+FIELDS = ("hosts", "procs_per_host", "nic", "intra", "latency", "intra_latency", "cores", "burst", "call")
 EXAMPLE = "hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,latency=5us"
 
 
@@ -103,9 +106,10 @@ class Cluster:
 
     def describe(self) -> str:
         cores = f", {self.cores} shared cores" if self.cores else ""
+        call = f", {self.call_s * 1e3:g} ms per collective call" if self.call_s else ""
         return (
             f"{self.hosts} host(s) x {self.procs_per_host} proc(s), NIC {self.nic_bps * 8 / 1e9:g} "
-            f"Gbit/s, intra {self.intra_bps / 1e9:g} GB/s, latency {self.latency_s * 1e6:g} us{cores}"
+            f"Gbit/s, intra {self.intra_bps / 1e9:g} GB/s, latency {self.latency_s * 1e6:g} us{cores}{call}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -148,6 +152,8 @@ class Cluster:
             out["burst_bytes"] = float(parse_bytes(values["burst"], "--cluster field 'burst'"))
         if "intra_latency" in values:
             out["intra_latency_s"] = parse_seconds(values["intra_latency"], "intra_latency")
+        if "call" in values:
+            out["call_s"] = parse_seconds(values["call"], "call")
         return cls(**out)
 
 
