@@ -160,7 +160,7 @@ def fit(rows: list[dict[str, Any]], profiles: dict[str, Any],
     ends = []
     for start in STARTS:
         # each number starts at its grid value nearest the start (a measured dict: its only value)
-        x = [min(g, key=lambda v, s=s: abs(v - s) if isinstance(v, float) else 0.0)
+        x = [g[0] if len(g) == 1 else min(g, key=lambda v, s=s: abs(v - s))
              for g, s in zip(grids, start, strict=True)]
         best, moved = score(x), True
         while moved:
