@@ -11,7 +11,8 @@ models, each with allreduce and two other strategies. The runs are `plan_accurac
         [--budget-min 28 --resume] --no-analyse
     .venv/bin/python benchmarks/plan_accuracy_blind.py --analyse   # → results/plan_accuracy_blind.md
 
-``--set 2`` measures and analyses the second blind set (`BLIND2`, → results/plan_accuracy_blind2.md).
+``--set 2`` / ``--set 3`` measure and analyse the second and third blind sets (`BLIND2`, `BLIND3`,
+→ results/plan_accuracy_blind2.md, results/plan_accuracy_blind3.md).
 """
 
 from __future__ import annotations
@@ -62,9 +63,27 @@ BLIND2: list[tuple[Any, ...]] = [
     ("gpt-mini", 7, "200mbit", [("allreduce", {}), ("ps", {"servers": 3}), ("local-sgd", {"period": 4})], 28),
     ("gpt-mini", 2, "750mbit", [("allreduce", {}), ("tensor", {}), ("pipedream", {})]),
 ]
+# The third blind set, fixed (and committed) before any of it was measured: new NIC rates (150, 300,
+# 600 Mbit/s), more parameter-server pairs (the model's parameter-server phases changed after the
+# second set), every host count from 2 to 8 but 7.
+BLIND3: list[tuple[Any, ...]] = [
+    ("cnn", 6, "300mbit", [("allreduce", {}), ("ps", {"servers": 2}), ("owt", {})], 48),
+    ("cnn", 4, "600mbit", [("allreduce", {}), ("ps", {"servers": 1}), ("1f1b", {"microbatches": 4})], 48),
+    ("cnn", 8, "150mbit", [("allreduce", {}), ("local-sgd", {"period": 2}), ("ps", {"servers": 2})], 48),
+    ("cnn", 2, "300mbit", [("allreduce", {}), ("gpipe", {"microbatches": 8}), ("layerwise", {})]),
+    ("vgg16", 4, "150mbit", [("allreduce", {}), ("owt", {}), ("ps", {"servers": 1})], 48),
+    ("vgg16", 6, "600mbit", [("allreduce", {}), ("local-sgd", {"period": 2}), ("mesh", {"dp": 3, "pp": 2})], 48),
+    ("vgg16", 5, "300mbit", [("allreduce", {}), ("owt", {}), ("gpipe", {"microbatches": 4})], 40),
+    ("vgg16", 2, "150mbit", [("allreduce", {}), ("1f1b", {"microbatches": 8}), ("pipedream", {})]),
+    ("gpt-mini", 6, "600mbit", [("allreduce", {}), ("ps", {"servers": 2}), ("mesh", {"dp": 3, "tp": 2})], 24),
+    ("gpt-mini", 4, "300mbit", [("allreduce", {}), ("ps", {"servers": 1}), ("local-sgd", {"period": 4})], 24),
+    ("gpt-mini", 8, "600mbit", [("allreduce", {}), ("mesh", {"dp": 4, "pp": 2}), ("local-sgd", {"period": 2})]),
+    ("gpt-mini", 3, "150mbit", [("allreduce", {}), ("ps", {"servers": 1}), ("tensor", {})], 24),
+]
 SETS = {  # --set: scenarios, raw runs, results name
     1: (BLIND, pa.HERE / "results" / "plan_accuracy_blind_raw.json", "plan_accuracy_blind"),
     2: (BLIND2, pa.HERE / "results" / "plan_accuracy_blind2_raw.json", "plan_accuracy_blind2"),
+    3: (BLIND3, pa.HERE / "results" / "plan_accuracy_blind3_raw.json", "plan_accuracy_blind3"),
 }
 FROZEN = pa.HERE / "results" / "plan_accuracy.json"
 
