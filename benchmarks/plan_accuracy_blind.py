@@ -72,12 +72,14 @@ BLIND3: list[tuple[Any, ...]] = [
     ("cnn", 8, "150mbit", [("allreduce", {}), ("local-sgd", {"period": 2}), ("ps", {"servers": 2})], 48),
     ("cnn", 2, "300mbit", [("allreduce", {}), ("gpipe", {"microbatches": 8}), ("layerwise", {})]),
     ("vgg16", 4, "150mbit", [("allreduce", {}), ("owt", {}), ("ps", {"servers": 1})], 48),
-    ("vgg16", 6, "600mbit", [("allreduce", {}), ("local-sgd", {"period": 2}), ("mesh", {"dp": 3, "pp": 2})], 48),
+    ("vgg16", 6, "600mbit",
+     [("allreduce", {}), ("local-sgd", {"period": 2}), ("mesh", {"dp": 3, "pp": 2})], 48),
     ("vgg16", 5, "300mbit", [("allreduce", {}), ("owt", {}), ("gpipe", {"microbatches": 4})], 40),
     ("vgg16", 2, "150mbit", [("allreduce", {}), ("1f1b", {"microbatches": 8}), ("pipedream", {})]),
     ("gpt-mini", 6, "600mbit", [("allreduce", {}), ("ps", {"servers": 2}), ("mesh", {"dp": 3, "tp": 2})], 24),
     ("gpt-mini", 4, "300mbit", [("allreduce", {}), ("ps", {"servers": 1}), ("local-sgd", {"period": 4})], 24),
-    ("gpt-mini", 8, "600mbit", [("allreduce", {}), ("mesh", {"dp": 4, "pp": 2}), ("local-sgd", {"period": 2})]),
+    ("gpt-mini", 8, "600mbit",
+     [("allreduce", {}), ("mesh", {"dp": 4, "pp": 2}), ("local-sgd", {"period": 2})]),
     ("gpt-mini", 3, "150mbit", [("allreduce", {}), ("ps", {"servers": 1}), ("tensor", {})], 24),
 ]
 SETS = {  # --set: scenarios, raw runs, results name
