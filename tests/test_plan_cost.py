@@ -105,6 +105,17 @@ def test_ps_servers_on_one_host_share_its_nic() -> None:
     assert t.nic_in[0] == 8 * MB and t.phase_s == pytest.approx(0.08)
 
 
+def test_ps_messages_pay_alpha_and_shared_cores_by_hand() -> None:
+    # 8 hosts, one rank each: 2 servers, 6 workers; 1 ms hops; a worker's push is a header and a
+    # payload per server: 2 * 2 messages of 1 ms (no bytes to speak of)
+    cl = Cluster(hosts=8, procs_per_host=1, nic_bps=1e12, intra_bps=1e12, latency_s=1e-3)
+    t = ps_traffic([1.0, 1.0], [0, 1], range(2, 8), cl)
+    assert t.phase_s == pytest.approx(0.004, rel=1e-6) and t.solo_s == pytest.approx(0.004, rel=1e-6)
+    # on 2 shared cores each hop waits for the machine's 8 ranks: α × 8/2
+    shared = replace(cl, cores=2)
+    assert ps_traffic([1.0, 1.0], [0, 1], range(2, 8), shared).phase_s == pytest.approx(0.016, rel=1e-6)
+
+
 def test_tp_block_collectives_by_hand() -> None:
     cl = Cluster(hosts=1, procs_per_host=4, intra_bps=1e9, intra_latency_s=0.0)
     f, b = tp_block_s(MB, range(4), cl)

@@ -16,7 +16,8 @@ A message of S bytes over a link costs α + S/β (α: latency per message, s; β
   has produced its last gradient and the previous bucket's all-reduce is done (one channel);
 - parameter-server link load (`ps_traffic`): from the shard plan's bytes per server, every worker
   pushes each server its shard and pulls it back; per host NIC the bytes in and out per step, and
-  the time the busiest NIC (or intra link) needs for them;
+  the time the busiest NIC (or intra link) needs for them; each push and each reply is two messages
+  (a header, then the payload), whose hops wait on the machine's contention as a collective's do;
 - shaped links (``Cluster.burst_bytes``, the testbed's token bucket): a link idle before a message,
   a collective call or a parameter-server phase passes its first ``burst`` bytes at line speed,
   ``(S − burst)⁺/β`` (`Link.wire_s`); the NIC's flows share the bucket as they share its rate;
@@ -236,6 +237,9 @@ class PsTraffic:
     bytes_per_step: float  # push + pull bytes of all workers
 
 
+PS_MESSAGES = 2  # a push and a reply are each a header, then the payload (strategies/ps/client.py)
+
+
 def ps_traffic(
     shard_bytes: Sequence[float],
     servers: Sequence[int],
@@ -247,8 +251,10 @@ def ps_traffic(
 
     The phase ends when the busiest link is drained: per host NIC, max(in, out) / β_nic, and
     inside a host the traffic between its own ranks over the intra link; plus α per message a
-    worker sends (one per server). ``pushes_per_step`` < 1 for n_push / n_fetch > 1.
+    worker sends or receives (`PS_MESSAGES` per server and phase), α grown by the machine's
+    contention on shared cores (`shared_cores`). ``pushes_per_step`` < 1 for n_push / n_fetch > 1.
     """
+    cluster = shared_cores(cluster, cluster.world)
     # per host: workers on it, server bytes on it (O(ranks), not O(workers x servers))
     workers_on = [0] * cluster.hosts
     for w in workers:
@@ -265,9 +271,9 @@ def ps_traffic(
     link_s = max(max(0.0, max(i, o) - burst) / cluster.nic_bps for i, o in zip(nic_in, nic_out, strict=True))
     link_s = max(link_s, max(intra) / cluster.intra_bps)
     alpha = cluster.latency_s if cluster.hosts > 1 else cluster.intra_alpha
-    phase = (link_s + len(servers) * alpha) * pushes_per_step
+    phase = (link_s + PS_MESSAGES * len(servers) * alpha) * pushes_per_step
     own = nic_link(cluster) if cluster.hosts > 1 else intra_link(cluster)
-    solo = (own.wire_s(total) + len(servers) * own.alpha) * pushes_per_step
+    solo = (own.wire_s(total) + PS_MESSAGES * len(servers) * own.alpha) * pushes_per_step
     scale = pushes_per_step
     return PsTraffic(
         tuple(x * scale for x in nic_in),
