@@ -82,7 +82,13 @@ def _config_of(model: str, strategy: str, hosts: int, options: str, batch: int |
     }
     sets = [args[3]] if row["model"] == "vgg16" else []
     sets += [f"{k}={v}" for k, v in row["options"].items()]
-    return load_config(None, over, sets)
+    cfg = load_config(None, over, sets)
+    # the strategy's own check, as `train` runs it before any process: a scenario it refuses is
+    # an error here, not a prediction of a run that cannot start
+    from polytrain.strategies.base import make_strategy
+
+    make_strategy(cfg.strategy, cfg.options).check(cfg, hosts)
+    return cfg
 
 
 def model_config(model: str) -> Any:

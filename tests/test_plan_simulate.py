@@ -88,16 +88,6 @@ def test_shared_cores_by_hand() -> None:
     assert spans == pytest.approx({1.0: 8.0, 1.5: 20 / 3, 2.0: 6.0})
 
 
-def test_action_wait_takes_no_core_by_hand() -> None:
-    """The same gpipe step with each action half a wait (the executor's own time, no core) and
-    half work: on 1 core the 4 lone actions take 1 s each, the 2 overlapping pairs wait together
-    (0.5 s), then share the core for their 0.5 s of work each (1 s): 4 + 2 × 1.5 = 7 s, not the 8 s
-    of 1 s of work each; on 2 cores, and with a core each, the textbook 6 s."""
-    times = StageTimes((0.5, 0.5), (0.5, 0.5), (0.0,), wait_s=0.5)
-    spans = {cores: makespan_s(pipeline_timeline("gpipe", times, 2, cores)) for cores in (1.0, 2.0, None)}
-    assert spans == pytest.approx({1.0: 7.0, 2.0: 6.0, None: 6.0})
-
-
 @pytest.mark.parametrize("name", schedule_names())
 def test_shared_cores_enough_equals_own_cores(name: str) -> None:
     """With a core per stage the shared-core clock is the plain one, action for action; with fewer

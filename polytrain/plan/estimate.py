@@ -57,7 +57,7 @@ class Scene:
     cluster: Cluster
     batch: int
     compute_scale: float = 1.0
-    action_overhead_s: float = 0.0  # the pipeline executor's own time per action: a wait, no core
+    action_overhead_s: float = 0.0  # the pipeline executor's own time per forward or backward action
     pass_overhead_s: float = 0.0  # the other runtimes' own time per forward or backward pass
 
     @property
@@ -82,6 +82,12 @@ class Scene:
         f, b = self.fb(lo, hi, batch, busy, split)
         extra = self.pass_overhead_s * self.cluster.contention(busy)
         return f + extra, b + extra
+
+    def action_fb(self, lo: int, hi: int, batch: float) -> tuple[float, float]:
+        """`fb` of one pipeline forward and backward action with the executor's per-action
+        overhead, on a core of its own (the pipeline simulation shares the cores)."""
+        f, b = self.fb(lo, hi, batch)
+        return f + self.action_overhead_s, b + self.action_overhead_s
 
     def layer_fb(self, i: int, batch: float, busy: int = 1, split: int = 1) -> tuple[float, float]:
         return self.fb(i, i + 1, batch, busy, split)

@@ -66,8 +66,7 @@ def pipeline(
     batch = scene.batch / dp
     micro = batch / microbatches if flush else batch
     part = partition or plan_partition(scene, stages, micro)
-    fb = [scene.fb(a, b, micro) for a, b in part.bounds]
-    wait = scene.action_overhead_s  # the executor's own per-action time: a wait, not a core's work
+    fb = [scene.action_fb(a, b, micro) for a, b in part.bounds]
     acts = [prof.layers[b - 1].activation_bytes * micro / prof.batch_size for _, b in part.bounds[:-1]]
     stage_params = [sum(r.param_bytes for r in prof.layers[a:b]) for a, b in part.bounds]
     # a stream schedule updates after every backward: the update is part of each backward
@@ -83,14 +82,11 @@ def pipeline(
         slow = cl.contention(busy)
         # a boundary's messages leave one per micro-batch, spaced by the sender's compute: a shaped
         # link's bucket refills only that long between them
-        messages = tuple(
-            p2p_s(x, s, s + 1, refilled(link, fb[s][0] * slow + wait)) for s, x in enumerate(acts)
-        )
+        messages = tuple(p2p_s(x, s, s + 1, refilled(link, fb[s][0] * slow)) for s, x in enumerate(acts))
         times = StageTimes(
             tuple(f for f, _ in fb),
             tuple(b + u for (_, b), u in zip(fb, updates, strict=True)),
             messages,
-            wait,
         )
         est = pipeline_step(schedule, times, count, cores)
         work = sum(e - s for row in est.timeline.values() for _, s, e in row)

@@ -35,7 +35,6 @@ class StageTimes:
     forward_s: tuple[float, ...]
     backward_s: tuple[float, ...]
     message_s: tuple[float, ...] = ()
-    wait_s: float = 0.0  # each action's time that takes no core (the executor's own per-action wait)
 
     def __post_init__(self) -> None:
         p = len(self.forward_s)
@@ -77,9 +76,8 @@ def pipeline_timeline(
         return times.message_s[min(need.stage, action.stage)]
 
     if cores is None:
-        whole = {a: d + times.wait_s for a, d in durations.items()}
-        return simulate_times(orders, whole, message, queue=True)
-    return shared_times(orders, durations, message, cores, times.wait_s)
+        return simulate_times(orders, durations, message, queue=True)
+    return shared_times(orders, durations, message, cores)
 
 
 def shared_times(
@@ -87,13 +85,11 @@ def shared_times(
     durations: dict[Action, float],
     message: Callable[[Action, Action], float],
     cores: float,
-    wait_s: float = 0.0,
 ) -> Timeline:
     """`simulate_times` (with queued links) when the stages share ``cores`` cores: an event clock
     on which the n actions computing at once each progress at min(1, cores/n) of full speed
-    (processor sharing, as the OS shares cores among busy ranks); a message takes no core, nor
-    does each action's first ``wait_s``. With ``cores`` ≥ the number of stages this is
-    `simulate_times(..., queue=True)` exactly (durations + ``wait_s``)."""
+    (processor sharing, as the OS shares cores among busy ranks); a message takes no core. With
+    ``cores`` ≥ the number of stages this is `simulate_times(..., queue=True)` exactly."""
     check_rows(orders)
     stages = len(orders)
     consumers: dict[Action, list[Action]] = {}
@@ -106,7 +102,6 @@ def shared_times(
     done: dict[Action, float] = {}
     link_free: dict[tuple[int, int], float] = {}
     running: dict[int, tuple[Action, float, float]] = {}  # stage -> (action, start, work left)
-    # an action waits ``wait_s`` (no core) from its start, then computes
     out: Timeline = {s: [] for s in sorted(orders)}
     now = 0.0
 
@@ -135,15 +130,11 @@ def shared_times(
                 break
             now = min(later)
             continue
-        computing = [s for s, (_, t0, _) in running.items() if t0 + wait_s <= now + 1e-15]
-        rate = min(1.0, cores / max(1, len(computing)))
-        ends = [now + running[s][2] / rate for s in computing]
-        ends += [t0 + wait_s for s, (_, t0, _) in running.items() if s not in computing]
-        end = min(ends)
+        rate = min(1.0, cores / len(running))
+        end = now + min(left for _, _, left in running.values()) / rate
         start = min(later, default=end)
         step = min(end, start)
-        for s in computing:
-            a, t0, left = running[s]
+        for s, (a, t0, left) in list(running.items()):
             left -= (step - now) * rate
             if left > 1e-12:
                 running[s] = (a, t0, left)
