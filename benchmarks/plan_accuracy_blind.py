@@ -11,8 +11,8 @@ models, each with allreduce and two other strategies. The runs are `plan_accurac
         [--budget-min 28 --resume] --no-analyse
     .venv/bin/python benchmarks/plan_accuracy_blind.py --analyse   # → results/plan_accuracy_blind.md
 
-``--set 2`` / ``--set 3`` measure and analyse the second and third blind sets (`BLIND2`, `BLIND3`,
-→ results/plan_accuracy_blind2.md, results/plan_accuracy_blind3.md).
+``--set 2`` / ``--set 3`` / ``--set 4`` measure and analyse the second, third and fourth blind sets
+(`BLIND2`, `BLIND3`, `BLIND4`, → results/plan_accuracy_blind2.md, ...blind3.md, ...blind4.md).
 """
 
 from __future__ import annotations
@@ -82,10 +82,22 @@ BLIND3: list[tuple[Any, ...]] = [
      [("allreduce", {}), ("mesh", {"dp": 4, "pp": 2}), ("local-sgd", {"period": 2})]),
     ("gpt-mini", 3, "150mbit", [("allreduce", {}), ("ps", {"servers": 1}), ("tensor", {})], 24),
 ]
+# The fourth blind set, fixed (and committed) before any of it was measured, a short one (6
+# scenarios) for the model kept after the third: NIC rates 350 and 800 Mbit/s.
+BLIND4: list[tuple[Any, ...]] = [
+    ("cnn", 5, "350mbit", [("allreduce", {}), ("ps", {"servers": 1}), ("local-sgd", {"period": 2})], 40),
+    ("cnn", 3, "800mbit", [("allreduce", {}), ("gpipe", {"microbatches": 4}), ("owt", {})], 48),
+    ("vgg16", 3, "350mbit", [("allreduce", {}), ("owt", {}), ("1f1b", {"microbatches": 4})], 48),
+    ("vgg16", 8, "800mbit", [("allreduce", {}), ("mesh", {"dp": 4, "pp": 2}), ("ps", {"servers": 4})]),
+    ("gpt-mini", 5, "800mbit",
+     [("allreduce", {}), ("ps", {"servers": 1}), ("local-sgd", {"period": 4})], 40),
+    ("gpt-mini", 4, "350mbit", [("allreduce", {}), ("mesh", {"dp": 2, "tp": 2}), ("pipedream", {})]),
+]
 SETS = {  # --set: scenarios, raw runs, results name
     1: (BLIND, pa.HERE / "results" / "plan_accuracy_blind_raw.json", "plan_accuracy_blind"),
     2: (BLIND2, pa.HERE / "results" / "plan_accuracy_blind2_raw.json", "plan_accuracy_blind2"),
     3: (BLIND3, pa.HERE / "results" / "plan_accuracy_blind3_raw.json", "plan_accuracy_blind3"),
+    4: (BLIND4, pa.HERE / "results" / "plan_accuracy_blind4_raw.json", "plan_accuracy_blind4"),
 }
 FROZEN = pa.HERE / "results" / "plan_accuracy.json"
 
