@@ -21,7 +21,8 @@ from typing import Any
 
 from harness import alternating, fmt_spread, write_results
 
-from polytrain.launch.testbed import Testbed, run_torchrun
+from polytrain.launch.testbed import Testbed
+from polytrain.launch.testbed_torchrun import run_torchrun
 
 
 def one_run(hosts: int, seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:

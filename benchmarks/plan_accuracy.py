@@ -52,12 +52,14 @@ from plan_accuracy_model import (  # noqa: E402
     MODELS,
     add_display_columns,
     crossover,
+    drift,
     fit,
     merge_repeats,
     model_config,
     predict,
     recommended_hits,
     stats,
+    stored_profiles,
 )
 
 # (model, hosts, nic, [(strategy, --set options)])
@@ -257,19 +259,6 @@ def _profile(model: str) -> dict[str, Any]:
         return dict(json.loads(path.read_text()))
 
 
-def stored_profiles(raw: dict[str, Any]) -> dict[str, Any]:
-    """Per model, the stored profile with the least forward+backward time (the least disturbed)."""
-    from polytrain.plan.profile import Profile
-
-    best: dict[str, Any] = {}
-    for entry in raw.get("profiles", []):
-        prof = Profile.from_json(entry["profile"])
-        total = sum(r.forward_s + r.backward_s for r in prof.layers)
-        if entry["model"] not in best or total < best[entry["model"]][0]:
-            best[entry["model"]] = (total, prof)
-    return {m: p for m, (_, p) in best.items()}
-
-
 def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str, Any] | None = None,
             pass_overheads: dict[str, float] | None = None) -> None:
     """Fit on the calibration half, report both halves; ``profiled``: the raw file whose stored
@@ -372,6 +361,15 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
     path.write_text(json.dumps(record, indent=1))
 
 
+def write_drift(before: dict[str, Any], after: dict[str, Any], name: str) -> None:
+    """Two passes of the same pairs side by side (`plan_accuracy_model.drift`)."""
+    from harness import write_results
+
+    rows, summary = drift(before, after)
+    cols = ["scenario", "model", "hosts", "nic", "strategy", "before_ms", "after_ms", "ratio"]
+    write_results(f"{name}_drift", rows, cols, f"Summary: {json.dumps(summary)}", extra={"summary": summary})
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=12)
@@ -384,6 +382,8 @@ def main() -> None:
     p.add_argument("--profiles-from", help="use the profiles stored in this raw file")
     p.add_argument("--pass-overhead-from", help="analyse: each model's per-pass overhead from this "
                    "plan_overhead.json (its 2-host row), not fitted")
+    p.add_argument("--drift-from", help="analyse: compare each pair's measured step with this earlier "
+                   "raw file's (and each model's profile), → results/<name>_drift.md")
     p.add_argument("--scenarios", help="measure only these scenario numbers, in this order, e.g. 5,3")
     p.add_argument("--repeats", type=int, default=5, help="runs per (scenario, strategy), interleaved")
     p.add_argument("--resume", action="store_true", help="keep and skip the runs already in the raw file")
@@ -409,6 +409,8 @@ def main() -> None:
         rows = json.loads(Path(a.pass_overhead_from).read_text())["rows"]
         measured = {r["model"]: r["per_pass_overhead_ms"] / 1e3 for r in rows if r["hosts"] == 2}
     analyse(json.loads(raw.read_text()), a.name, profiled, measured)
+    if a.drift_from:
+        write_drift(json.loads(Path(a.drift_from).read_text()), json.loads(raw.read_text()), a.name)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ models, each with allreduce and two other strategies. The runs are `plan_accurac
     .venv/bin/python benchmarks/plan_accuracy_blind.py --analyse   # → results/plan_accuracy_blind.md
 
 ``--set 2`` / ``--set 3`` / ``--set 4`` measure and analyse the second, third and fourth blind sets
-(`BLIND2`, `BLIND3`, `BLIND4`, → results/plan_accuracy_blind2.md, ...blind3.md, ...blind4.md).
+(`BLIND2`, `BLIND3`, `BLIND4`, → results/plan_accuracy_blind2.md, ...blind3.md, ...blind4.md);
+``--frozen FILE --name NAME`` analyses with the fit of another `plan_accuracy` analysis.
 """
 
 from __future__ import annotations
@@ -102,8 +103,8 @@ SETS = {  # --set: scenarios, raw runs, results name
 FROZEN = pa.HERE / "results" / "plan_accuracy.json"
 
 
-def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind") -> None:
-    frozen = json.loads(FROZEN.read_text())["summary"]
+def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file: Path = FROZEN) -> None:
+    frozen = json.loads(frozen_file.read_text())["summary"]
     c = frozen["calibration"]
     rows = merge_repeats([r for r in raw["runs"] if "measured_step_s" in r])
     failed = [r for r in raw["runs"] if "measured_step_s" not in r]
@@ -116,6 +117,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind") -> None:
     summary = {
         "frozen_calibration": c,
         "frozen_fit_commit": frozen["git_commit"],
+        "frozen_fit_file": frozen_file.name,
         "blind": stats([r["error"] for r in rows]),
         "median_signed_error": statistics.median(r["error"] for r in rows),
         "recommended_is_fastest": f"{hits}/{total}",
@@ -140,13 +142,16 @@ def main() -> None:
     p.add_argument("--no-analyse", action="store_true", help="measure only (a chunk); analyse later")
     p.add_argument("--budget-min", type=float, default=math.inf)
     p.add_argument("--set", type=int, choices=sorted(SETS), default=1, help="which blind set")
+    p.add_argument("--frozen", type=Path, default=FROZEN,
+                   help="analyse with the fit stored in this plan_accuracy analysis (default %(default)s)")
+    p.add_argument("--name", help="results file name of the analysis (default: the set's)")
     a = p.parse_args()
     scenarios, raw, name = SETS[a.set]
     if not a.analyse:
         pa.measure(a.steps, None, a.repeats, a.resume, 60 * a.budget_min, scenarios, raw)
         if a.no_analyse:
             return
-    analyse(json.loads(Path(raw).read_text()), name)
+    analyse(json.loads(Path(raw).read_text()), a.name or name, a.frozen)
 
 
 if __name__ == "__main__":

@@ -222,3 +222,51 @@ def add_display_columns(rows: list[dict[str, Any]]) -> None:
 def stats(errors: list[float]) -> dict[str, float]:
     a = [abs(e) for e in errors]
     return {"median_abs_error": statistics.median(a), "max_abs_error": max(a), "n": len(a)}
+
+
+def stored_profiles(raw: dict[str, Any]) -> dict[str, Any]:
+    """Per model, the stored profile with the least forward+backward time (the least disturbed)."""
+    from polytrain.plan.profile import Profile
+
+    best: dict[str, Any] = {}
+    for entry in raw.get("profiles", []):
+        prof = Profile.from_json(entry["profile"])
+        total = sum(r.forward_s + r.backward_s for r in prof.layers)
+        if entry["model"] not in best or total < best[entry["model"]][0]:
+            best[entry["model"]] = (total, prof)
+    return {m: p for m, (_, p) in best.items()}
+
+
+Row = dict[str, Any]
+
+
+def drift(before_raw: Row, after_raw: Row) -> tuple[list[Row], Row]:
+    """The same (scenario, strategy) pairs measured in two passes (raw files): each pair's median
+    step in both and their ratio, and each model's stored profile's forward + backward — how far the
+    machine itself moved between the passes."""
+    before, after = (merge_repeats([r for r in raw["runs"] if "measured_step_s" in r])
+                     for raw in (before_raw, after_raw))
+    earlier = {(r["scenario"], r["strategy"]): r for r in before}
+    rows = [
+        {"scenario": r["scenario"], "model": r["model"], "hosts": r["hosts"], "nic": r["nic"],
+         "strategy": r["strategy"], "before_ms": b["measured_step_s"] * 1e3,
+         "after_ms": r["measured_step_s"] * 1e3,
+         "ratio": round(r["measured_step_s"] / b["measured_step_s"], 3)}
+        for r in after
+        if (b := earlier.get((r["scenario"], r["strategy"]))) is not None
+    ]
+    ratios = sorted(r["ratio"] for r in rows)
+    fb = {
+        label: {m: round(sum(x.forward_s + x.backward_s for x in p.layers) * 1e3, 2)
+                for m, p in stored_profiles(raw).items()}
+        for label, raw in (("before", before_raw), ("after", after_raw))
+    }
+    summary = {
+        "pairs": len(rows),
+        "ratio_median": statistics.median(ratios),
+        "ratio_min_max": [ratios[0], ratios[-1]],
+        "profile_forward_backward_ms": fb,
+        "before_commit": before_raw.get("commit"),
+        "after_commit": after_raw.get("commit"),
+    }
+    return rows, summary

@@ -33,7 +33,8 @@ from harness import fmt_spread, spread, write_results  # noqa: E402
 
 from polytrain.comm.ring import DEFAULT_SEGMENT_ELEMS  # noqa: E402
 from polytrain.launch.netns import parse_rate  # noqa: E402
-from polytrain.launch.testbed import Testbed, run_torchrun, testbed_record  # noqa: E402
+from polytrain.launch.testbed import Testbed  # noqa: E402
+from polytrain.launch.testbed_torchrun import run_torchrun, testbed_record  # noqa: E402
 
 CPU_BOUND_BUSY = 0.90
 

@@ -28,7 +28,8 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 from harness import fmt_spread, write_results  # noqa: E402
 
 from polytrain.launch.netns import parse_rate  # noqa: E402
-from polytrain.launch.testbed import Testbed, run_torchrun  # noqa: E402
+from polytrain.launch.testbed import Testbed  # noqa: E402
+from polytrain.launch.testbed_torchrun import run_torchrun  # noqa: E402
 from polytrain.plan.cluster import Cluster  # noqa: E402
 from polytrain.plan.cost import p2p_s, refilled  # noqa: E402
 from polytrain.plan.predict import run_cluster  # noqa: E402

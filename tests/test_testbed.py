@@ -25,14 +25,9 @@ import pytest
 from polytrain.errors import ConfigError
 from polytrain.launch import netns
 from polytrain.launch.testbed import Testbed as Bed  # aliases: pytest collects "test*" names
-from polytrain.launch.testbed import (
-    parse_latency,
-    parse_loss,
-    parse_rate,
-    run_torchrun,
-    torchrun_command,
-)
-from polytrain.launch.testbed import testbed_record as record_of
+from polytrain.launch.testbed import parse_latency, parse_loss, parse_rate
+from polytrain.launch.testbed_torchrun import run_torchrun, torchrun_command
+from polytrain.launch.testbed_torchrun import testbed_record as record_of
 
 REPO = Path(__file__).resolve().parents[1]
 NO_PRIVILEGE = netns.missing_privileges()

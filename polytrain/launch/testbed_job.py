@@ -75,7 +75,8 @@ def _annotate(run_dir: Path, before: dict[int, dict[str, int]], after: dict[int,
 
 def run_testbed(hosts: int, nic: str, latency: str | None, loss: str | None,
                 procs_per_host: int | None, job: list[str], console: Console) -> int:
-    from polytrain.launch.testbed import Testbed, run_torchrun
+    from polytrain.launch.testbed import Testbed
+    from polytrain.launch.testbed_torchrun import run_torchrun
 
     if not job or job[0] not in ("train", "compare", "aco"):
         raise ConfigError(
@@ -125,7 +126,8 @@ def _run_aco(hosts: int, nic: str, latency: str | None, loss: str | None, nper: 
     """``polytrain aco`` on the emulated cluster: validated before any host starts, one torchrun
     agent per host, the interface counters added to the run's summary as for ``train``."""
     from polytrain.aco.cli import check_aco_args
-    from polytrain.launch.testbed import Testbed, run_torchrun
+    from polytrain.launch.testbed import Testbed
+    from polytrain.launch.testbed_torchrun import run_torchrun
 
     check_aco_args(args, hosts * nper)
     out = Path(_take(args, "--out") or f"runs/{stamp}-testbed-aco")
