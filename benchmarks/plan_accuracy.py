@@ -268,7 +268,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
 
     from polytrain.plan.predict import cached_profile
 
-    rows = merge_repeats([r for r in raw["runs"] if "measured_step_s" in r])
+    rows = merge_repeats(raw["runs"])
     failed = [r for r in raw["runs"] if "measured_step_s" not in r]
     # each model profiled once in a fresh process (its peak-RSS growth is the runtime memory), cached
     # in PROFILES: the runs' own cache was written by rank 0 after training, which already held it all
@@ -408,9 +408,10 @@ def main() -> None:
     if a.pass_overhead_from:
         rows = json.loads(Path(a.pass_overhead_from).read_text())["rows"]
         measured = {r["model"]: r["per_pass_overhead_ms"] / 1e3 for r in rows if r["hosts"] == 2}
-    analyse(json.loads(raw.read_text()), a.name, profiled, measured)
+    runs = json.loads(raw.read_text())
+    analyse(runs, a.name, profiled, measured)
     if a.drift_from:
-        write_drift(json.loads(Path(a.drift_from).read_text()), json.loads(raw.read_text()), a.name)
+        write_drift(json.loads(Path(a.drift_from).read_text()), runs, a.name)
 
 
 if __name__ == "__main__":

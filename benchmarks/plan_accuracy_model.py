@@ -37,9 +37,12 @@ def _window(run: dict[str, Any]) -> list[float]:
 
 def merge_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (scenario, strategy): the median over repeats of each run's mean step time,
-    with min-max and every repeat's value kept; peak RSS is the largest seen."""
+    with min-max and every repeat's value kept; peak RSS is the largest seen. Failed runs (no
+    measurement) are left out."""
     groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for r in runs:
+        if "measured_step_s" not in r:
+            continue
         groups.setdefault((r["scenario"], r["strategy"]), []).append(r)
     rows = []
     for (_, _), group in sorted(groups.items()):
@@ -224,6 +227,11 @@ def stats(errors: list[float]) -> dict[str, float]:
     return {"median_abs_error": statistics.median(a), "max_abs_error": max(a), "n": len(a)}
 
 
+def forward_backward_s(profile: Any) -> float:
+    """A profile's forward + backward seconds over all its layers: how fast the machine ran it."""
+    return float(sum(r.forward_s + r.backward_s for r in profile.layers))
+
+
 def stored_profiles(raw: dict[str, Any]) -> dict[str, Any]:
     """Per model, the stored profile with the least forward+backward time (the least disturbed)."""
     from polytrain.plan.profile import Profile
@@ -231,7 +239,7 @@ def stored_profiles(raw: dict[str, Any]) -> dict[str, Any]:
     best: dict[str, Any] = {}
     for entry in raw.get("profiles", []):
         prof = Profile.from_json(entry["profile"])
-        total = sum(r.forward_s + r.backward_s for r in prof.layers)
+        total = forward_backward_s(prof)
         if entry["model"] not in best or total < best[entry["model"]][0]:
             best[entry["model"]] = (total, prof)
     return {m: p for m, (_, p) in best.items()}
@@ -244,8 +252,7 @@ def drift(before_raw: Row, after_raw: Row) -> tuple[list[Row], Row]:
     """The same (scenario, strategy) pairs measured in two passes (raw files): each pair's median
     step in both and their ratio, and each model's stored profile's forward + backward — how far the
     machine itself moved between the passes."""
-    before, after = (merge_repeats([r for r in raw["runs"] if "measured_step_s" in r])
-                     for raw in (before_raw, after_raw))
+    before, after = (merge_repeats(raw["runs"]) for raw in (before_raw, after_raw))
     earlier = {(r["scenario"], r["strategy"]): r for r in before}
     rows = [
         {"scenario": r["scenario"], "model": r["model"], "hosts": r["hosts"], "nic": r["nic"],
@@ -257,8 +264,7 @@ def drift(before_raw: Row, after_raw: Row) -> tuple[list[Row], Row]:
     ]
     ratios = sorted(r["ratio"] for r in rows)
     fb = {
-        label: {m: round(sum(x.forward_s + x.backward_s for x in p.layers) * 1e3, 2)
-                for m, p in stored_profiles(raw).items()}
+        label: {m: round(forward_backward_s(p) * 1e3, 2) for m, p in stored_profiles(raw).items()}
         for label, raw in (("before", before_raw), ("after", after_raw))
     }
     summary = {
