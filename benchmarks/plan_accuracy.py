@@ -6,9 +6,10 @@ median step time of the first training rank over the steps after the first two (
 Predictions come from `polytrain.plan.predict.estimate_for` — the estimator `polytrain plan` ranks
 with — on a profile of each model (`plan.predict.cached_profile`, one thread as testbed ranks run,
 10 repeats, each layer's fastest) and the testbed's cluster (hosts, rate, ranks sharing the cores).
-Each measuring chunk profiles every model in a fresh process first, under the same lock and load as
-its runs, and stores the profile in the raw file; the analysis uses each model's fastest stored
-profile (the least disturbed), so ``--analyse`` recomputes from the file alone.
+Before each repeat round every model is profiled in a fresh process, under the same lock and load as
+the runs, and the profile stored in the raw file; the analysis prices with the median of each model's
+stored profiles (`plan.profile.median_of`; every pass before 2026-11-29 stored one profile per model,
+which the median leaves as it is), so ``--analyse`` recomputes from the file alone.
 
 Calibration (`plan_accuracy_model.fit`): the even-numbered scenarios (at most half) fit five
 numbers — a compute scale, an extra per-message latency, the share of a core each emulated host's
@@ -228,9 +229,12 @@ def measure(
     done = {(r["scenario"], r["strategy"], r.get("repeat", 0)) for r in rows if "measured_step_s" in r}
     rows = [r for r in rows if "measured_step_s" in r]
     todo = list(range(len(scenarios))) if only is None else only  # in the order given
-    for m in sorted({scenarios[i][0] for i in todo}):  # under the same lock and load as the runs
-        profiles.append({"model": m, "time": time.time(), "load": os.getloadavg()[0], "profile": _profile(m)})
     for rep in range(repeats):
+        if all((i, s, rep) in done for i in todo for s, _ in scenarios[i][3]):
+            continue
+        for m in sorted({scenarios[i][0] for i in todo}):  # before each round, under the runs' lock
+            profiles.append({"model": m, "round": rep, "time": time.time(), "load": os.getloadavg()[0],
+                             "profile": _profile(m)})
         for i in todo:
             model, hosts, nic, strategies, *batch = scenarios[i]  # a 5th item: its global batch
             for strategy, opts in strategies:
@@ -377,7 +381,8 @@ def main() -> None:
         "--analyse", action="store_true", help="only recompute from results/plan_accuracy_raw.json"
     )
     p.add_argument("--profile-model", help=argparse.SUPPRESS)  # analyse: profile in a fresh process
-    p.add_argument("--raw", help="analyse this raw file (default results/plan_accuracy_raw.json)")
+    p.add_argument("--raw", help="measure into / analyse this raw file "
+                   "(default results/plan_accuracy_raw.json)")
     p.add_argument("--name", default="plan_accuracy", help="results file name of the analysis")
     p.add_argument("--profiles-from", help="use the profiles stored in this raw file")
     p.add_argument("--pass-overhead-from", help="analyse: each model's per-pass overhead from this "
@@ -399,7 +404,7 @@ def main() -> None:
         return
     if not a.analyse:
         only = [int(x) for x in a.scenarios.split(",")] if a.scenarios else None
-        measure(a.steps, only, a.repeats, a.resume, 60 * a.budget_min)
+        measure(a.steps, only, a.repeats, a.resume, 60 * a.budget_min, raw=Path(a.raw) if a.raw else RAW)
         if a.no_analyse:
             return
     raw = Path(a.raw) if a.raw else RAW

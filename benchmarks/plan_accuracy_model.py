@@ -233,16 +233,15 @@ def forward_backward_s(profile: Any) -> float:
 
 
 def stored_profiles(raw: dict[str, Any]) -> dict[str, Any]:
-    """Per model, the stored profile with the least forward+backward time (the least disturbed)."""
-    from polytrain.plan.profile import Profile
+    """Per model, the median of its stored profiles (`plan.profile.median_of`): a pass profiles
+    before each repeat round, so the median follows the machine over the pass (a file with one
+    profile per model, as every pass before 2026-11-29 05:00, gives that profile unchanged)."""
+    from polytrain.plan.profile import Profile, median_of
 
-    best: dict[str, Any] = {}
+    taken: dict[str, list[Any]] = {}
     for entry in raw.get("profiles", []):
-        prof = Profile.from_json(entry["profile"])
-        total = forward_backward_s(prof)
-        if entry["model"] not in best or total < best[entry["model"]][0]:
-            best[entry["model"]] = (total, prof)
-    return {m: p for m, (_, p) in best.items()}
+        taken.setdefault(entry["model"], []).append(Profile.from_json(entry["profile"]))
+    return {m: median_of(ps) for m, ps in taken.items()}
 
 
 Row = dict[str, Any]

@@ -121,6 +121,9 @@ def _add_plan_parsers(sub: Any) -> None:
     _add_model_flags(p)
     p.add_argument("--out", help="write the profile to this JSON file (the planner reads it offline)")
     p.add_argument("--no-comm", action="store_true", help="skip the 2-process α–β measurement")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="profile this many times and keep each time's median (a machine whose speed moves)")
+    p.add_argument("--gap", type=float, default=0.0, help="seconds between the rounds; default 0")
     p = sub.add_parser("plan", help="predict and rank every strategy on a described cluster")
     _add_model_flags(p)
     p.add_argument("--cluster", help='e.g. "hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,'
@@ -140,7 +143,7 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from polytrain.plan.commands import run_profile
 
     cfg = load_config(None, _model_overrides(args), args.sets)
-    return run_profile(cfg, args.out, not args.no_comm, console)
+    return run_profile(cfg, args.out, not args.no_comm, console, args.rounds, args.gap)
 
 
 def _model_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -87,3 +87,49 @@ def test_auto_refuses_strategy_options(capsys: pytest.CaptureFixture[str]) -> No
     assert "chooses the strategy options itself" in capsys.readouterr().err
     assert main(["train", "--strategy", "allreduce", "--cluster", "hosts=2"]) == 2
     assert "--cluster is read by --strategy auto only" in capsys.readouterr().err
+
+
+def _shifted(prof: Profile, factor: float) -> Profile:
+    """``prof`` with every time multiplied by ``factor`` (a faster or slower moment of the machine)."""
+    from dataclasses import replace
+
+    times = ("forward_s", "backward_s", "forward_fixed_s", "backward_fixed_s")
+    layers = tuple(replace(r, **{k: getattr(r, k) * factor for k in times}) for r in prof.layers)
+    return replace(prof, layers=layers, optimizer_s=prof.optimizer_s * factor,
+                   comm={"p2p": {"alpha_s": 1e-4 * factor, "bytes_per_s": 1e9 / factor}})
+
+
+def test_median_of_profiles_takes_each_time_s_median(tmp_path: Path) -> None:
+    from polytrain.errors import ConfigError
+    from polytrain.plan.profile import median_of
+
+    out = tmp_path / "cnn.json"
+    assert main(["profile", "--model", "cnn", "--batch-size", "32", "--no-comm", "--out", str(out)]) == 0
+    base = Profile.load(out)
+    slow, fast, mid = _shifted(base, 1.5), _shifted(base, 0.7), _shifted(base, 1.1)
+    med = median_of([slow, fast, mid])
+    for got, want in zip(med.layers, mid.layers, strict=True):
+        assert got.forward_s == pytest.approx(want.forward_s) and got.backward_s == want.backward_s
+        assert got.forward_fixed_s == want.forward_fixed_s and got.activation_bytes == want.activation_bytes
+    assert med.optimizer_s == mid.optimizer_s and med.comm["p2p"] == mid.comm["p2p"]
+    assert median_of([base]) == base  # one profile: itself (the analyses of older passes unchanged)
+    with pytest.raises(ConfigError, match="same model, batch"):
+        median_of([base, Profile.from_json({**base.to_json(), "batch_size": 64})])
+
+
+def test_profile_rounds_refuses_bad_counts_before_measuring(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profile", "--model", "cnn", "--no-comm", "--rounds", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--rounds must be >= 1" in err and "got --rounds 0" in err and "Fix:" in err
+    assert main(["profile", "--model", "cnn", "--no-comm", "--gap", "-1"]) == 2
+    assert "--gap -1.0" in capsys.readouterr().err
+
+
+def test_profile_rounds_writes_their_median(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cnn.json"
+    args = ["profile", "--model", "cnn", "--batch-size", "16", "--no-comm", "--rounds", "3",
+            "--out", str(out)]
+    assert main(args) == 0
+    assert "3 rounds: forward + backward" in capsys.readouterr().out
+    prof = Profile.load(out)
+    assert prof.model == "cnn" and all(r.forward_s > 0 for r in prof.layers)

@@ -22,7 +22,7 @@ from polytrain.errors import ConfigError
 from polytrain.plan import show
 from polytrain.plan.cluster import Cluster, parse_bytes
 from polytrain.plan.estimate import Scene
-from polytrain.plan.profile import Profile, measure_profile
+from polytrain.plan.profile import Profile, measure_profile, median_of
 from polytrain.plan.recommend import HYBRIDS, Candidate, candidates, check_memory, command, rank, to_json
 
 
@@ -66,8 +66,10 @@ def get_profile(
     return measure_profile(cfg)
 
 
-def run_profile(cfg: JobConfig, out: str | None, comm: bool, console: Console) -> int:
-    prof = measure_profile(cfg)
+def run_profile(
+    cfg: JobConfig, out: str | None, comm: bool, console: Console, rounds: int = 1, gap_s: float = 0.0
+) -> int:
+    prof = profile_rounds(cfg, rounds, gap_s, console)
     if comm:
         from polytrain.plan.commbench import measure_comm
 
@@ -89,6 +91,38 @@ def run_profile(cfg: JobConfig, out: str | None, comm: bool, console: Console) -
         prof.save(Path(out))
         console.print(f"profile: {out}", highlight=False)
     return 0
+
+
+def profile_rounds(cfg: JobConfig, rounds: int, gap_s: float, console: Console | None = None) -> Profile:
+    """``rounds`` profiles ``gap_s`` seconds apart, combined by their median (`profile.median_of`);
+    one round is a plain `measure_profile`."""
+    if rounds < 1 or gap_s < 0:
+        raise ConfigError(
+            f"--rounds must be >= 1 and --gap >= 0 seconds, got --rounds {rounds} --gap {gap_s}. "
+            "Fix: e.g. --rounds 5 --gap 60 (five profiles a minute apart, their median kept)."
+        )
+    if rounds == 1:
+        return measure_profile(cfg)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    taken: list[Profile] = []
+    bar = Progress(TextColumn("[bold]profile rounds"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=console or Console(stderr=True), transient=True)
+    with bar:
+        task = bar.add_task("rounds", total=rounds)
+        for i in range(rounds):
+            if i and gap_s:
+                time.sleep(gap_s)
+            taken.append(measure_profile(cfg))
+            bar.advance(task)
+    totals = sorted(sum(r.forward_s + r.backward_s for r in p.layers) * 1e3 for p in taken)
+    if console:
+        console.print(
+            f"{rounds} rounds: forward + backward {totals[0]:.2f}-{totals[-1]:.2f} ms "
+            f"(max/min {totals[-1] / totals[0]:.2f}); each time the median of the rounds",
+            highlight=False,
+        )
+    return median_of(taken)
 
 
 def format_records(prof: Profile) -> str:

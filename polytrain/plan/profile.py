@@ -19,10 +19,11 @@ from __future__ import annotations
 import copy
 import json
 import os
+import statistics
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -372,3 +373,45 @@ def _fixed(full_s: float, small_s: float, ratio: float) -> float:
         return 0.0
     slope_times_b = (full_s - small_s) * ratio / (ratio - 1)  # slope · B
     return min(full_s, max(0.0, full_s - slope_times_b))
+
+
+def median_of(profiles: list[Profile]) -> Profile:
+    """One profile from several of the same model taken at different times: each layer's four times,
+    the optimizer step and each α–β figure are the median over them (the rest is the first's).
+
+    On a machine whose speed moves (a shared VM, a busy host) one profile is a snapshot; the median
+    of snapshots spread over the time a job runs prices that job better than any one of them.
+    """
+    if not profiles:
+        raise ConfigError("median_of needs at least one profile. Fix: pass the profiles to combine.")
+    first = profiles[0]
+    names = [r.name for r in first.layers]
+    for p in profiles[1:]:
+        if (p.model, p.batch_size, [r.name for r in p.layers]) != (first.model, first.batch_size, names):
+            raise ConfigError(
+                f"Cannot combine a profile of '{p.model}' at batch {p.batch_size} with one of "
+                f"'{first.model}' at batch {first.batch_size}: the median needs the same model, batch "
+                "and layers. Fix: combine profiles of one model and batch size only."
+            )
+
+    def med(values: list[float]) -> float:
+        return float(statistics.median(values))
+
+    def layer(i: int) -> LayerRecord:
+        recs = [p.layers[i] for p in profiles]
+        return replace(
+            first.layers[i],
+            forward_s=med([r.forward_s for r in recs]),
+            backward_s=med([r.backward_s for r in recs]),
+            forward_fixed_s=med([r.forward_fixed_s for r in recs]),
+            backward_fixed_s=med([r.backward_fixed_s for r in recs]),
+        )
+
+    layers = tuple(layer(i) for i in range(len(first.layers)))
+    comm = {
+        kind: {k: med([p.comm[kind][k] for p in profiles if k in p.comm.get(kind, {})]) for k in fields}
+        for kind, fields in first.comm.items()
+        if all(isinstance(v, int | float) for v in fields.values())
+    }
+    return replace(first, layers=layers, optimizer_s=med([p.optimizer_s for p in profiles]),
+                   comm={**first.comm, **comm})
