@@ -227,11 +227,6 @@ def stats(errors: list[float]) -> dict[str, float]:
     return {"median_abs_error": statistics.median(a), "max_abs_error": max(a), "n": len(a)}
 
 
-def forward_backward_s(profile: Any) -> float:
-    """A profile's forward + backward seconds over all its layers: how fast the machine ran it."""
-    return float(sum(r.forward_s + r.backward_s for r in profile.layers))
-
-
 def stored_profiles(raw: dict[str, Any]) -> dict[str, Any]:
     """Per model, the median of its stored profiles (`plan.profile.median_of`): a pass profiles
     before each repeat round, so the median follows the machine over the pass (a file with one
@@ -263,7 +258,7 @@ def drift(before_raw: Row, after_raw: Row) -> tuple[list[Row], Row]:
     ]
     ratios = sorted(r["ratio"] for r in rows)
     fb = {
-        label: {m: round(forward_backward_s(p) * 1e3, 2) for m, p in stored_profiles(raw).items()}
+        label: {m: round(p.forward_backward_s * 1e3, 2) for m, p in stored_profiles(raw).items()}
         for label, raw in (("before", before_raw), ("after", after_raw))
     }
     summary = {

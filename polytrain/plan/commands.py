@@ -115,7 +115,7 @@ def profile_rounds(cfg: JobConfig, rounds: int, gap_s: float, console: Console |
                 time.sleep(gap_s)
             taken.append(measure_profile(cfg))
             bar.advance(task)
-    totals = sorted(sum(r.forward_s + r.backward_s for r in p.layers) * 1e3 for p in taken)
+    totals = sorted(p.forward_backward_s * 1e3 for p in taken)
     if console:
         console.print(
             f"{rounds} rounds: forward + backward {totals[0]:.2f}-{totals[-1]:.2f} ms "

@@ -233,6 +233,11 @@ class Profile:
     def param_bytes(self) -> int:
         return sum(layer.param_bytes for layer in self.layers)
 
+    @property
+    def forward_backward_s(self) -> float:
+        """Forward + backward seconds over all layers at the profile's batch: how fast it ran."""
+        return sum(layer.forward_s + layer.backward_s for layer in self.layers)
+
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["params"] = [[n, list(s)] for n, s in self.params]
