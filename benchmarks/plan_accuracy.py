@@ -58,6 +58,7 @@ from plan_accuracy_model import (  # noqa: E402
     merge_repeats,
     model_config,
     predict,
+    probe_scales,
     recommended_hits,
     stats,
     stored_profiles,
@@ -146,6 +147,28 @@ def step_times(run_dir: Path, skip: int = 2) -> list[float]:
     return [b - a for a, b in itertools.pairwise(t)][skip:]
 
 
+def span_stats(run_dir: Path, skip: int = 2) -> dict[str, dict[str, float]]:
+    """Per rank (``rank1``, ...), each compute span's seconds per step — forward, backward,
+    optimizer, a pipeline's actions summed over its micro-batches — the median over the steps after
+    the first ``skip``: how fast the run's own compute went, beside its step time."""
+    out: dict[str, dict[str, float]] = {}
+    for path in sorted((run_dir / "ranks").glob("rank*.jsonl")):
+        per: dict[str, dict[int, float]] = {}
+        for e in map(json.loads, path.open()):
+            if e.get("event") == "span" and e.get("cat") == "compute" and isinstance(e.get("step"), int):
+                steps = per.setdefault(e["name"], {})
+                steps[e["step"]] = steps.get(e["step"], 0.0) + e["end"] - e["start"]
+        if not per:
+            continue
+        first = min(min(steps) for steps in per.values())
+        kept = {name: [v for k, v in steps.items() if k >= first + skip] for name, steps in per.items()}
+        out[path.stem] = {name: round(statistics.median(v), 6) for name, v in kept.items() if v}
+    return out
+
+
+PROBE = ("ps", {"servers": 1}, 2, "1gbit")  # a worker and its server: the worker computes alone
+
+
 def run_one(
     model: str, hosts: int, nic: str, strategy: str, opts: dict[str, Any], steps: int,
     batch: int | None = None,
@@ -200,12 +223,14 @@ def run_one(
     summary = json.loads((out / "summary.json").read_text())
     times = step_times(out)
     every = step_times(out, 0)
+    spans = span_stats(out)
     shutil.rmtree(out.parent, ignore_errors=True)
     return {
         **row,
         "measured_step_s": statistics.median(times),
         "step_times": times,
         "all_step_times": every,  # no warm-up dropped: the analysis may choose its window
+        "spans": spans,  # each rank's compute per step, as its own trace timed it
         "peak_rss_bytes": summary["peak_rss_bytes"],
         "in_run_prediction": summary.get("prediction"),
         "partition": (summary.get("strategy_metrics") or {}).get("partition"),  # what the runtime cut
@@ -225,7 +250,7 @@ def measure(
     t0, longest = time.monotonic(), 0.0
 
     old = json.loads(raw.read_text()) if raw.exists() and resume else {}
-    rows, profiles = old.get("runs", []), old.get("profiles", [])
+    rows, profiles, probes = old.get("runs", []), old.get("profiles", []), old.get("probes", [])
     done = {(r["scenario"], r["strategy"], r.get("repeat", 0)) for r in rows if "measured_step_s" in r}
     rows = [r for r in rows if "measured_step_s" in r]
     todo = list(range(len(scenarios))) if only is None else only  # in the order given
@@ -235,6 +260,9 @@ def measure(
         for m in sorted({scenarios[i][0] for i in todo}):  # before each round, under the runs' lock
             profiles.append({"model": m, "round": rep, "time": time.time(), "load": os.getloadavg()[0],
                              "profile": _profile(m)})
+            # and its compute inside a testbed job (`PROBE`): how fast the same work runs in a run
+            strategy, opts, hosts, nic = PROBE
+            probes.append({"model": m, "round": rep, **run_one(m, hosts, nic, strategy, opts, steps)})
         for i in todo:
             model, hosts, nic, strategies, *batch = scenarios[i]  # a 5th item: its global batch
             for strategy, opts in strategies:
@@ -250,7 +278,7 @@ def measure(
                 print(json.dumps({k: v for k, v in row.items() if k != "step_times"}), flush=True)
                 rows.append(row)
                 record = {"steps": steps, "commit": git_commit(), "command": command_line(), "runs": rows}
-                raw.write_text(json.dumps({**record, "profiles": profiles}, indent=1))
+                raw.write_text(json.dumps({**record, "profiles": profiles, "probes": probes}, indent=1))
     return rows
 
 
@@ -264,10 +292,11 @@ def _profile(model: str) -> dict[str, Any]:
 
 
 def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str, Any] | None = None,
-            pass_overheads: dict[str, float] | None = None) -> None:
+            pass_overheads: dict[str, float] | None = None, fit_scale: bool = False) -> None:
     """Fit on the calibration half, report both halves; ``profiled``: the raw file whose stored
     profiles to use (default ``raw``'s own); ``pass_overheads``: per model, measured
-    (`plan_overhead.py`), instead of one fitted number."""
+    (`plan_overhead.py`), instead of one fitted number; the compute scale is measured by the
+    pass's probes (`probe_scales`) where it has them, unless ``fit_scale``."""
     from harness import write_results
 
     from polytrain.plan.predict import cached_profile
@@ -283,8 +312,9 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
         profiles[m] = cached_profile(model_config(m))
     calib = {i for i in range(len(SCENARIOS)) if i % 2 == 0}
     held = set(range(len(SCENARIOS))) - calib
+    measured = {} if fit_scale else probe_scales(raw, profiles)
     scale, alpha, per_host, overhead, per_pass, call = fit(
-        [r for r in rows if r["scenario"] in calib], profiles, pass_overheads)
+        [r for r in rows if r["scenario"] in calib], profiles, pass_overheads, measured or None)
     predict(rows, profiles, scale, alpha, per_host, overhead, per_pass, call)
     add_display_columns(rows)
     for r in rows:
@@ -301,6 +331,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
     summary = {
         "calibration": {
             "compute_scale": scale,
+            "compute_scale_from": "probes" if measured else "fit",
             "extra_alpha_s": alpha,
             "cores_per_host": per_host,
             "machine_cores": MACHINE_CORES,
@@ -387,6 +418,8 @@ def main() -> None:
     p.add_argument("--profiles-from", help="use the profiles stored in this raw file")
     p.add_argument("--pass-overhead-from", help="analyse: each model's per-pass overhead from this "
                    "plan_overhead.json (its 2-host row), not fitted")
+    p.add_argument("--fit-scale", action="store_true", help="analyse: fit the compute scale even "
+                   "where the pass measured it (its probes)")
     p.add_argument("--drift-from", help="analyse: compare each pair's measured step with this earlier "
                    "raw file's (and each model's profile), → results/<name>_drift.md")
     p.add_argument("--scenarios", help="measure only these scenario numbers, in this order, e.g. 5,3")
@@ -414,7 +447,7 @@ def main() -> None:
         rows = json.loads(Path(a.pass_overhead_from).read_text())["rows"]
         measured = {r["model"]: r["per_pass_overhead_ms"] / 1e3 for r in rows if r["hosts"] == 2}
     runs = json.loads(raw.read_text())
-    analyse(runs, a.name, profiled, measured)
+    analyse(runs, a.name, profiled, measured, a.fit_scale)
     if a.drift_from:
         write_drift(json.loads(Path(a.drift_from).read_text()), runs, a.name)
 

@@ -11,9 +11,10 @@ models, each with allreduce and two other strategies. The runs are `plan_accurac
         [--budget-min 28 --resume] --no-analyse
     .venv/bin/python benchmarks/plan_accuracy_blind.py --analyse   # → results/plan_accuracy_blind.md
 
-``--set 2`` ... ``--set 6`` measure and analyse the second to sixth blind sets (`BLIND2` ... `BLIND6`,
-→ results/plan_accuracy_blind2.md ... blind6.md; sets 5 and 6 with the second and third passes'
-fits, `FROZEN_OF`);
+``--set 2`` ... ``--set 7`` measure and analyse the second to seventh blind sets (`BLIND2` ...
+`BLIND7`, → results/plan_accuracy_blind2.md ... blind7.md; sets 5, 6 and 7 with the second, third and
+fourth passes' fits, `FROZEN_OF`; a fit whose compute scale was measured by its pass's probes is
+priced with the set's own probes);
 ``--frozen FILE --name NAME`` analyses with the fit of another `plan_accuracy` analysis.
 """
 
@@ -29,7 +30,14 @@ from typing import Any
 
 import plan_accuracy as pa
 from harness import write_results
-from plan_accuracy_model import add_display_columns, merge_repeats, predict, recommended_hits, stats
+from plan_accuracy_model import (
+    add_display_columns,
+    merge_repeats,
+    predict,
+    probe_scales,
+    recommended_hits,
+    stats,
+)
 
 # (model, hosts, nic, [(strategy, --set options)][, batch]), fixed before any of them was measured
 BLIND: list[tuple[Any, ...]] = [  # a 5th item: the global batch, where the default does not divide
@@ -119,6 +127,21 @@ BLIND6: list[tuple[Any, ...]] = [
     ("gpt-mini", 4, "550mbit",
      [("allreduce", {}), ("ps", {"servers": 1}), ("1f1b", {"microbatches": 4})], 48),
 ]
+# The seventh blind set, fixed (and committed) before any of it or the pass it is priced with was
+# measured: the fourth pass of plan_accuracy.py (plan_accuracy_1129c: besides a profile, a probe job
+# of every model before each repeat round, whose trace measures the compute scale per model) fits the
+# other numbers, and this set's own probes measure its compute scales; NIC rates 225, 650, 850 Mbit/s.
+BLIND7: list[tuple[Any, ...]] = [
+    ("cnn", 5, "650mbit", [("allreduce", {}), ("owt", {}), ("ps", {"servers": 1})], 40),
+    ("cnn", 3, "225mbit",
+     [("allreduce", {}), ("1f1b", {"microbatches": 4}), ("local-sgd", {"period": 2})], 48),
+    ("vgg16", 7, "850mbit", [("allreduce", {}), ("owt", {}), ("local-sgd", {"period": 2})], 56),
+    ("vgg16", 4, "225mbit",
+     [("allreduce", {}), ("mesh", {"dp": 2, "pp": 2}), ("gpipe", {"microbatches": 4})]),
+    ("gpt-mini", 6, "650mbit",
+     [("allreduce", {}), ("mesh", {"dp": 3, "tp": 2}), ("local-sgd", {"period": 4})], 24),
+    ("gpt-mini", 2, "850mbit", [("allreduce", {}), ("tensor", {}), ("gpipe", {"microbatches": 4})]),
+]
 SETS = {  # --set: scenarios, raw runs, results name
     1: (BLIND, pa.HERE / "results" / "plan_accuracy_blind_raw.json", "plan_accuracy_blind"),
     2: (BLIND2, pa.HERE / "results" / "plan_accuracy_blind2_raw.json", "plan_accuracy_blind2"),
@@ -126,11 +149,13 @@ SETS = {  # --set: scenarios, raw runs, results name
     4: (BLIND4, pa.HERE / "results" / "plan_accuracy_blind4_raw.json", "plan_accuracy_blind4"),
     5: (BLIND5, pa.HERE / "results" / "plan_accuracy_blind5_raw.json", "plan_accuracy_blind5"),
     6: (BLIND6, pa.HERE / "results" / "plan_accuracy_blind6_raw.json", "plan_accuracy_blind6"),
+    7: (BLIND7, pa.HERE / "results" / "plan_accuracy_blind7_raw.json", "plan_accuracy_blind7"),
 }
 FROZEN = pa.HERE / "results" / "plan_accuracy.json"  # the first pass's fit: sets 1-4 were frozen against it
-FROZEN_OF = {  # the second pass's fit (set 5), the third's (set 6)
+FROZEN_OF = {  # the second pass's fit (set 5), the third's (set 6), the fourth's (set 7)
     5: pa.HERE / "results" / "plan_accuracy_1129.json",
     6: pa.HERE / "results" / "plan_accuracy_1129b.json",
+    7: pa.HERE / "results" / "plan_accuracy_1129c.json",
 }
 
 
@@ -141,7 +166,9 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file:
     failed = [r for r in raw["runs"] if "measured_step_s" not in r]
     os.environ["POLYTRAIN_CACHE"] = str(pa.PROFILES)
     profiles = pa.stored_profiles(raw)
-    predict(rows, profiles, c["compute_scale"], c["extra_alpha_s"], c["cores_per_host"],
+    # a fit whose compute scale its pass's probes measured: this set's own probes measure it
+    scale = probe_scales(raw, profiles) if c.get("compute_scale_from") == "probes" else c["compute_scale"]
+    predict(rows, profiles, scale, c["extra_alpha_s"], c["cores_per_host"],
             c["action_overhead_s"], c["pass_overhead_s"], c.get("call_s", 0.0))
     add_display_columns(rows)
     hits, total, lines = recommended_hits(rows, {r["scenario"] for r in rows})
@@ -149,6 +176,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file:
         "frozen_calibration": c,
         "frozen_fit_commit": frozen["git_commit"],
         "frozen_fit_file": frozen_file.name,
+        "compute_scale": scale,
         "blind": stats([r["error"] for r in rows]),
         "median_signed_error": statistics.median(r["error"] for r in rows),
         "recommended_is_fastest": f"{hits}/{total}",

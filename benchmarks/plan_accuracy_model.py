@@ -101,7 +101,7 @@ def model_config(model: str) -> Any:
 def predict(
     rows: list[dict[str, Any]],
     profiles: dict[str, Any],
-    scale: float,
+    scale: float | dict[str, float],
     alpha: float,
     per_host: float = 0.0,
     overhead: float = 0.0,
@@ -109,9 +109,9 @@ def predict(
     call: float = 0.0,
 ) -> None:
     """Predict every row in place. ``per_host``: the share of a core each emulated host's own
-    processes take, so the ranks share ``MACHINE_CORES - per_host * hosts`` cores;
-    ``pass_overhead``: one number, or one per model; ``call``: a rank's own time per collective
-    call (`Cluster.call_s`)."""
+    processes take, so the ranks share ``MACHINE_CORES - per_host * hosts`` cores; ``scale`` (the
+    compute scale) and ``pass_overhead``: one number, or one per model; ``call``: a rank's own time
+    per collective call (`Cluster.call_s`)."""
     from polytrain.plan.cluster import parse_rate
     from polytrain.plan.estimate import Scene
     from polytrain.plan.predict import estimate_for, run_cluster
@@ -129,7 +129,8 @@ def predict(
             call_s=call,
         )
         per_pass = pass_overhead[r["model"]] if isinstance(pass_overhead, dict) else pass_overhead
-        scene = Scene(profiles[r["model"]], cluster, cfg.batch_size, scale, overhead, per_pass)
+        k = scale[r["model"]] if isinstance(scale, dict) else scale
+        scene = Scene(profiles[r["model"]], cluster, cfg.batch_size, k, overhead, per_pass)
         e = estimate_for(cfg, r["hosts"], scene)
         assert not isinstance(e, str), e
         r["predicted_step_s"] = e.step_s
@@ -152,13 +153,17 @@ STARTS = [(s, 0.0, 0.0, a, 0.0, c) for s in (0.8, 1.0, 1.25) for a in (0.0, 1e-3
 
 
 def fit(rows: list[dict[str, Any]], profiles: dict[str, Any],
-        pass_overheads: dict[str, float] | None = None) -> tuple[Any, ...]:
+        pass_overheads: dict[str, float] | None = None,
+        scales: dict[str, float] | None = None) -> tuple[Any, ...]:
     """(compute scale, extra α, cores taken per emulated host, per-action overhead of the pipeline
     executor, per-pass overhead of the other runtimes, time per collective call) minimising the
     mean |log(pred/meas)| on ``rows``: coordinate descent over `GRIDS` — each number in turn set to
     its grid value that scores best (the first of equal scores), sweeps repeated until none moves —
-    from each of `STARTS`, the best end kept; ``pass_overheads``: measured per model, not fitted."""
+    from each of `STARTS`, the best end kept; ``pass_overheads`` and ``scales`` (compute scales,
+    `probe_scales`): measured per model, not fitted."""
     grids: list[tuple[Any, ...]] = list(GRIDS)
+    if scales is not None:
+        grids[0] = (scales,)
     if pass_overheads is not None:
         grids[4] = (pass_overheads,)
 
@@ -237,6 +242,19 @@ def stored_profiles(raw: dict[str, Any]) -> dict[str, Any]:
     for entry in raw.get("profiles", []):
         taken.setdefault(entry["model"], []).append(Profile.from_json(entry["profile"]))
     return {m: median_of(ps) for m, ps in taken.items()}
+
+
+def probe_scales(raw: dict[str, Any], profiles: dict[str, Any]) -> dict[str, float]:
+    """Per model, the compute scale measured instead of fitted: the median over the pass's probes
+    (`plan_accuracy.PROBE`, one testbed job per model before each repeat round) of the worker's
+    forward + backward per step as its own trace timed it, over ``profiles``' forward + backward
+    (the probe's global batch is the profile's). Empty for a pass without probes."""
+    taken: dict[str, list[float]] = {}
+    for probe in raw.get("probes", []):
+        worker = [s for s in (probe.get("spans") or {}).values() if "forward" in s and "backward" in s]
+        if worker:  # the one rank that computes: the server only applies
+            taken.setdefault(probe["model"], []).append(worker[0]["forward"] + worker[0]["backward"])
+    return {m: statistics.median(v) / profiles[m].forward_backward_s for m, v in sorted(taken.items())}
 
 
 Row = dict[str, Any]

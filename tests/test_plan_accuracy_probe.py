@@ -1,0 +1,64 @@
+"""The planner benchmark's in-job compute measurement: a run's own trace (`ranks/rank*.jsonl`) read
+into per-step compute (`benchmarks/plan_accuracy.py: span_stats`) and a pass's probes turned into
+a measured compute scale (`benchmarks/plan_accuracy_model.py: probe_scales`). A real training run
+writes the trace; the figures are checked against the spans it holds."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from polytrain.cli import main
+from polytrain.plan.profile import Profile
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import plan_accuracy as pa  # noqa: E402
+from plan_accuracy_model import probe_scales  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ps_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The probe's job (a worker and its server), as a local two-process run."""
+    out = tmp_path_factory.mktemp("probe") / "run"
+    args = ["train", "--strategy", "ps", "--procs", "2", "--model", "cnn", "--dataset", "digits",
+            "--steps", "6", "--batch-size", "64", "--optimizer", "sgd", "--out", str(out),
+            "--no-report", "--set", "servers=1"]
+    assert main(args) == 0
+    return out
+
+
+def _spans(run: Path, rank: int) -> list[dict[str, object]]:
+    lines = (run / "ranks" / f"rank{rank}.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e.get("event") == "span" and e.get("cat") == "compute"]
+
+
+def test_span_stats_is_each_rank_compute_per_step_after_warm_up(ps_run: Path) -> None:
+    stats = pa.span_stats(ps_run)
+    assert set(stats) == {"rank1"}  # the server's spans carry no step: only the worker is timed
+    worker = _spans(ps_run, 1)
+    steps = sorted({int(e["step"]) for e in worker})
+    for name in ("forward", "backward"):
+        per = {s: sum(e["end"] - e["start"] for e in worker if e["name"] == name and e["step"] == s)
+               for s in steps[2:]}
+        assert stats["rank1"][name] == pytest.approx(statistics.median(per.values()), abs=2e-6)
+    assert pa.span_stats(ps_run, skip=len(steps)) == {"rank1": {}}  # nothing left after the warm-up
+
+
+def test_probe_scales_is_the_in_job_compute_over_the_profile(ps_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "cnn.json"
+    assert main(["profile", "--model", "cnn", "--batch-size", "64", "--no-comm", "--out", str(out)]) == 0
+    profile = Profile.load(out)
+    stats = pa.span_stats(ps_run)
+    fb = stats["rank1"]["forward"] + stats["rank1"]["backward"]
+    slower = {"rank1": {"forward": 2 * stats["rank1"]["forward"], "backward": 2 * stats["rank1"]["backward"]}}
+    probes = [{"model": "cnn", "spans": stats}, {"model": "cnn", "spans": {}},  # a failed probe: left out
+              {"model": "cnn", "spans": slower}, {"model": "cnn", "spans": slower}]
+    scales = probe_scales({"probes": probes}, {"cnn": profile})
+    assert scales == {"cnn": pytest.approx(2 * fb / profile.forward_backward_s)}  # the median probe
+    assert probe_scales({}, {"cnn": profile}) == {}  # a pass from before the probes
