@@ -31,11 +31,9 @@ predicted and measured.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -50,11 +48,11 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 
 from plan_accuracy_model import (  # noqa: E402
     MACHINE_CORES,
-    MODELS,
     add_display_columns,
     crossover,
     drift,
     fit,
+    in_job_compute,
     merge_repeats,
     model_config,
     predict,
@@ -63,6 +61,7 @@ from plan_accuracy_model import (  # noqa: E402
     stats,
     stored_profiles,
 )
+from plan_accuracy_runs import PROBE, run_one  # noqa: E402
 
 # (model, hosts, nic, [(strategy, --set options)])
 SCENARIOS: list[tuple[str, int, str, list[tuple[str, dict[str, Any]]]]] = [
@@ -137,104 +136,6 @@ SCENARIOS: list[tuple[str, int, str, list[tuple[str, dict[str, Any]]]]] = [
 ]
 RAW = HERE / "results" / "plan_accuracy_raw.json"
 PROFILES = Path(tempfile.gettempdir()) / "plan_accuracy_profiles"
-
-
-def step_times(run_dir: Path, skip: int = 2) -> list[float]:
-    """Seconds between consecutive steps of the first rank that trains, the first ``skip`` dropped."""
-    steps = [e for e in map(json.loads, (run_dir / "metrics.jsonl").open()) if e.get("event") == "step"]
-    first = min(e["rank"] for e in steps)  # rank 0 may be a server (ps): the first rank that steps
-    t = [e["t"] for e in steps if e["rank"] == first]
-    return [b - a for a, b in itertools.pairwise(t)][skip:]
-
-
-def span_stats(run_dir: Path, skip: int = 2) -> dict[str, dict[str, float]]:
-    """Per rank (``rank1``, ...), each compute span's seconds per step — forward, backward,
-    optimizer, a pipeline's actions summed over its micro-batches — the median over the steps after
-    the first ``skip``: how fast the run's own compute went, beside its step time."""
-    out: dict[str, dict[str, float]] = {}
-    for path in sorted((run_dir / "ranks").glob("rank*.jsonl")):
-        per: dict[str, dict[int, float]] = {}
-        for e in map(json.loads, path.open()):
-            if e.get("event") == "span" and e.get("cat") == "compute" and isinstance(e.get("step"), int):
-                steps = per.setdefault(e["name"], {})
-                steps[e["step"]] = steps.get(e["step"], 0.0) + e["end"] - e["start"]
-        if not per:
-            continue
-        first = min(min(steps) for steps in per.values())
-        kept = {name: [v for k, v in steps.items() if k >= first + skip] for name, steps in per.items()}
-        out[path.stem] = {name: round(statistics.median(v), 6) for name, v in kept.items() if v}
-    return out
-
-
-PROBE = ("ps", {"servers": 1}, 2, "1gbit")  # a worker and its server: the worker computes alone
-
-
-def run_one(
-    model: str, hosts: int, nic: str, strategy: str, opts: dict[str, Any], steps: int,
-    batch: int | None = None,
-) -> dict[str, Any]:
-    args, default_batch = MODELS[model]
-    batch = batch or default_batch
-    out = Path(tempfile.mkdtemp()) / "run"
-    sets = [x for k, v in opts.items() for x in ("--set", f"{k}={v}")]
-    cmd = [
-        sys.executable,
-        "-m",
-        "polytrain",
-        "testbed",
-        "--hosts",
-        str(hosts),
-        "--nic",
-        nic,
-        "--",
-        "train",
-        "--strategy",
-        strategy,
-        "--procs",
-        str(hosts),
-        *args,
-        "--batch-size",
-        str(batch),
-        "--steps",
-        str(steps),
-        "--optimizer",
-        "sgd",
-        "--lr",
-        "0.01",
-        "--out",
-        str(out),
-        "--no-report",
-        *sets,
-    ]
-    load0 = os.getloadavg()[0]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    row: dict[str, Any] = {
-        "model": model,
-        "hosts": hosts,
-        "nic": nic,
-        "strategy": strategy,
-        "options": opts,
-        "batch": batch,
-        "load_start": load0,
-        "load_end": os.getloadavg()[0],
-    }
-    if proc.returncode != 0:
-        return {**row, "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
-    summary = json.loads((out / "summary.json").read_text())
-    times = step_times(out)
-    every = step_times(out, 0)
-    spans = span_stats(out)
-    shutil.rmtree(out.parent, ignore_errors=True)
-    return {
-        **row,
-        "measured_step_s": statistics.median(times),
-        "step_times": times,
-        "all_step_times": every,  # no warm-up dropped: the analysis may choose its window
-        "spans": spans,  # each rank's compute per step, as its own trace timed it
-        "peak_rss_bytes": summary["peak_rss_bytes"],
-        "in_run_prediction": summary.get("prediction"),
-        "partition": (summary.get("strategy_metrics") or {}).get("partition"),  # what the runtime cut
-    }
 
 
 def measure(
@@ -328,7 +229,9 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
         s: round(statistics.median(r["error"] for r in rows if r["strategy"] == s), 3)
         for s in sorted({r["strategy"] for r in rows})
     }
+    compute = write_compute(raw, profiles, name) if raw.get("probes") else None
     summary = {
+        "in_job_compute": compute,
         "calibration": {
             "compute_scale": scale,
             "compute_scale_from": "probes" if measured else "fit",
@@ -394,6 +297,31 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
     record["summary"] = summary
     record["steps"] = raw["steps"]
     path.write_text(json.dumps(record, indent=1))
+
+
+def write_compute(raw: dict[str, Any], profiles: dict[str, Any], name: str) -> dict[str, Any]:
+    """The data-parallel pairs' in-job compute against the profile (`in_job_compute`), beside the
+    probes' measured scale, → results/<name>_compute.md; returns its summary."""
+    from harness import write_results
+
+    rows = in_job_compute(raw["runs"], profiles)
+    probe_rounds = {m: [] for m in profiles}  # each probe's own ratio, round by round
+    for probe in raw.get("probes", []):
+        one = probe_scales({"probes": [probe]}, profiles)
+        probe_rounds[probe["model"]] += [round(v, 3) for v in one.values()]
+    summary = {
+        "probe_scales": {m: round(v, 3) for m, v in probe_scales(raw, profiles).items()},
+        "probe_scale_per_round": probe_rounds,
+        "in_job_scale_median_by_model": {
+            m: statistics.median(r["in_job_scale"] for r in rows if r["model"] == m)
+            for m in sorted({r["model"] for r in rows})
+        },
+    }
+    cols = ["scenario", "model", "hosts", "nic", "strategy", "workers", "forward_ms", "priced_ms",
+            "in_job_scale"]
+    notes = f"Summary: {json.dumps(summary)}"
+    write_results(f"{name}_compute", rows, cols, notes, extra={"summary": summary})
+    return summary
 
 
 def write_drift(before: dict[str, Any], after: dict[str, Any], name: str) -> None:

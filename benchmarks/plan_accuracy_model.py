@@ -258,6 +258,33 @@ def probe_scales(raw: dict[str, Any], profiles: dict[str, Any]) -> dict[str, flo
 
 
 Row = dict[str, Any]
+DATA_PARALLEL = ("allreduce", "local-sgd", "ps")  # every worker runs the whole model on its share
+
+
+def in_job_compute(runs: list[Row], profiles: dict[str, Any]) -> list[Row]:
+    """Per data-parallel (scenario, strategy), its workers' forward per step as their own traces
+    timed it (each run: the median over its workers; then the median over repeats, min-max kept),
+    against the profile's forward of a worker's share of the batch, slowed by the cores' sharing
+    among the workers that compute at once (``max(1, W / cores)``, as `Cluster.contention`): the
+    ratio is the run's in-job compute scale, to set beside the probes' (`probe_scales`)."""
+    groups: dict[tuple[int, str], list[Row]] = {}
+    for r in runs:
+        if r.get("spans") and r["strategy"] in DATA_PARALLEL:
+            groups.setdefault((r["scenario"], r["strategy"]), []).append(r)
+    out = []
+    for (scenario, strategy), group in sorted(groups.items()):
+        r = group[0]
+        workers = r["hosts"] - (int(r["options"].get("servers", 1)) if strategy == "ps" else 0)
+        prof = profiles[r["model"]]
+        batch = (r.get("batch") or MODELS[r["model"]][1]) / workers
+        priced = sum(layer.times(batch, prof.batch_size)[0] for layer in prof.layers)
+        priced *= max(1.0, workers / MACHINE_CORES)
+        per = [statistics.median(s["forward"] for s in g["spans"].values() if "forward" in s) for g in group]
+        out.append({"scenario": scenario, "model": r["model"], "hosts": r["hosts"], "nic": r["nic"],
+                    "strategy": strategy, "workers": workers, "forward_ms": statistics.median(per) * 1e3,
+                    "forward_min_max_ms": [min(per) * 1e3, max(per) * 1e3], "priced_ms": priced * 1e3,
+                    "in_job_scale": round(statistics.median(per) / priced, 3)})
+    return out
 
 
 def drift(before_raw: Row, after_raw: Row) -> tuple[list[Row], Row]:

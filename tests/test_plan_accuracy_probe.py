@@ -1,5 +1,5 @@
 """The planner benchmark's in-job compute measurement: a run's own trace (`ranks/rank*.jsonl`) read
-into per-step compute (`benchmarks/plan_accuracy.py: span_stats`) and a pass's probes turned into
+into per-step compute (`benchmarks/plan_accuracy_runs.py: span_stats`) and a pass's probes turned into
 a measured compute scale (`benchmarks/plan_accuracy_model.py: probe_scales`). A real training run
 writes the trace; the figures are checked against the spans it holds."""
 
@@ -18,7 +18,7 @@ from polytrain.plan.profile import Profile
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-import plan_accuracy as pa  # noqa: E402
+import plan_accuracy_runs as pa  # noqa: E402
 from plan_accuracy_model import probe_scales  # noqa: E402
 
 

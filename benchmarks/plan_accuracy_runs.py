@@ -1,0 +1,120 @@
+"""One testbed job of `plan_accuracy.py` and what is read from its run directory before it is
+deleted: the first training rank's step times (`step_times`), every rank's compute per step as its
+own trace timed it (`span_stats`), peak RSS, the in-run prediction and the runtime's partition.
+`PROBE` is the job that measures a model's in-job compute speed beside its profile.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from plan_accuracy_model import MODELS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def step_times(run_dir: Path, skip: int = 2) -> list[float]:
+    """Seconds between consecutive steps of the first rank that trains, the first ``skip`` dropped."""
+    steps = [e for e in map(json.loads, (run_dir / "metrics.jsonl").open()) if e.get("event") == "step"]
+    first = min(e["rank"] for e in steps)  # rank 0 may be a server (ps): the first rank that steps
+    t = [e["t"] for e in steps if e["rank"] == first]
+    return [b - a for a, b in itertools.pairwise(t)][skip:]
+
+
+def span_stats(run_dir: Path, skip: int = 2) -> dict[str, dict[str, float]]:
+    """Per rank (``rank1``, ...), each compute span's seconds per step — forward, backward,
+    optimizer, a pipeline's actions summed over its micro-batches — the median over the steps after
+    the first ``skip``: how fast the run's own compute went, beside its step time."""
+    out: dict[str, dict[str, float]] = {}
+    for path in sorted((run_dir / "ranks").glob("rank*.jsonl")):
+        per: dict[str, dict[int, float]] = {}
+        for e in map(json.loads, path.open()):
+            if e.get("event") == "span" and e.get("cat") == "compute" and isinstance(e.get("step"), int):
+                steps = per.setdefault(e["name"], {})
+                steps[e["step"]] = steps.get(e["step"], 0.0) + e["end"] - e["start"]
+        if not per:
+            continue
+        first = min(min(steps) for steps in per.values())
+        kept = {name: [v for k, v in steps.items() if k >= first + skip] for name, steps in per.items()}
+        out[path.stem] = {name: round(statistics.median(v), 6) for name, v in kept.items() if v}
+    return out
+
+
+PROBE = ("ps", {"servers": 1}, 2, "1gbit")  # a worker and its server: the worker computes alone
+
+
+def run_one(
+    model: str, hosts: int, nic: str, strategy: str, opts: dict[str, Any], steps: int,
+    batch: int | None = None,
+) -> dict[str, Any]:
+    args, default_batch = MODELS[model]
+    batch = batch or default_batch
+    out = Path(tempfile.mkdtemp()) / "run"
+    sets = [x for k, v in opts.items() for x in ("--set", f"{k}={v}")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "polytrain",
+        "testbed",
+        "--hosts",
+        str(hosts),
+        "--nic",
+        nic,
+        "--",
+        "train",
+        "--strategy",
+        strategy,
+        "--procs",
+        str(hosts),
+        *args,
+        "--batch-size",
+        str(batch),
+        "--steps",
+        str(steps),
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.01",
+        "--out",
+        str(out),
+        "--no-report",
+        *sets,
+    ]
+    load0 = os.getloadavg()[0]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    row: dict[str, Any] = {
+        "model": model,
+        "hosts": hosts,
+        "nic": nic,
+        "strategy": strategy,
+        "options": opts,
+        "batch": batch,
+        "load_start": load0,
+        "load_end": os.getloadavg()[0],
+    }
+    if proc.returncode != 0:
+        return {**row, "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
+    summary = json.loads((out / "summary.json").read_text())
+    times = step_times(out)
+    every = step_times(out, 0)
+    spans = span_stats(out)
+    shutil.rmtree(out.parent, ignore_errors=True)
+    return {
+        **row,
+        "measured_step_s": statistics.median(times),
+        "step_times": times,
+        "all_step_times": every,  # no warm-up dropped: the analysis may choose its window
+        "spans": spans,  # each rank's compute per step, as its own trace timed it
+        "peak_rss_bytes": summary["peak_rss_bytes"],
+        "in_run_prediction": summary.get("prediction"),
+        "partition": (summary.get("strategy_metrics") or {}).get("partition"),  # what the runtime cut
+    }
