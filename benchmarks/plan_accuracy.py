@@ -61,7 +61,7 @@ from plan_accuracy_model import (  # noqa: E402
     stats,
     stored_profiles,
 )
-from plan_accuracy_runs import PROBE, run_one  # noqa: E402
+from plan_accuracy_runs import PROBES, run_one  # noqa: E402
 
 # (model, hosts, nic, [(strategy, --set options)])
 SCENARIOS: list[tuple[str, int, str, list[tuple[str, dict[str, Any]]]]] = [
@@ -161,9 +161,9 @@ def measure(
         for m in sorted({scenarios[i][0] for i in todo}):  # before each round, under the runs' lock
             profiles.append({"model": m, "round": rep, "time": time.time(), "load": os.getloadavg()[0],
                              "profile": _profile(m)})
-            # and its compute inside a testbed job (`PROBE`): how fast the same work runs in a run
-            strategy, opts, hosts, nic = PROBE
-            probes.append({"model": m, "round": rep, **run_one(m, hosts, nic, strategy, opts, steps)})
+            # and its compute inside testbed jobs (`PROBES`): how fast the same work runs in a run
+            for strategy, opts, hosts, nic in PROBES:
+                probes.append({"model": m, "round": rep, **run_one(m, hosts, nic, strategy, opts, steps)})
         for i in todo:
             model, hosts, nic, strategies, *batch = scenarios[i]  # a 5th item: its global batch
             for strategy, opts in strategies:

@@ -130,7 +130,8 @@ def predict(
         )
         per_pass = pass_overhead[r["model"]] if isinstance(pass_overhead, dict) else pass_overhead
         k = scale[r["model"]] if isinstance(scale, dict) else scale
-        scene = Scene(profiles[r["model"]], cluster, cfg.batch_size, k, overhead, per_pass)
+        forward, backward = (k, k) if isinstance(k, float | int) else k  # one scale, or (forward, backward)
+        scene = Scene(profiles[r["model"]], cluster, cfg.batch_size, backward, overhead, per_pass, forward)
         e = estimate_for(cfg, r["hosts"], scene)
         assert not isinstance(e, str), e
         r["predicted_step_s"] = e.step_s
@@ -244,17 +245,28 @@ def stored_profiles(raw: dict[str, Any]) -> dict[str, Any]:
     return {m: median_of(ps) for m, ps in taken.items()}
 
 
-def probe_scales(raw: dict[str, Any], profiles: dict[str, Any]) -> dict[str, float]:
+def probe_scales(raw: dict[str, Any], profiles: dict[str, Any], split: bool = False) -> dict[str, Any]:
     """Per model, the compute scale measured instead of fitted: the median over the pass's probes
     (`plan_accuracy.PROBE`, one testbed job per model before each repeat round) of the worker's
     forward + backward per step as its own trace timed it, over ``profiles``' forward + backward
     (the probe's global batch is the profile's). Empty for a pass without probes."""
-    taken: dict[str, list[float]] = {}
+    taken: dict[str, list[tuple[float, float]]] = {}
     for probe in raw.get("probes", []):
+        if probe.get("strategy", "ps") != "ps":  # the compute probe only (`plan_accuracy_runs.PROBES`)
+            continue
         worker = [s for s in (probe.get("spans") or {}).values() if "forward" in s and "backward" in s]
         if worker:  # the one rank that computes: the server only applies
-            taken.setdefault(probe["model"], []).append(worker[0]["forward"] + worker[0]["backward"])
-    return {m: statistics.median(v) / profiles[m].forward_backward_s for m, v in sorted(taken.items())}
+            taken.setdefault(probe["model"], []).append((worker[0]["forward"], worker[0]["backward"]))
+    out: dict[str, Any] = {}
+    for m, v in sorted(taken.items()):
+        prof = profiles[m]
+        if split:
+            f = sum(layer.forward_s for layer in prof.layers)
+            b = sum(layer.backward_s for layer in prof.layers)
+            out[m] = (statistics.median(x for x, _ in v) / f, statistics.median(y for _, y in v) / b)
+        else:
+            out[m] = statistics.median(x + y for x, y in v) / prof.forward_backward_s
+    return out
 
 
 Row = dict[str, Any]

@@ -32,14 +32,18 @@ def step_times(run_dir: Path, skip: int = 2) -> list[float]:
 
 def span_stats(run_dir: Path, skip: int = 2) -> dict[str, dict[str, float]]:
     """Per rank (``rank1``, ...), each compute span's seconds per step — forward, backward,
-    optimizer, a pipeline's actions summed over its micro-batches — the median over the steps after
-    the first ``skip``: how fast the run's own compute went, beside its step time."""
+    optimizer, a pipeline's actions summed over its micro-batches — and each communication span's,
+    named ``comm:<name>`` (a pipeline's blocking ``comm:recv``, its ``comm:send`` from post to
+    completion), the median over the steps after the first ``skip``: how fast the run's own compute
+    went and how long it waited, beside its step time."""
     out: dict[str, dict[str, float]] = {}
     for path in sorted((run_dir / "ranks").glob("rank*.jsonl")):
         per: dict[str, dict[int, float]] = {}
         for e in map(json.loads, path.open()):
-            if e.get("event") == "span" and e.get("cat") == "compute" and isinstance(e.get("step"), int):
-                steps = per.setdefault(e["name"], {})
+            timed = e.get("event") == "span" and isinstance(e.get("step"), int)
+            if timed and e.get("cat") in ("compute", "comm"):
+                name = e["name"] if e["cat"] == "compute" else f"comm:{e['name']}"
+                steps = per.setdefault(name, {})
                 steps[e["step"]] = steps.get(e["step"], 0.0) + e["end"] - e["start"]
         if not per:
             continue
@@ -50,6 +54,9 @@ def span_stats(run_dir: Path, skip: int = 2) -> dict[str, dict[str, float]]:
 
 
 PROBE = ("ps", {"servers": 1}, 2, "1gbit")  # a worker and its server: the worker computes alone
+# two pipeline stages on 2 hosts at 1 Gbit/s: how the executor's actions run beside their compute
+PIPE_PROBE = ("gpipe", {"microbatches": 4}, 2, "1gbit")
+PROBES = (PROBE, PIPE_PROBE)  # run in this order before each repeat round (`plan_accuracy.measure`)
 
 
 def run_one(

@@ -58,7 +58,16 @@ def test_probe_scales_is_the_in_job_compute_over_the_profile(ps_run: Path, tmp_p
     fb = stats["rank1"]["forward"] + stats["rank1"]["backward"]
     slower = {"rank1": {"forward": 2 * stats["rank1"]["forward"], "backward": 2 * stats["rank1"]["backward"]}}
     probes = [{"model": "cnn", "spans": stats}, {"model": "cnn", "spans": {}},  # a failed probe: left out
-              {"model": "cnn", "spans": slower}, {"model": "cnn", "spans": slower}]
+              {"model": "cnn", "spans": slower}, {"model": "cnn", "spans": slower},
+              # the pipeline probe's stages compute only their share: never a compute scale
+              {"model": "cnn", "strategy": "gpipe", "spans": stats}, {"model": "cnn", "strategy": "gpipe",
+                                                                       "spans": stats}]
     scales = probe_scales({"probes": probes}, {"cnn": profile})
     assert scales == {"cnn": pytest.approx(2 * fb / profile.forward_backward_s)}  # the median probe
+    # forward and backward apart: each over the profile's own
+    f = sum(layer.forward_s for layer in profile.layers)
+    b = sum(layer.backward_s for layer in profile.layers)
+    split = probe_scales({"probes": probes}, {"cnn": profile}, split=True)
+    worker = stats["rank1"]
+    assert split["cnn"] == pytest.approx((2 * worker["forward"] / f, 2 * worker["backward"] / b))
     assert probe_scales({}, {"cnn": profile}) == {}  # a pass from before the probes

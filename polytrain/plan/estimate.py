@@ -59,6 +59,9 @@ class Scene:
     compute_scale: float = 1.0
     action_overhead_s: float = 0.0  # the pipeline executor's own time per forward or backward action
     pass_overhead_s: float = 0.0  # the other runtimes' own time per forward or backward pass
+    # the forward's own scale where it differs from the backward's (a training step's forward runs
+    # slower against its profile than its backward does); None: ``compute_scale``
+    forward_scale: float | None = None
 
     @property
     def layers(self) -> int:
@@ -67,14 +70,16 @@ class Scene:
     def fb(self, lo: int, hi: int, batch: float, busy: int = 1, split: int = 1) -> tuple[float, float]:
         """(forward, backward) seconds of layers [lo, hi) at ``batch`` samples, ``busy`` ranks
         computing at once, each layer's work divided ``split`` ways (tensor / column split)."""
-        k = self.compute_scale * self.cluster.contention(busy)
+        slow = self.cluster.contention(busy)
+        kf = (self.compute_scale if self.forward_scale is None else self.forward_scale) * slow
+        kb = self.compute_scale * slow
         f = b = 0.0
         for layer in self.profile.layers[lo:hi]:
             lf, lb = layer.times(batch, self.profile.batch_size)
             # a split layer's share of the work shrinks; its per-call fixed time does not
             lf = layer.forward_fixed_s + (lf - layer.forward_fixed_s) / split
             lb = layer.backward_fixed_s + (lb - layer.backward_fixed_s) / split
-            f, b = f + lf * k, b + lb * k
+            f, b = f + lf * kf, b + lb * kb
         return f, b
 
     def pass_fb(self, lo: int, hi: int, batch: float, busy: int = 1, split: int = 1) -> tuple[float, float]:
