@@ -48,6 +48,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 
 from plan_accuracy_model import (  # noqa: E402
     MACHINE_CORES,
+    SPLIT,
     add_display_columns,
     crossover,
     drift,
@@ -193,11 +194,13 @@ def _profile(model: str) -> dict[str, Any]:
 
 
 def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str, Any] | None = None,
-            pass_overheads: dict[str, float] | None = None, fit_scale: bool = False) -> None:
+            pass_overheads: dict[str, float] | None = None, fit_scale: bool = False,
+            one_scale: bool = False) -> None:
     """Fit on the calibration half, report both halves; ``profiled``: the raw file whose stored
     profiles to use (default ``raw``'s own); ``pass_overheads``: per model, measured
     (`plan_overhead.py`), instead of one fitted number; the compute scale is measured by the
-    pass's probes (`probe_scales`) where it has them, unless ``fit_scale``."""
+    pass's probes (`probe_scales`) where it has them, unless ``fit_scale``: the forward's and the
+    backward's apart, unless ``one_scale`` (one for both, as analyses before 2026-11-29 noon)."""
     from harness import write_results
 
     from polytrain.plan.predict import cached_profile
@@ -213,7 +216,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
         profiles[m] = cached_profile(model_config(m))
     calib = {i for i in range(len(SCENARIOS)) if i % 2 == 0}
     held = set(range(len(SCENARIOS))) - calib
-    measured = {} if fit_scale else probe_scales(raw, profiles)
+    measured = {} if fit_scale else probe_scales(raw, profiles, split=not one_scale)
     scale, alpha, per_host, overhead, per_pass, call = fit(
         [r for r in rows if r["scenario"] in calib], profiles, pass_overheads, measured or None)
     predict(rows, profiles, scale, alpha, per_host, overhead, per_pass, call)
@@ -234,7 +237,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
         "in_job_compute": compute,
         "calibration": {
             "compute_scale": scale,
-            "compute_scale_from": "probes" if measured else "fit",
+            "compute_scale_from": ("probes" if one_scale else SPLIT) if measured else "fit",
             "extra_alpha_s": alpha,
             "cores_per_host": per_host,
             "machine_cores": MACHINE_CORES,
@@ -311,6 +314,8 @@ def write_compute(raw: dict[str, Any], profiles: dict[str, Any], name: str) -> d
         probe_rounds[probe["model"]] += [round(v, 3) for v in one.values()]
     summary = {
         "probe_scales": {m: round(v, 3) for m, v in probe_scales(raw, profiles).items()},
+        "probe_scales_forward_backward": {  # each over the profile's own: what `analyse` prices with
+            m: [round(x, 3) for x in v] for m, v in probe_scales(raw, profiles, split=True).items()},
         "probe_scale_per_round": probe_rounds,
         "in_job_scale_median_by_model": {
             m: statistics.median(r["in_job_scale"] for r in rows if r["model"] == m)
@@ -348,6 +353,8 @@ def main() -> None:
                    "plan_overhead.json (its 2-host row), not fitted")
     p.add_argument("--fit-scale", action="store_true", help="analyse: fit the compute scale even "
                    "where the pass measured it (its probes)")
+    p.add_argument("--one-scale", action="store_true", help="analyse: one measured compute scale for "
+                   "forward and backward (as before 2026-11-29 noon), not each its own")
     p.add_argument("--drift-from", help="analyse: compare each pair's measured step with this earlier "
                    "raw file's (and each model's profile), → results/<name>_drift.md")
     p.add_argument("--scenarios", help="measure only these scenario numbers, in this order, e.g. 5,3")
@@ -375,7 +382,7 @@ def main() -> None:
         rows = json.loads(Path(a.pass_overhead_from).read_text())["rows"]
         measured = {r["model"]: r["per_pass_overhead_ms"] / 1e3 for r in rows if r["hosts"] == 2}
     runs = json.loads(raw.read_text())
-    analyse(runs, a.name, profiled, measured, a.fit_scale)
+    analyse(runs, a.name, profiled, measured, a.fit_scale, a.one_scale)
     if a.drift_from:
         write_drift(json.loads(Path(a.drift_from).read_text()), runs, a.name)
 

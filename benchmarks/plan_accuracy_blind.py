@@ -31,6 +31,7 @@ from typing import Any
 import plan_accuracy as pa
 from harness import write_results
 from plan_accuracy_model import (
+    SPLIT,
     add_display_columns,
     merge_repeats,
     predict,
@@ -173,6 +174,7 @@ FROZEN_OF = {  # the second pass's fit (set 5), the third's (set 6), the fourth'
     5: pa.HERE / "results" / "plan_accuracy_1129.json",
     6: pa.HERE / "results" / "plan_accuracy_1129b.json",
     7: pa.HERE / "results" / "plan_accuracy_1129c.json",
+    8: pa.HERE / "results" / "plan_accuracy_1129c_split.json",  # the fourth pass, forward and backward apart
 }
 
 
@@ -184,7 +186,10 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file:
     os.environ["POLYTRAIN_CACHE"] = str(pa.PROFILES)
     profiles = pa.stored_profiles(raw)
     # a fit whose compute scale its pass's probes measured: this set's own probes measure it
-    scale = probe_scales(raw, profiles) if c.get("compute_scale_from") == "probes" else c["compute_scale"]
+    source = c.get("compute_scale_from")
+    scale = c["compute_scale"]
+    if source in ("probes", SPLIT):
+        scale = probe_scales(raw, profiles, split=source == SPLIT)
     predict(rows, profiles, scale, c["extra_alpha_s"], c["cores_per_host"],
             c["action_overhead_s"], c["pass_overhead_s"], c.get("call_s", 0.0))
     add_display_columns(rows)

@@ -269,6 +269,8 @@ def probe_scales(raw: dict[str, Any], profiles: dict[str, Any], split: bool = Fa
     return out
 
 
+# the compute scales' source in a fit's summary when the probes measured forward and backward apart
+SPLIT = "probes, forward and backward apart"
 Row = dict[str, Any]
 DATA_PARALLEL = ("allreduce", "local-sgd", "ps")  # every worker runs the whole model on its share
 
