@@ -307,3 +307,15 @@ def test_pipeline_messages_get_only_the_refilled_bucket() -> None:
             assert with_bucket.step_s < without.step_s
         else:
             assert with_bucket.step_s == pytest.approx(without.step_s, abs=1e-6)  # a byte at most
+
+
+def test_forward_scale_prices_the_forward_alone() -> None:
+    """A forward scale of its own moves every forward and no backward (a training step's forward runs
+    slower against its profile than its backward; the benchmark's probes measure each apart)."""
+    prof = vgg_like()
+    one = Scene(prof, CLUSTER, 64, 1.5)
+    split = Scene(prof, CLUSTER, 64, 1.5, forward_scale=3.0)
+    f1, b1 = one.fb(0, len(prof.layers), 16)
+    f2, b2 = split.fb(0, len(prof.layers), 16)
+    assert f2 == pytest.approx(2 * f1) and b2 == pytest.approx(b1)
+    assert Scene(prof, CLUSTER, 64, 1.5, forward_scale=1.5).fb(0, 3, 16) == pytest.approx(one.fb(0, 3, 16))
