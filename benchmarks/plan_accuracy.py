@@ -63,6 +63,7 @@ from plan_accuracy_model import (  # noqa: E402
     stored_profiles,
 )
 from plan_accuracy_runs import PROBES, run_one  # noqa: E402
+from plan_accuracy_traces import write_executor  # noqa: E402
 
 # (model, hosts, nic, [(strategy, --set options)])
 SCENARIOS: list[tuple[str, int, str, list[tuple[str, dict[str, Any]]]]] = [
@@ -233,8 +234,10 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
         for s in sorted({r["strategy"] for r in rows})
     }
     compute = write_compute(raw, profiles, name) if raw.get("probes") else None
+    executor = write_executor(raw, name)  # the executor's own time per action, from the traces
     summary = {
         "in_job_compute": compute,
+        "executor_time": executor,
         "calibration": {
             "compute_scale": scale,
             "compute_scale_from": ("probes" if one_scale else SPLIT) if measured else "fit",

@@ -39,6 +39,7 @@ from plan_accuracy_model import (
     recommended_hits,
     stats,
 )
+from plan_accuracy_traces import write_executor
 
 # (model, hosts, nic, [(strategy, --set options)][, batch]), fixed before any of them was measured
 BLIND: list[tuple[Any, ...]] = [  # a 5th item: the global batch, where the default does not divide
@@ -194,7 +195,9 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file:
             c["action_overhead_s"], c["pass_overhead_s"], c.get("call_s", 0.0))
     add_display_columns(rows)
     hits, total, lines = recommended_hits(rows, {r["scenario"] for r in rows})
+    executor = write_executor(raw, name)  # the executor's own time per action, from the traces
     summary = {
+        "executor_time": executor,
         "frozen_calibration": c,
         "frozen_fit_commit": frozen["git_commit"],
         "frozen_fit_file": frozen_file.name,

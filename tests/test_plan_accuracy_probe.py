@@ -71,3 +71,31 @@ def test_probe_scales_is_the_in_job_compute_over_the_profile(ps_run: Path, tmp_p
     worker = stats["rank1"]
     assert split["cnn"] == pytest.approx((2 * worker["forward"] / f, 2 * worker["backward"] / b))
     assert probe_scales({}, {"cnn": profile}) == {}  # a pass from before the probes
+
+
+def test_executor_time_splits_a_pipeline_step(tmp_path: Path) -> None:
+    """A real 2-stage gpipe run's trace: its receives are kept as ``comm:recv``, and each stage's own
+    time is its step less its compute and its blocking receives, per forward or backward action."""
+    from plan_accuracy_traces import actions_per_step, executor_time
+
+    out = tmp_path / "run"
+    args = ["train", "--strategy", "gpipe", "--procs", "2", "--model", "cnn", "--dataset", "digits",
+            "--steps", "6", "--batch-size", "32", "--optimizer", "sgd", "--out", str(out),
+            "--no-report", "--set", "microbatches=4"]
+    assert main(args) == 0
+    spans = pa.span_stats(out)
+    assert set(spans) == {"rank0", "rank1"} and all("comm:recv" in s for s in spans.values())
+    times = pa.step_times(out)
+    run = {"scenario": 0, "model": "cnn", "hosts": 2, "nic": "local", "strategy": "gpipe",
+           "options": {"microbatches": 4}, "spans": spans, "step_times": times, "measured_step_s": 0.1}
+    before = {**run, "spans": {r: {k: v for k, v in s.items() if not k.startswith("comm:")}
+                               for r, s in spans.items()}}
+    rows = executor_time([run, before])  # a run without comm spans (before they were kept): left out
+    assert [r["stage"] for r in rows] == ["rank0", "rank1"] and rows[0]["repeats"] == 1
+    for row in rows:
+        s = spans[row["stage"]]
+        own = statistics.mean(times) - s["forward"] - s["backward"] - s["optimizer"] - s["comm:recv"]
+        assert row["own_ms"] == pytest.approx(own * 1e3)
+        assert row["own_per_action_ms"] == pytest.approx(own * 1e3 / 8, abs=1e-3)
+    assert actions_per_step("1f1b", {"microbatches": 8}) == 16
+    assert actions_per_step("mesh", {"dp": 2, "pp": 2}) == 4 and actions_per_step("pipedream", {}) == 2
