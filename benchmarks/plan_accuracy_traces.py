@@ -29,11 +29,16 @@ def actions_per_step(strategy: str, options: dict[str, Any]) -> int:
 
 def executor_time(runs: list[Row], probes: list[Row] | None = None) -> list[Row]:
     """One row per (pair, stage): medians over repeats of its compute, its blocking receives and its
-    own time per step, and the own time per action; mesh dp×tp pairs (no executor) left out."""
+    own time per step, and the own time per action; mesh pairs with dp > 1 (their dp all-reduce is
+    not a span) and dp×tp (no executor) left out."""
     groups: dict[tuple[Any, ...], list[Row]] = {}
     for r in [*runs, *({**p, "scenario": "probe"} for p in probes or [])]:
         spans = r.get("spans") or {}
-        if r.get("strategy") not in PIPELINES or "tp" in r.get("options", {}) or "measured_step_s" not in r:
+        opts = r.get("options", {})
+        # mesh with dp > 1: its last stages wait in the dp all-reduce, which the trace does not mark
+        if r.get("strategy") not in PIPELINES or "tp" in opts or int(opts.get("dp", 1)) > 1:
+            continue
+        if "measured_step_s" not in r:
             continue
         if not any(k.startswith("comm:") for s in spans.values() for k in s):
             continue  # a run from before the comm spans were kept
