@@ -247,9 +247,10 @@ def stored_profiles(raw: dict[str, Any]) -> dict[str, Any]:
 
 def probe_scales(raw: dict[str, Any], profiles: dict[str, Any], split: bool = False) -> dict[str, Any]:
     """Per model, the compute scale measured instead of fitted: the median over the pass's probes
-    (`plan_accuracy.PROBE`, one testbed job per model before each repeat round) of the worker's
-    forward + backward per step as its own trace timed it, over ``profiles``' forward + backward
-    (the probe's global batch is the profile's). Empty for a pass without probes."""
+    (`plan_accuracy_runs.PROBE`, one testbed job per model before each repeat round; the pipeline
+    probes left out) of the worker's forward + backward per step as its own trace timed it, over
+    ``profiles``' forward + backward (the probe's global batch is the profile's); with ``split``, a
+    (forward, backward) pair, each over the profile's own. Empty for a pass without probes."""
     taken: dict[str, list[tuple[float, float]]] = {}
     for probe in raw.get("probes", []):
         if probe.get("strategy", "ps") != "ps":  # the compute probe only (`plan_accuracy_runs.PROBES`)

@@ -38,7 +38,7 @@ def executor_time(runs: list[Row], probes: list[Row] | None = None) -> list[Row]
         # mesh with dp > 1: its last stages wait in the dp all-reduce, which the trace does not mark
         if r.get("strategy") not in PIPELINES or "tp" in opts or int(opts.get("dp", 1)) > 1:
             continue
-        if "measured_step_s" not in r:
+        if "measured_step_s" not in r:  # a failed run
             continue
         if not any(k.startswith("comm:") for s in spans.values() for k in s):
             continue  # a run from before the comm spans were kept
