@@ -48,6 +48,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 
 from plan_accuracy_model import (  # noqa: E402
     MACHINE_CORES,
+    PIPE_PROBES,
     SPLIT,
     add_display_columns,
     crossover,
@@ -57,6 +58,7 @@ from plan_accuracy_model import (  # noqa: E402
     merge_repeats,
     model_config,
     predict,
+    probe_action_overheads,
     probe_scales,
     recommended_hits,
     stats,
@@ -196,12 +198,14 @@ def _profile(model: str) -> dict[str, Any]:
 
 def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str, Any] | None = None,
             pass_overheads: dict[str, float] | None = None, fit_scale: bool = False,
-            one_scale: bool = False) -> None:
+            one_scale: bool = False, fit_action: bool = False) -> None:
     """Fit on the calibration half, report both halves; ``profiled``: the raw file whose stored
     profiles to use (default ``raw``'s own); ``pass_overheads``: per model, measured
     (`plan_overhead.py`), instead of one fitted number; the compute scale is measured by the
     pass's probes (`probe_scales`) where it has them, unless ``fit_scale``: the forward's and the
-    backward's apart, unless ``one_scale`` (one for both, as analyses before 2026-11-29 noon)."""
+    backward's apart, unless ``one_scale`` (one for both, as analyses before 2026-11-29 noon); the
+    pipeline executor's time per action by the pass's pipeline probes (`probe_action_overheads`)
+    where it has them, unless ``fit_action`` (one fitted number, as analyses before 2026-11-29 16:00)."""
     from harness import write_results
 
     from polytrain.plan.predict import cached_profile
@@ -218,8 +222,10 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
     calib = {i for i in range(len(SCENARIOS)) if i % 2 == 0}
     held = set(range(len(SCENARIOS))) - calib
     measured = {} if fit_scale else probe_scales(raw, profiles, split=not one_scale)
+    actions = {} if fit_action else probe_action_overheads(raw)
     scale, alpha, per_host, overhead, per_pass, call = fit(
-        [r for r in rows if r["scenario"] in calib], profiles, pass_overheads, measured or None)
+        [r for r in rows if r["scenario"] in calib], profiles, pass_overheads, measured or None,
+        actions or None)
     predict(rows, profiles, scale, alpha, per_host, overhead, per_pass, call)
     add_display_columns(rows)
     for r in rows:
@@ -245,6 +251,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
             "cores_per_host": per_host,
             "machine_cores": MACHINE_CORES,
             "action_overhead_s": overhead,
+            "action_overhead_from": PIPE_PROBES if actions else "fit",
             "pass_overhead_s": per_pass,
             "call_s": call,
             "scenarios": sorted(calib),
@@ -358,6 +365,8 @@ def main() -> None:
                    "where the pass measured it (its probes)")
     p.add_argument("--one-scale", action="store_true", help="analyse: one measured compute scale for "
                    "forward and backward (as before 2026-11-29 noon), not each its own")
+    p.add_argument("--fit-action", action="store_true", help="analyse: fit the pipeline executor's "
+                   "time per action even where the pass's pipeline probes measured it")
     p.add_argument("--drift-from", help="analyse: compare each pair's measured step with this earlier "
                    "raw file's (and each model's profile), → results/<name>_drift.md")
     p.add_argument("--scenarios", help="measure only these scenario numbers, in this order, e.g. 5,3")
@@ -385,7 +394,7 @@ def main() -> None:
         rows = json.loads(Path(a.pass_overhead_from).read_text())["rows"]
         measured = {r["model"]: r["per_pass_overhead_ms"] / 1e3 for r in rows if r["hosts"] == 2}
     runs = json.loads(raw.read_text())
-    analyse(runs, a.name, profiled, measured, a.fit_scale, a.one_scale)
+    analyse(runs, a.name, profiled, measured, a.fit_scale, a.one_scale, a.fit_action)
     if a.drift_from:
         write_drift(json.loads(Path(a.drift_from).read_text()), runs, a.name)
 

@@ -31,10 +31,12 @@ from typing import Any
 import plan_accuracy as pa
 from harness import write_results
 from plan_accuracy_model import (
+    PIPE_PROBES,
     SPLIT,
     add_display_columns,
     merge_repeats,
     predict,
+    probe_action_overheads,
     probe_scales,
     recommended_hits,
     stats,
@@ -191,8 +193,12 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file:
     scale = c["compute_scale"]
     if source in ("probes", SPLIT):
         scale = probe_scales(raw, profiles, split=source == SPLIT)
+    # and a fit whose executor time per action its pipeline probes measured: this set's own measure it
+    actions = c["action_overhead_s"]
+    if c.get("action_overhead_from") == PIPE_PROBES:
+        actions = probe_action_overheads(raw)
     predict(rows, profiles, scale, c["extra_alpha_s"], c["cores_per_host"],
-            c["action_overhead_s"], c["pass_overhead_s"], c.get("call_s", 0.0))
+            actions, c["pass_overhead_s"], c.get("call_s", 0.0))
     add_display_columns(rows)
     hits, total, lines = recommended_hits(rows, {r["scenario"] for r in rows})
     executor = write_executor(raw, name)  # the executor's own time per action, from the traces
@@ -202,6 +208,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file:
         "frozen_fit_commit": frozen["git_commit"],
         "frozen_fit_file": frozen_file.name,
         "compute_scale": scale,
+        "action_overhead_s": actions,
         "blind": stats([r["error"] for r in rows]),
         "median_signed_error": statistics.median(r["error"] for r in rows),
         "recommended_is_fastest": f"{hits}/{total}",

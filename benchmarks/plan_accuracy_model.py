@@ -104,14 +104,14 @@ def predict(
     scale: float | dict[str, float],
     alpha: float,
     per_host: float = 0.0,
-    overhead: float = 0.0,
+    overhead: float | dict[str, float] = 0.0,
     pass_overhead: float | dict[str, float] = 0.0,
     call: float = 0.0,
 ) -> None:
     """Predict every row in place. ``per_host``: the share of a core each emulated host's own
     processes take, so the ranks share ``MACHINE_CORES - per_host * hosts`` cores; ``scale`` (the
-    compute scale) and ``pass_overhead``: one number, or one per model; ``call``: a rank's own time
-    per collective call (`Cluster.call_s`)."""
+    compute scale), ``overhead`` (the pipeline executor's per action) and ``pass_overhead``: one
+    number, or one per model; ``call``: a rank's own time per collective call (`Cluster.call_s`)."""
     from polytrain.plan.cluster import parse_rate
     from polytrain.plan.estimate import Scene
     from polytrain.plan.predict import estimate_for, run_cluster
@@ -129,9 +129,10 @@ def predict(
             call_s=call,
         )
         per_pass = pass_overhead[r["model"]] if isinstance(pass_overhead, dict) else pass_overhead
+        per_action = overhead[r["model"]] if isinstance(overhead, dict) else overhead
         k = scale[r["model"]] if isinstance(scale, dict) else scale
         forward, backward = (k, k) if isinstance(k, float | int) else k  # one scale, or (forward, backward)
-        scene = Scene(profiles[r["model"]], cluster, cfg.batch_size, backward, overhead, per_pass, forward)
+        scene = Scene(profiles[r["model"]], cluster, cfg.batch_size, backward, per_action, per_pass, forward)
         e = estimate_for(cfg, r["hosts"], scene)
         assert not isinstance(e, str), e
         r["predicted_step_s"] = e.step_s
@@ -155,16 +156,20 @@ STARTS = [(s, 0.0, 0.0, a, 0.0, c) for s in (0.8, 1.0, 1.25) for a in (0.0, 1e-3
 
 def fit(rows: list[dict[str, Any]], profiles: dict[str, Any],
         pass_overheads: dict[str, float] | None = None,
-        scales: dict[str, float] | None = None) -> tuple[Any, ...]:
+        scales: dict[str, Any] | None = None,
+        action_overheads: dict[str, float] | None = None) -> tuple[Any, ...]:
     """(compute scale, extra α, cores taken per emulated host, per-action overhead of the pipeline
     executor, per-pass overhead of the other runtimes, time per collective call) minimising the
     mean |log(pred/meas)| on ``rows``: coordinate descent over `GRIDS` — each number in turn set to
     its grid value that scores best (the first of equal scores), sweeps repeated until none moves —
-    from each of `STARTS`, the best end kept; ``pass_overheads`` and ``scales`` (compute scales,
-    `probe_scales`): measured per model, not fitted."""
+    from each of `STARTS`, the best end kept; ``pass_overheads``, ``scales`` (compute scales,
+    `probe_scales`) and ``action_overheads`` (`probe_action_overheads`): measured per model, not
+    fitted."""
     grids: list[tuple[Any, ...]] = list(GRIDS)
     if scales is not None:
         grids[0] = (scales,)
+    if action_overheads is not None:
+        grids[3] = (action_overheads,)
     if pass_overheads is not None:
         grids[4] = (pass_overheads,)
 
@@ -270,8 +275,23 @@ def probe_scales(raw: dict[str, Any], profiles: dict[str, Any], split: bool = Fa
     return out
 
 
+def probe_action_overheads(raw: dict[str, Any]) -> dict[str, float]:
+    """Per model, the pipeline executor's own time per forward or backward action measured instead
+    of fitted: the median over the pass's pipeline probes (`plan_accuracy_runs.PIPE_PROBE`, one per
+    model before each repeat round) and their two stages of the step's time outside compute and
+    blocking receives, per action (`plan_accuracy_traces.executor_time`). Empty for a pass without
+    pipeline probes."""
+    from plan_accuracy_traces import executor_time
+
+    rows = executor_time([], [p for p in raw.get("probes", []) if p.get("strategy", "ps") != "ps"])
+    return {m: statistics.median(r["own_per_action_ms"] for r in rows if r["model"] == m) / 1e3
+            for m in sorted({r["model"] for r in rows})}
+
+
 # the compute scales' source in a fit's summary when the probes measured forward and backward apart
 SPLIT = "probes, forward and backward apart"
+# the executor's per-action time's source in a fit's summary when the pipeline probes measured it
+PIPE_PROBES = "pipeline probes"
 Row = dict[str, Any]
 DATA_PARALLEL = ("allreduce", "local-sgd", "ps")  # every worker runs the whole model on its share
 

@@ -19,7 +19,7 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import plan_accuracy_runs as pa  # noqa: E402
-from plan_accuracy_model import probe_scales  # noqa: E402
+from plan_accuracy_model import probe_action_overheads, probe_scales  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -97,5 +97,11 @@ def test_executor_time_splits_a_pipeline_step(tmp_path: Path) -> None:
         own = statistics.mean(times) - s["forward"] - s["backward"] - s["optimizer"] - s["comm:recv"]
         assert row["own_ms"] == pytest.approx(own * 1e3)
         assert row["own_per_action_ms"] == pytest.approx(own * 1e3 / 8, abs=1e-3)
+    # the pass's pipeline probes → the executor's time per action per model, the compute probe ignored
+    probe = {k: v for k, v in run.items() if k != "scenario"}
+    ps_probe = {**probe, "strategy": "ps", "options": {"servers": 1}, "model": "vgg16"}
+    measured = probe_action_overheads({"probes": [probe, ps_probe]})
+    assert measured == {"cnn": pytest.approx(statistics.median(r["own_per_action_ms"] for r in rows) / 1e3)}
+    assert probe_action_overheads({}) == {}  # a pass from before the pipeline probes
     assert actions_per_step("1f1b", {"microbatches": 8}) == 16
     assert actions_per_step("mesh", {"dp": 2, "pp": 2}) == 4 and actions_per_step("pipedream", {}) == 2
