@@ -12,7 +12,8 @@ An iteration: ``compute_ms`` of matmuls (timed by each rank alone), then one blo
 ``bytes``; its time is the median over ranks; the first of each round of 5 is left out (it follows
 a barrier). Per job and case: the mean iteration (what a training step's mean pays), the median
 iteration (the typical one), the all-reduce call's mean, and the stalls (iterations whose
-all-reduce call took ≥ 50 ms on some rank); per case, the median over jobs with min–max.
+all-reduce call took ≥ 50 ms longer than the case's median call on some rank); per case, the
+median over jobs with min–max.
 Priced: the planner's iteration with the calibration of ``--frozen`` (its cores per host, time per
 call and extra α): ``compute × contention(W)`` plus ``plan.cost.allreduce_s`` on the testbed's
 cluster with the shaper's bucket refilled for the compute's time (`plan.cost.refilled`), as
@@ -68,7 +69,7 @@ def priced_s(hosts: int, nic: str, nbytes: float, compute_s: float, frozen: dict
     return compute_s * cluster.contention(hosts) + comm
 
 
-STALL_S = 0.05  # an all-reduce call this long on some rank: a stall, not the link's time
+STALL_S = 0.05  # an all-reduce call this much longer than the median call: a stall, not the link's time
 
 
 def job_stats(res: dict[str, Any]) -> dict[tuple[float, float], dict[str, float]]:
@@ -79,10 +80,11 @@ def job_stats(res: dict[str, Any]) -> dict[tuple[float, float], dict[str, float]
         mine = [x for x in res["rows"] if (x["bytes"], x["compute_ms"]) == key]
         steady = [x for i, x in enumerate(mine) if i % 5 != 0]
         wall = [statistics.median(x["wall_s_ranks"]) for x in steady]
+        typical = statistics.median(c for x in steady for c in x["comm_s_ranks"])
         out[key] = {"mean_ms": statistics.mean(wall) * 1e3, "median_ms": statistics.median(wall) * 1e3,
                     "allreduce_mean_ms": 1e3 * statistics.mean(
                         statistics.median(x["comm_s_ranks"]) for x in steady),
-                    "stalls": sum(max(x["comm_s_ranks"]) >= STALL_S for x in steady) / len(steady)}
+                    "stalls": sum(max(x["comm_s_ranks"]) >= typical + STALL_S for x in steady) / len(steady)}
     return out
 
 
@@ -118,23 +120,29 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--frozen", default=str(HERE / "results" / "plan_accuracy_1129c_split.json"))
     p.add_argument("--name", default="plan_blocking")
+    p.add_argument("--analyse", action="store_true", help="only recompute the table from the jobs kept "
+                   "in results/<name>.json")
     a = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     frozen = json.loads(Path(a.frozen).read_text())["summary"]["calibration"]
     cases = [[int(b), float(c)] for b in a.bytes.split(",") for c in a.compute_ms.split(",")]
     pairs = [(int(h), nic) for nic in a.nics.split(",") for h in a.hosts.split(",")]
     raw: dict[str, list[dict[str, Any]]] = {}
-    for r in range(a.repeats):
+    if a.analyse:
+        raw = json.loads((HERE / "results" / f"{a.name}.json").read_text())["runs"]
+        pairs = [(int(k.split()[0]), k.split()[1]) for k in raw]
+    for r in range(0 if a.analyse else a.repeats):
         for hosts, nic in pairs:  # interleaved: the machine's drift falls on every pair
             raw.setdefault(f"{hosts} {nic}", []).append(run_case(hosts, nic, cases, a.iterations))
             print(f"repeat {r + 1}/{a.repeats}: {hosts} hosts {nic} done", flush=True)
     rows = [row for hosts, nic in pairs for row in rows_of(hosts, nic, raw[f"{hosts} {nic}"], frozen)]
-    write_results(a.name, rows, list(rows[0]), extra={"runs": raw, "frozen": a.frozen},
+    write_results(a.name, rows, list(rows[0]), appended=a.analyse, extra={"runs": raw, "frozen": a.frozen},
                   notes=f"One process per emulated host; {a.repeats} jobs per (hosts, nic), interleaved; "
                         f"per job {a.iterations} iterations per case in rounds of 5, cases interleaved, "
                         "each round's first left out; per job the mean and the median iteration (median "
                         "over ranks); shown: median (min–max) over jobs. stall_share: the share of "
-                        f"iterations whose all-reduce took ≥ {STALL_S * 1e3:g} ms on some rank. priced = "
+                        f"iterations whose all-reduce took ≥ {STALL_S * 1e3:g} ms longer than the case's "
+                        "median call on some rank. priced = "
                         "the planner's iteration with the calibration frozen in "
                         f"`{Path(a.frozen).name}`.")
 
