@@ -76,3 +76,14 @@ def test_layerwise_partition_is_validated() -> None:
     strategy.check(cfg, 2)
     with pytest.raises(ConfigError, match=r"partition=2,2 has 2 stages .* for --procs 3"):
         strategy.check(cfg, 3)
+
+
+def test_layerwise_refuses_more_ranks_than_layers_before_any_process() -> None:
+    """One stage per rank: the cnn's 4 layers run on at most 4 ranks, refused in `check` (before the
+    launcher starts anything), not by every rank at its first step."""
+    strategy = make_strategy("layerwise", {})
+    cfg = load_config(overrides={"strategy": "layerwise", "model": "cnn", "dataset": "digits"})
+    strategy.check(cfg, 4)
+    with pytest.raises(ConfigError, match=r"has 4 layer\(s\) but the pipeline needs at least one per "
+                                          r"stage \(5 stages\).*Fix: use --procs 4 or fewer"):
+        strategy.check(cfg, 5)

@@ -19,11 +19,12 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
-from polytrain.plan.partition import Partition
+from polytrain.plan.partition import Partition, check_cuttable
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.pipeline.flush import PLANNERS, FlushPipeline, Pipelined, plan
+from polytrain.strategies.pipeline.options import meta_model
 
 __all__ = ["PLANNERS", "Layerwise", "check_partition_text", "plan", "utilisation"]
 
@@ -57,6 +58,9 @@ class Layerwise(Strategy):
 
     def check(self, cfg: JobConfig, world: int) -> None:
         opts: LayerwiseOptions = self.options  # type: ignore[assignment]
+        model = meta_model(cfg)  # one stage per rank: a model with fewer layers than ranks cannot run
+        if model is not None:
+            check_cuttable(model, world)
         if opts.partition not in PLANNERS:
             p = Partition.parse(opts.partition)
             if p.stages != world or p.ranks != world:
