@@ -36,6 +36,27 @@ def test_owt_equals_single_with_uneven_splits(tmp_path_factory: pytest.TempPathF
         assert ops["allreduce"] + ops["owt_gather"] < 3 * (conv + fc) * 4
 
 
+def test_owt_refuses_models_it_cannot_cut_before_any_process() -> None:
+    """`check` (before the launcher starts anything) accepts conv nets ending in Linear layers and
+    refuses, naming the rule: a transformer (its blocks hold several Linears and LayerNorms, its head
+    a LayerNorm beside the Linear), a user module that is not an nn.Sequential (one child), and fully
+    connected children whose output is not one vector per sample."""
+    strategy = make_strategy("owt", {})
+
+    def cfg(model: str, dataset: str) -> object:
+        return load_config(overrides={"strategy": "owt", "model": model, "dataset": dataset})
+
+    strategy.check(cfg("cnn", "digits"), 5)  # type: ignore[arg-type]
+    strategy.check(cfg("userzoo.factories:make", "digits"), 2)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"last child is not one: a child whose only weights are one "
+                                          r"nn.Linear.*tensor for transformer blocks"):
+        strategy.check(cfg("gpt-mini", "chars"), 2)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"not an nn.Sequential is one child, which owt cannot cut"):
+        strategy.check(cfg("userzoo.resnet:resnet18", "synthetic-images"), 2)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"child 1 \(Linear\) outputs \(8, 10\) per sample"):
+        strategy.check(cfg("userzoo.factories:per_row", "digits"), 2)  # type: ignore[arg-type]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["pp", "tp"])
 def test_mesh_equals_single(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,

@@ -35,6 +35,11 @@ def annotated(data: DataSpec, scale: float = 1.0) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(64, data.num_classes))
 
 
+def per_row(num_classes: int = 10) -> nn.Module:
+    """A Linear applied to each row of an 8x8 digit: its output is (B, 8, classes), not a vector."""
+    return nn.Sequential(nn.Flatten(1, 2), nn.Linear(8, num_classes))
+
+
 def with_shape(input_shape: tuple[int, ...], num_classes: int) -> list[nn.Module]:
     return [nn.Flatten(), nn.Linear(int(torch.Size(input_shape).numel()), num_classes)]
 

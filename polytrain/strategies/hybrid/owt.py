@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from polytrain.config import JobConfig
+from polytrain.data import dataset_spec
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, StepFn, run_loop
@@ -36,24 +38,59 @@ from polytrain.strategies.model.shard_collectives import (
     gather_state,
     shard_bounds,
 )
+from polytrain.strategies.pipeline.options import meta_model
 
 
-def fc_start(model: nn.Sequential) -> int:
-    """Index of the first child of the trailing run of fully connected children."""
+def fully_connected(child: nn.Module) -> tuple[str, nn.Linear] | None:
+    """(path, layer) when ``child``'s only weights are one nn.Linear's (with activations, dropout or
+    a flatten beside it): a layer owt can cut into output rows. None otherwise — a transformer
+    block (several Linears, LayerNorms) or a child with a normalisation beside its Linear."""
+    found = first_weight_layer(child)
+    if found is None or not isinstance(found[1], nn.Linear):
+        return None
+    own = {id(p) for p in found[1].parameters()}
+    if any(id(p) not in own for p in child.parameters()):
+        return None
+    return found[0], found[1]
+
+
+def fc_start(model: nn.Module) -> int:
+    """Index of the first child of the trailing run of fully connected children (`fully_connected`)."""
     children = list(model.children())
     start = len(children)
-    while start > 0:
-        found = first_weight_layer(children[start - 1])
-        if found is None or not isinstance(found[1], nn.Linear):
-            break
+    while start > 0 and fully_connected(children[start - 1]) is not None:
         start -= 1
     if start == len(children):
         raise ConfigError(
             "Strategy 'owt' makes the fully connected layers at the end of the model "
-            "model-parallel, but the model's last child has no nn.Linear. Fix: use a model "
-            "ending in Linear layers (vgg16, alexnet, cnn, mlp)."
+            "model-parallel, but the model's last child is not one: a child whose only weights are "
+            "one nn.Linear's (beside activations, dropout or a flatten); a model that is not an "
+            "nn.Sequential is one child, which owt cannot cut. Fix: use an nn.Sequential ending in such "
+            "layers (vgg16, alexnet, cnn, mlp), or another strategy (allreduce; tensor for "
+            "transformer blocks)."
         )
     return start
+
+
+def check_fc_outputs(model: nn.Module, first_fc: int, input_shape: tuple[int, ...]) -> None:
+    """Each fully connected child must output (B, features): owt gathers their outputs along dim 1.
+    Checked on the meta device with a batch of 2 float samples; a model that cannot run on it (token
+    inputs) is left to the ranks."""
+    try:
+        h = torch.empty((2, *input_shape), device="meta")
+        for i, child in enumerate(model.children()):
+            h = child(h)
+            if i >= first_fc and h.dim() != 2:
+                raise ConfigError(
+                    f"Strategy 'owt' gathers each fully connected layer's output along its feature "
+                    f"dimension, but child {i} ({type(child).__name__}) outputs "
+                    f"{tuple(h.shape[1:])} per sample, not one vector. Fix: flatten before the "
+                    "fully connected layers, or use another strategy (allreduce)."
+                )
+    except ConfigError:
+        raise
+    except Exception:  # not runnable on meta floats (token inputs): the ranks will see
+        return
 
 
 class OwtNet(nn.Module):
@@ -70,7 +107,7 @@ class OwtNet(nn.Module):
         self.shard_dims: dict[str, int] = {}
         for i, (name, child) in enumerate(model.named_children()):
             if i >= self.first_fc:
-                found = first_weight_layer(child)
+                found = fully_connected(child)
                 assert found is not None  # fc_start checked it
                 path, linear = found
                 bounds = shard_bounds(out_size(linear), wire.size)
@@ -126,6 +163,16 @@ class Owt(Strategy):
     name = "owt"
     family = "hybrid"
     summary = "one weird trick: conv layers data-parallel, FC layers model-parallel"
+
+    def check(self, cfg: JobConfig, world: int) -> None:
+        """Refuse, before any process starts, a model owt cannot cut: no trailing fully connected
+        children (a model that is not an nn.Sequential is one child), or FC outputs that are not one
+        vector per sample."""
+        model = meta_model(cfg)
+        if model is None:  # a factory that cannot build on the meta device: the ranks check it
+            return
+        first = fc_start(model)
+        check_fc_outputs(model, first, dataset_spec(cfg.dataset, cfg.data_options).input_shape)
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         full = job.build_model().to(ctx.device)
