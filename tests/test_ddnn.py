@@ -62,5 +62,9 @@ def test_ddnn_checks_its_layout() -> None:
         make_strategy("ddnn", {}).check(cfg, 2)
     with pytest.raises(ConfigError, match=r"missing='0,1' with 2 end devices"):
         make_strategy("ddnn", {"missing": "0,1"}).check(cfg, 4)
+    # one end device: the default 'last' would switch it off too — refused before any process starts
+    with pytest.raises(ConfigError, match=r"missing='last' with 1 end device .* Fix: --set missing=none"):
+        make_strategy("ddnn", {}).check(cfg, 3)
+    make_strategy("ddnn", {"missing": "none"}).check(cfg, 3)
     with pytest.raises(ConfigError, match=r"weights are three non-negative numbers"):
         make_strategy("ddnn", {"weights": "1,2"})

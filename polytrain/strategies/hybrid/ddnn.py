@@ -65,6 +65,12 @@ class DdnnOptions(BaseModel):
         if self.missing == "none":
             return []
         if self.missing == "last":
+            if devices <= 1:
+                raise ConfigError(
+                    f"Strategy 'ddnn': missing='last' with {devices} end device switches off every "
+                    "device in the second evaluation. Rule: at least one device left. Fix: --set "
+                    "missing=none, or --procs 4 or more (2 end devices or more)."
+                )
             return [devices - 1]
         try:
             out = sorted({int(x) for x in self.missing.split(",")})
