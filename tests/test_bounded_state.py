@@ -53,8 +53,9 @@ def after_warm_up(samples: list[dict[str, float]], key: str) -> list[tuple[float
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy,procs,steps,extra", [
-    # a 9.6k-parameter shard: a reply pinned per message would add ~38 kB a message
-    ("ps", 3, 800, ["--set", "model.hidden=128"]),
+    # a 9.6k-parameter shard: a reply pinned per message would add ~38 kB a message; 2,400 steps
+    # so that even a quick machine (800 took 1.5 s) records >= 3 samples (one per 0.5 s) after warm-up
+    ("ps", 3, 2400, ["--set", "model.hidden=128"]),
     ("allreduce", 2, 1500, ["--set", "model.hidden=16"]),
 ])
 def test_long_run_keeps_rss_and_outstanding_requests_flat(tmp_path: Path, strategy: str, procs: int,
