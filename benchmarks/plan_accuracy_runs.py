@@ -56,7 +56,10 @@ def span_stats(run_dir: Path, skip: int = 2) -> dict[str, dict[str, float]]:
 PROBE = ("ps", {"servers": 1}, 2, "1gbit")  # a worker and its server: the worker computes alone
 # two pipeline stages on 2 hosts at 1 Gbit/s: how the executor's actions run beside their compute
 PIPE_PROBE = ("gpipe", {"microbatches": 4}, 2, "1gbit")
-PROBES = (PROBE, PIPE_PROBE)  # run in this order before each repeat round (`plan_accuracy.measure`)
+# local-sgd that never averages, 2 hosts at 1 Gbit/s: a data-parallel runtime's step with no exchange,
+# whose trace gives its own time per pass beside its compute (since 2026-11-29 17:55; not priced yet)
+STEP_PROBE = ("local-sgd", {"period": 0}, 2, "1gbit")
+PROBES = (PROBE, PIPE_PROBE, STEP_PROBE)  # run in this order before each round (`plan_accuracy.measure`)
 
 
 def run_one(
