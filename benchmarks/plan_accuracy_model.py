@@ -98,6 +98,24 @@ def model_config(model: str) -> Any:
     return _config({"model": model, "strategy": "single", "hosts": 1, "options": {}})
 
 
+def testbed_cluster(hosts: int, nic: str, alpha: float, per_host: float, call: float) -> Any:
+    """The cluster a testbed run of ``hosts`` emulated hosts at ``nic`` is priced on: one process
+    per host, ``alpha`` added to every message's α, the machine's cores less ``per_host`` per host
+    shared by all ranks, ``call`` seconds per collective call (`Cluster.call_s`)."""
+    from polytrain.plan.cluster import parse_rate
+    from polytrain.plan.predict import run_cluster
+
+    cluster = run_cluster(hosts, {"hosts": hosts, "rate_bits_per_s": 8 * parse_rate(nic, "nic")})
+    return dataclasses.replace(
+        cluster,
+        procs_per_host=1,
+        latency_s=cluster.latency_s + alpha,
+        intra_latency_s=cluster.intra_alpha + alpha,
+        cores=max(0.25, MACHINE_CORES - per_host * hosts),
+        call_s=call,
+    )
+
+
 def predict(
     rows: list[dict[str, Any]],
     profiles: dict[str, Any],
@@ -112,22 +130,12 @@ def predict(
     processes take, so the ranks share ``MACHINE_CORES - per_host * hosts`` cores; ``scale`` (the
     compute scale), ``overhead`` (the pipeline executor's per action) and ``pass_overhead``: one
     number, or one per model; ``call``: a rank's own time per collective call (`Cluster.call_s`)."""
-    from polytrain.plan.cluster import parse_rate
     from polytrain.plan.estimate import Scene
-    from polytrain.plan.predict import estimate_for, run_cluster
+    from polytrain.plan.predict import estimate_for
 
     for r in rows:
         cfg = _config(r)
-        nic_bits = 8 * parse_rate(r["nic"], "nic")
-        cluster = run_cluster(r["hosts"], {"hosts": r["hosts"], "rate_bits_per_s": nic_bits})
-        cluster = dataclasses.replace(
-            cluster,
-            procs_per_host=1,
-            latency_s=cluster.latency_s + alpha,
-            intra_latency_s=cluster.intra_alpha + alpha,
-            cores=max(0.25, MACHINE_CORES - per_host * r["hosts"]),
-            call_s=call,
-        )
+        cluster = testbed_cluster(r["hosts"], r["nic"], alpha, per_host, call)
         per_pass = pass_overhead[r["model"]] if isinstance(pass_overhead, dict) else pass_overhead
         per_action = overhead[r["model"]] if isinstance(overhead, dict) else overhead
         k = scale[r["model"]] if isinstance(scale, dict) else scale
@@ -283,7 +291,7 @@ def probe_action_overheads(raw: dict[str, Any]) -> dict[str, float]:
     pipeline probes."""
     from plan_accuracy_traces import executor_time
 
-    rows = executor_time([], [p for p in raw.get("probes", []) if p.get("strategy", "ps") != "ps"])
+    rows = executor_time([], raw.get("probes", []))  # it keeps the pipeline runs only
     return {m: statistics.median(r["own_per_action_ms"] for r in rows if r["model"] == m) / 1e3
             for m in sorted({r["model"] for r in rows})}
 

@@ -23,7 +23,6 @@ cluster with the shaper's bucket refilled for the compute's time (`plan.cost.ref
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -55,16 +54,11 @@ def run_case(hosts: int, nic: str, cases: list[list[float]], iterations: int) ->
 
 
 def priced_s(hosts: int, nic: str, nbytes: float, compute_s: float, frozen: dict[str, Any]) -> float:
-    from polytrain.plan.cluster import parse_rate
-    from polytrain.plan.cost import allreduce_s, refilled
-    from polytrain.plan.predict import run_cluster
+    from plan_accuracy_model import testbed_cluster
 
-    cluster = run_cluster(hosts, {"hosts": hosts, "rate_bits_per_s": 8 * parse_rate(nic, "nic")})
-    cores = float(os.cpu_count() or 1) - frozen["cores_per_host"] * hosts
-    alpha = frozen["extra_alpha_s"]
-    cluster = dataclasses.replace(cluster, procs_per_host=1, latency_s=cluster.latency_s + alpha,
-                                  intra_latency_s=cluster.intra_alpha + alpha, cores=max(0.25, cores),
-                                  call_s=frozen["call_s"])
+    from polytrain.plan.cost import allreduce_s, refilled
+
+    cluster = testbed_cluster(hosts, nic, frozen["extra_alpha_s"], frozen["cores_per_host"], frozen["call_s"])
     comm = allreduce_s(nbytes, range(hosts), refilled(cluster, compute_s))
     return compute_s * cluster.contention(hosts) + comm
 
