@@ -50,6 +50,7 @@ from plan_accuracy_model import (  # noqa: E402
     MACHINE_CORES,
     PIPE_PROBES,
     SPLIT,
+    STEP_PROBES,
     add_display_columns,
     crossover,
     drift,
@@ -59,6 +60,7 @@ from plan_accuracy_model import (  # noqa: E402
     model_config,
     predict,
     probe_action_overheads,
+    probe_pass_overheads,
     probe_scales,
     recommended_hits,
     stats,
@@ -198,14 +200,17 @@ def _profile(model: str) -> dict[str, Any]:
 
 def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str, Any] | None = None,
             pass_overheads: dict[str, float] | None = None, fit_scale: bool = False,
-            one_scale: bool = False, fit_action: bool = False) -> None:
+            one_scale: bool = False, fit_action: bool = False, fit_pass: bool = False) -> None:
     """Fit on the calibration half, report both halves; ``profiled``: the raw file whose stored
     profiles to use (default ``raw``'s own); ``pass_overheads``: per model, measured
     (`plan_overhead.py`), instead of one fitted number; the compute scale is measured by the
     pass's probes (`probe_scales`) where it has them, unless ``fit_scale``: the forward's and the
     backward's apart, unless ``one_scale`` (one for both, as analyses before 2026-11-29 noon); the
     pipeline executor's time per action by the pass's pipeline probes (`probe_action_overheads`)
-    where it has them, unless ``fit_action`` (one fitted number, as analyses before 2026-11-29 16:00)."""
+    where it has them, unless ``fit_action`` (one fitted number, as analyses before 2026-11-29 16:00);
+    the other runtimes' time per pass by the pass's step probes (`probe_pass_overheads`) where it has
+    them and ``pass_overheads`` is not given, unless ``fit_pass`` (one fitted number, as before
+    2026-11-29 19:00)."""
     from harness import write_results
 
     from polytrain.plan.predict import cached_profile
@@ -223,8 +228,9 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
     held = set(range(len(SCENARIOS))) - calib
     measured = {} if fit_scale else probe_scales(raw, profiles, split=not one_scale)
     actions = {} if fit_action else probe_action_overheads(raw)
+    passes = pass_overheads or ({} if fit_pass else probe_pass_overheads(raw))
     scale, alpha, per_host, overhead, per_pass, call = fit(
-        [r for r in rows if r["scenario"] in calib], profiles, pass_overheads, measured or None,
+        [r for r in rows if r["scenario"] in calib], profiles, passes or None, measured or None,
         actions or None)
     predict(rows, profiles, scale, alpha, per_host, overhead, per_pass, call)
     add_display_columns(rows)
@@ -253,6 +259,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
             "action_overhead_s": overhead,
             "action_overhead_from": PIPE_PROBES if actions else "fit",
             "pass_overhead_s": per_pass,
+            "pass_overhead_from": ("plan_overhead" if pass_overheads else STEP_PROBES) if passes else "fit",
             "call_s": call,
             "scenarios": sorted(calib),
         },
@@ -367,6 +374,8 @@ def main() -> None:
                    "forward and backward (as before 2026-11-29 noon), not each its own")
     p.add_argument("--fit-action", action="store_true", help="analyse: fit the pipeline executor's "
                    "time per action even where the pass's pipeline probes measured it")
+    p.add_argument("--fit-pass", action="store_true", help="analyse: fit the runtimes' time per "
+                   "pass even where the pass's step probes measured it")
     p.add_argument("--drift-from", help="analyse: compare each pair's measured step with this earlier "
                    "raw file's (and each model's profile), → results/<name>_drift.md")
     p.add_argument("--scenarios", help="measure only these scenario numbers, in this order, e.g. 5,3")
@@ -394,7 +403,7 @@ def main() -> None:
         rows = json.loads(Path(a.pass_overhead_from).read_text())["rows"]
         measured = {r["model"]: r["per_pass_overhead_ms"] / 1e3 for r in rows if r["hosts"] == 2}
     runs = json.loads(raw.read_text())
-    analyse(runs, a.name, profiled, measured, a.fit_scale, a.one_scale, a.fit_action)
+    analyse(runs, a.name, profiled, measured, a.fit_scale, a.one_scale, a.fit_action, a.fit_pass)
     if a.drift_from:
         write_drift(json.loads(Path(a.drift_from).read_text()), runs, a.name)
 

@@ -11,10 +11,10 @@ models, each with allreduce and two other strategies. The runs are `plan_accurac
         [--budget-min 28 --resume] --no-analyse
     .venv/bin/python benchmarks/plan_accuracy_blind.py --analyse   # → results/plan_accuracy_blind.md
 
-``--set 2`` ... ``--set 9`` measure and analyse the second to ninth blind sets (`BLIND2` ...
-`BLIND9`, → results/plan_accuracy_blind2.md ... blind9.md; sets 5 to 9 with the second to fifth
-passes' fits, `FROZEN_OF`; a fit whose compute scale was measured by its pass's probes is
-priced with the set's own probes);
+``--set 2`` ... ``--set 10`` measure and analyse the second to tenth blind sets (`BLIND2` ...
+`BLIND10`, → results/plan_accuracy_blind2.md ... blind10.md; sets 5 to 10 with the second to sixth
+passes' fits, `FROZEN_OF`; a fit whose compute scale, executor time or time per pass was measured by
+its pass's probes is priced with the set's own probes; set 10 was drawn by `plan_accuracy_draw.py`);
 ``--frozen FILE --name NAME`` analyses with the fit of another `plan_accuracy` analysis.
 """
 
@@ -33,10 +33,12 @@ from harness import write_results
 from plan_accuracy_model import (
     PIPE_PROBES,
     SPLIT,
+    STEP_PROBES,
     add_display_columns,
     merge_repeats,
     predict,
     probe_action_overheads,
+    probe_pass_overheads,
     probe_scales,
     recommended_hits,
     stats,
@@ -184,6 +186,26 @@ BLIND9: list[tuple[Any, ...]] = [
     ("gpt-mini", 3, "550mbit",
      [("allreduce", {}), ("local-sgd", {"period": 4}), ("gpipe", {"microbatches": 4})], 24),
 ]
+# The tenth blind set, drawn (`plan_accuracy_draw.py --seed 10 --rates 275mbit,625mbit,950mbit`, rates
+# no pass or set has used) and committed before any of it was measured and before the sixth pass it
+# is priced with (plan_accuracy_raw_1129e, still being measured) was analysed: that pass's calibration
+# half fits the numbers; its probes measure the compute scales, the executor's time per action and
+# (step probes) the runtimes' time per pass; this set's own probes measure them for its pricing.
+BLIND10: list[tuple[Any, ...]] = [
+    ("cnn", 6, "275mbit",
+     [("allreduce", {}), ("mesh", {"dp": 3, "pp": 2}), ("local-sgd", {"period": 4})], 48),
+    ("vgg16", 4, "275mbit",
+     [("allreduce", {}), ("mesh", {"dp": 2, "pp": 2}), ("gpipe", {"microbatches": 4})], 64),
+    ("gpt-mini", 4, "950mbit", [("allreduce", {}), ("layerwise", {}), ("mesh", {"dp": 2, "tp": 2})], 32),
+    ("cnn", 6, "625mbit",
+     [("allreduce", {}), ("mesh", {"dp": 3, "pp": 2}), ("local-sgd", {"period": 2})], 48),
+    ("vgg16", 7, "950mbit", [("allreduce", {}), ("pipedream", {}), ("local-sgd", {"period": 4})], 56),
+    ("gpt-mini", 8, "275mbit",
+     [("allreduce", {}), ("local-sgd", {"period": 4}), ("mesh", {"dp": 4, "tp": 2})], 32),
+    ("cnn", 5, "950mbit", [("allreduce", {}), ("ps", {"servers": 1}), ("owt", {})], 40),
+    ("vgg16", 5, "625mbit",
+     [("allreduce", {}), ("local-sgd", {"period": 2}), ("gpipe", {"microbatches": 4})], 40),
+]
 SETS = {  # --set: scenarios, raw runs, results name
     1: (BLIND, pa.HERE / "results" / "plan_accuracy_blind_raw.json", "plan_accuracy_blind"),
     2: (BLIND2, pa.HERE / "results" / "plan_accuracy_blind2_raw.json", "plan_accuracy_blind2"),
@@ -194,6 +216,7 @@ SETS = {  # --set: scenarios, raw runs, results name
     7: (BLIND7, pa.HERE / "results" / "plan_accuracy_blind7_raw.json", "plan_accuracy_blind7"),
     8: (BLIND8, pa.HERE / "results" / "plan_accuracy_blind8_raw.json", "plan_accuracy_blind8"),
     9: (BLIND9, pa.HERE / "results" / "plan_accuracy_blind9_raw.json", "plan_accuracy_blind9"),
+    10: (BLIND10, pa.HERE / "results" / "plan_accuracy_blind10_raw.json", "plan_accuracy_blind10"),
 }
 FROZEN = pa.HERE / "results" / "plan_accuracy.json"  # the first pass's fit: sets 1-4 were frozen against it
 FROZEN_OF = {  # the second pass's fit (set 5), the third's (set 6), the fourth's (set 7)
@@ -202,6 +225,7 @@ FROZEN_OF = {  # the second pass's fit (set 5), the third's (set 6), the fourth'
     7: pa.HERE / "results" / "plan_accuracy_1129c.json",
     8: pa.HERE / "results" / "plan_accuracy_1129c_split.json",  # the fourth pass, forward and backward apart
     9: pa.HERE / "results" / "plan_accuracy_1129d_actions.json",  # the fifth, executor time from its probes
+    10: pa.HERE / "results" / "plan_accuracy_1129e.json",  # the sixth, time per pass from its step probes
 }
 
 
@@ -221,8 +245,12 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file:
     actions = c["action_overhead_s"]
     if c.get("action_overhead_from") == PIPE_PROBES:
         actions = probe_action_overheads(raw)
+    # and a fit whose runtimes' time per pass its step probes measured: this set's own measure it
+    passes = c["pass_overhead_s"]
+    if c.get("pass_overhead_from") == STEP_PROBES:
+        passes = probe_pass_overheads(raw)
     predict(rows, profiles, scale, c["extra_alpha_s"], c["cores_per_host"],
-            actions, c["pass_overhead_s"], c.get("call_s", 0.0))
+            actions, passes, c.get("call_s", 0.0))
     add_display_columns(rows)
     hits, total, lines = recommended_hits(rows, {r["scenario"] for r in rows})
     executor = write_executor(raw, name)  # the executor's own time per action, from the traces
@@ -233,6 +261,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file:
         "frozen_fit_file": frozen_file.name,
         "compute_scale": scale,
         "action_overhead_s": actions,
+        "pass_overhead_s": passes,
         "blind": stats([r["error"] for r in rows]),
         "median_signed_error": statistics.median(r["error"] for r in rows),
         "recommended_is_fastest": f"{hits}/{total}",

@@ -26,12 +26,15 @@ MACHINE_CORES = float(os.cpu_count() or 1)  # every emulated host shares this ma
 def _window(run: dict[str, Any]) -> list[float]:
     """The step intervals a run's mean is taken over. local-sgd averages after every ``period``-th
     step and after the last: whole periods ending at the last step (the run's step count is a
-    multiple of the period) hold one average per period, as the planner amortises it. A
+    multiple of the period) hold one average per period, as the planner amortises it (period 0: the
+    steps before the one average after the last). A
     parameter-server worker's last step sends its push without waiting and pulls nothing: left out."""
     times = list(run["step_times"])
     if run["strategy"] == "ps" and len(times) > 1:
         times = times[:-1]  # the last step pushes without waiting and pulls nothing: not a steady step
     period = int(run["options"].get("period", 4)) if run["strategy"] == "local-sgd" else 1
+    if period == 0 and len(times) > 1:
+        return times[:-1]  # averages once, after the last step: priced as no exchange per step
     return times[len(times) % period :] if len(times) >= period else times
 
 
@@ -296,10 +299,32 @@ def probe_action_overheads(raw: dict[str, Any]) -> dict[str, float]:
             for m in sorted({r["model"] for r in rows})}
 
 
+def probe_pass_overheads(raw: dict[str, Any]) -> dict[str, float]:
+    """Per model, the data-parallel runtimes' own time per forward or backward pass measured instead
+    of fitted: the median over the pass's step probes (`plan_accuracy_runs.STEP_PROBE`, local-sgd
+    that never averages, one per model before each repeat round) of the mean step (`_window`: the
+    last step's one average left out) less its compute (forward + backward + optimizer, each rank's
+    trace, the median over its ranks), over the step's two passes: what loading a batch, the loss
+    and the runtime's bookkeeping cost beside the compute. Empty for a pass without step probes."""
+    taken: dict[str, list[float]] = {}
+    for probe in raw.get("probes", []):
+        if probe.get("strategy") != "local-sgd" or "measured_step_s" not in probe:
+            continue
+        ranks = [s for s in (probe.get("spans") or {}).values() if "forward" in s and "backward" in s]
+        if not ranks:
+            continue
+        compute = statistics.median(s["forward"] + s["backward"] + s.get("optimizer", 0.0) for s in ranks)
+        own = (statistics.mean(_window(probe)) - compute) / 2
+        taken.setdefault(probe["model"], []).append(max(0.0, own))
+    return {m: statistics.median(v) for m, v in sorted(taken.items())}
+
+
 # the compute scales' source in a fit's summary when the probes measured forward and backward apart
 SPLIT = "probes, forward and backward apart"
 # the executor's per-action time's source in a fit's summary when the pipeline probes measured it
 PIPE_PROBES = "pipeline probes"
+# the runtimes' per-pass time's source in a fit's summary when the step probes measured it
+STEP_PROBES = "step probes"
 Row = dict[str, Any]
 DATA_PARALLEL = ("allreduce", "local-sgd", "ps")  # every worker runs the whole model on its share
 

@@ -105,3 +105,37 @@ def test_executor_time_splits_a_pipeline_step(tmp_path: Path) -> None:
     assert probe_action_overheads({}) == {}  # a pass from before the pipeline probes
     assert actions_per_step("1f1b", {"microbatches": 8}) == 16
     assert actions_per_step("mesh", {"dp": 2, "pp": 2}) == 4 and actions_per_step("pipedream", {}) == 2
+
+
+def test_step_probe_gives_the_runtimes_time_per_pass(tmp_path: Path) -> None:
+    """A real local-sgd run that never averages (the step probe's job): its steady steps hold no
+    exchange (the one average, after the last step, is left out), so the step less its compute is
+    the runtime's own time, half of it per pass."""
+    from plan_accuracy_model import _window, probe_pass_overheads
+
+    out = tmp_path / "run"
+    args = ["train", "--strategy", "local-sgd", "--procs", "2", "--model", "cnn", "--dataset", "digits",
+            "--steps", "8", "--batch-size", "32", "--optimizer", "sgd", "--out", str(out),
+            "--no-report", "--set", "period=0"]
+    assert main(args) == 0
+    spans = pa.span_stats(out)
+    assert set(spans) == {"rank0", "rank1"}
+    times = pa.step_times(out)
+    probe = {"model": "cnn", "hosts": 2, "strategy": "local-sgd", "options": {"period": 0},
+             "spans": spans, "step_times": times, "measured_step_s": 0.1}
+    assert _window(probe) == times[:-1]  # the last step's average left out
+    compute = statistics.median(s["forward"] + s["backward"] + s["optimizer"] for s in spans.values())
+    own = (statistics.mean(times[:-1]) - compute) / 2
+    ps_probe = {**probe, "strategy": "ps", "options": {"servers": 1}}  # not a step probe: ignored
+    slower = {**probe, "step_times": [t + 0.002 for t in times]}
+    measured = probe_pass_overheads({"probes": [probe, ps_probe, slower, slower]})
+    assert measured == {"cnn": pytest.approx(max(0.0, own + 0.001))}  # the median probe
+    assert probe_pass_overheads({}) == {}  # a pass from before the step probes
+
+
+def test_the_tenth_blind_set_is_the_draw() -> None:
+    """`BLIND10` is what `plan_accuracy_draw.py --seed 10` draws: the set was not picked by hand."""
+    import plan_accuracy_blind as blind
+    from plan_accuracy_draw import draw
+
+    assert draw(10, ["275mbit", "625mbit", "950mbit"]) == blind.BLIND10

@@ -205,10 +205,13 @@ def test_testbed_cluster_has_the_testbeds_bucket() -> None:
     from types import SimpleNamespace
 
     from polytrain.launch.testbed import Testbed
-    from polytrain.plan.predict import run_cluster
+    from polytrain.plan.predict import TESTBED_GOODPUT, run_cluster
 
     for bits in (1e8, 1e9, 1e6):
         stub = SimpleNamespace(rate_bits_per_s=int(bits), _delay_us=0, _loss_pct=0.0)
         shaping = Testbed._shaping(stub, host_side=True)  # type: ignore[arg-type]
         cluster = run_cluster(2, {"hosts": 2, "rate_bits_per_s": bits})
-        assert cluster.burst_bytes == shaping.burst_bytes
+        # the shaper counts frame bytes; the cluster prices payload: 1448 of every 1514
+        assert cluster.burst_bytes == pytest.approx(shaping.burst_bytes * 1448 / 1514)
+        assert cluster.nic_bps == pytest.approx(bits / 8 * TESTBED_GOODPUT)
+        assert shaping.rate_bits_per_s == bits

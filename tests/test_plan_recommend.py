@@ -230,6 +230,11 @@ def test_options_change_the_estimate() -> None:
         return e.step_s
 
     assert step("local-sgd", "period=16") < step("local-sgd", "period=2")  # fewer averages
+    # period 0 averages once, after the last step: its steady step exchanges nothing
+    assert step("local-sgd", "period=0") < step("local-sgd", "period=16")
+    cfg = load_config(None, {"strategy": "local-sgd", "procs": 4}, ["period=0"])
+    e = estimate_for(cfg, 4, scene)
+    assert not isinstance(e, str) and e.bytes_per_step == 0
     # layer sharding puts fc1 (3/4 of the bytes) on one server: its link is the bottleneck
     assert step("ps", "servers=2", "sharding=size") < step("ps", "servers=2", "sharding=layer")
     assert step("gpipe", "microbatches=16") < step("gpipe", "microbatches=1")

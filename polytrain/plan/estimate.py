@@ -213,11 +213,13 @@ def _compressed_allreduce(scene: Scene, world: int, c: CodecPrice) -> Estimate:
 
 
 def local_sgd(scene: Scene, world: int, period: int) -> Estimate:
-    """Plain local steps; every ``period`` steps one all-reduce of the parameters (amortised)."""
+    """Plain local steps; every ``period`` steps one all-reduce of the parameters (amortised);
+    ``period`` 0 averages once, after the last step: no exchange in the steady step."""
     n, cl, p = scene.layers, scene.cluster, scene.profile.param_bytes
     f, b = scene.pass_fb(0, n, scene.batch / world, busy=world)
     opt = scene.optimizer_s(p)
-    avg = allreduce_s(p, range(world), cl) / period
+    per = 1 / period if period > 0 else 0.0  # averages per step
+    avg = allreduce_s(p, range(world), cl) * per
     spans, end = _phases(
         0,
         0.0,
@@ -225,12 +227,12 @@ def local_sgd(scene: Scene, world: int, period: int) -> Estimate:
             ("compute", "forward", f, "F"),
             ("compute", "backward", b, "B"),
             ("compute", "optimizer", opt, ""),
-            ("comm", "comm", avg, f"avg/{period}"),
+            ("comm", "comm", avg, f"avg/{period}" if period else "avg at end"),
         ],
     )
     mem = scene.memory(scene.state_bytes(0, n), scene.activations(0, n, scene.batch / world))
     return Estimate(
-        end, mem, 2 * (world - 1) * p / period, ring_nic_bytes(p, world, cl) / period, tuple(spans)
+        end, mem, 2 * (world - 1) * p * per, ring_nic_bytes(p, world, cl) * per, tuple(spans)
     )
 
 
