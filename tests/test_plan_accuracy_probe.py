@@ -73,16 +73,22 @@ def test_probe_scales_is_the_in_job_compute_over_the_profile(ps_run: Path, tmp_p
     assert probe_scales({}, {"cnn": profile}) == {}  # a pass from before the probes
 
 
+def _two_rank_cnn(tmp_path: Path, strategy: str, steps: int, option: str) -> Path:
+    """A local 2-process cnn run of ``strategy`` with one ``--set`` option; its run directory."""
+    out = tmp_path / "run"
+    args = ["train", "--strategy", strategy, "--procs", "2", "--model", "cnn", "--dataset", "digits",
+            "--steps", str(steps), "--batch-size", "32", "--optimizer", "sgd", "--out", str(out),
+            "--no-report", "--set", option]
+    assert main(args) == 0
+    return out
+
+
 def test_executor_time_splits_a_pipeline_step(tmp_path: Path) -> None:
     """A real 2-stage gpipe run's trace: its receives are kept as ``comm:recv``, and each stage's own
     time is its step less its compute and its blocking receives, per forward or backward action."""
     from plan_accuracy_traces import actions_per_step, executor_time
 
-    out = tmp_path / "run"
-    args = ["train", "--strategy", "gpipe", "--procs", "2", "--model", "cnn", "--dataset", "digits",
-            "--steps", "6", "--batch-size", "32", "--optimizer", "sgd", "--out", str(out),
-            "--no-report", "--set", "microbatches=4"]
-    assert main(args) == 0
+    out = _two_rank_cnn(tmp_path, "gpipe", 6, "microbatches=4")
     spans = pa.span_stats(out)
     assert set(spans) == {"rank0", "rank1"} and all("comm:recv" in s for s in spans.values())
     times = pa.step_times(out)
@@ -113,11 +119,7 @@ def test_step_probe_gives_the_runtimes_time_per_pass(tmp_path: Path) -> None:
     the runtime's own time, half of it per pass."""
     from plan_accuracy_model import _window, probe_pass_overheads
 
-    out = tmp_path / "run"
-    args = ["train", "--strategy", "local-sgd", "--procs", "2", "--model", "cnn", "--dataset", "digits",
-            "--steps", "8", "--batch-size", "32", "--optimizer", "sgd", "--out", str(out),
-            "--no-report", "--set", "period=0"]
-    assert main(args) == 0
+    out = _two_rank_cnn(tmp_path, "local-sgd", 8, "period=0")
     spans = pa.span_stats(out)
     assert set(spans) == {"rank0", "rank1"}
     times = pa.step_times(out)
