@@ -141,3 +141,16 @@ def test_the_tenth_blind_set_is_the_draw() -> None:
     from plan_accuracy_draw import draw
 
     assert draw(10, ["275mbit", "625mbit", "950mbit"]) == blind.BLIND10
+
+
+def test_span_stats_keeps_the_ddp_hooks_all_reduce_per_step(tmp_path: Path) -> None:
+    """The DDP hook's all-reduce span carries the step whose backward ran it, so a run's trace
+    statistics hold its time per step beside the compute (it ends inside that step)."""
+    out = _two_rank_cnn(tmp_path, "allreduce", 6, "bucket_mb=25")
+    spans = pa.span_stats(out)
+    times = pa.step_times(out)
+    for rank in ("rank0", "rank1"):
+        assert 0 < spans[rank]["comm:allreduce"] < max(times)
+    events = [json.loads(line) for line in (out / "ranks" / "rank0.jsonl").read_text().splitlines()]
+    calls = [e for e in events if e.get("event") == "span" and e.get("name") == "allreduce"]
+    assert sorted({e["step"] for e in calls}) == list(range(1, 7))  # one bucket per step, each tagged

@@ -48,8 +48,10 @@ def builtin_hook(comm: Comm, world: int, rec: Recorder) -> Any:
         buf = bucket.buffer()
         buf.div_(world)
         start, index = rec.now(), bucket.index()
+        # the step whose backward runs the hook, so per-step trace statistics can see the call
+        step = {} if rec.current_step is None else {"step": rec.current_step}
         return comm.all_reduce_future(
-            buf, on_done=lambda: rec.add_span("allreduce", "comm", start, rec.now(), bucket=index))
+            buf, on_done=lambda: rec.add_span("allreduce", "comm", start, rec.now(), bucket=index, **step))
 
     return hook
 

@@ -73,6 +73,9 @@ class _SpanTimer:
         self._start = 0.0
 
     def __enter__(self) -> None:
+        step = self._fields.get("step")
+        if step is not None:
+            self._rec.current_step = step  # the step a span without one (a DDP hook's) belongs to
         self._start = time.perf_counter() - self._rec.t0
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
@@ -103,6 +106,7 @@ class Recorder:
         self._sampled_at = float("-inf")
         self._busy = 0.0
         self.last_step = 0
+        self.current_step: int | None = None  # the step of the last span opened with one
 
     def start_clock(self) -> None:
         """Set the clock origin (called right after a start barrier, so ranks share it)."""
