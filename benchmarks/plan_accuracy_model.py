@@ -261,6 +261,11 @@ def stored_profiles(raw: dict[str, Any]) -> dict[str, Any]:
     return {m: median_of(ps) for m, ps in taken.items()}
 
 
+def _computing_ranks(probe: dict[str, Any]) -> list[dict[str, float]]:
+    """The span statistics of a probe's ranks that ran a forward and a backward (not a server)."""
+    return [s for s in (probe.get("spans") or {}).values() if "forward" in s and "backward" in s]
+
+
 def probe_scales(raw: dict[str, Any], profiles: dict[str, Any], split: bool = False) -> dict[str, Any]:
     """Per model, the compute scale measured instead of fitted: the median over the pass's probes
     (`plan_accuracy_runs.PROBE`, one testbed job per model before each repeat round; the pipeline
@@ -271,7 +276,7 @@ def probe_scales(raw: dict[str, Any], profiles: dict[str, Any], split: bool = Fa
     for probe in raw.get("probes", []):
         if probe.get("strategy", "ps") != "ps":  # the compute probe only (`plan_accuracy_runs.PROBES`)
             continue
-        worker = [s for s in (probe.get("spans") or {}).values() if "forward" in s and "backward" in s]
+        worker = _computing_ranks(probe)
         if worker:  # the one rank that computes: the server only applies
             taken.setdefault(probe["model"], []).append((worker[0]["forward"], worker[0]["backward"]))
     out: dict[str, Any] = {}
@@ -310,7 +315,7 @@ def probe_pass_overheads(raw: dict[str, Any]) -> dict[str, float]:
     for probe in raw.get("probes", []):
         if probe.get("strategy") != "local-sgd" or "measured_step_s" not in probe:
             continue
-        ranks = [s for s in (probe.get("spans") or {}).values() if "forward" in s and "backward" in s]
+        ranks = _computing_ranks(probe)
         if not ranks:
             continue
         compute = statistics.median(s["forward"] + s["backward"] + s.get("optimizer", 0.0) for s in ranks)

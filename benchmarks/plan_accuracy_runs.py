@@ -57,7 +57,8 @@ PROBE = ("ps", {"servers": 1}, 2, "1gbit")  # a worker and its server: the worke
 # two pipeline stages on 2 hosts at 1 Gbit/s: how the executor's actions run beside their compute
 PIPE_PROBE = ("gpipe", {"microbatches": 4}, 2, "1gbit")
 # local-sgd that never averages, 2 hosts at 1 Gbit/s: a data-parallel runtime's step with no exchange,
-# whose trace gives its own time per pass beside its compute (since 2026-11-29 17:55; not priced yet)
+# whose trace gives its own time per pass beside its compute (since 2026-11-29 17:55; priced since
+# d301aa6: `plan_accuracy_model.probe_pass_overheads`)
 STEP_PROBE = ("local-sgd", {"period": 0}, 2, "1gbit")
 PROBES = (PROBE, PIPE_PROBE, STEP_PROBE)  # run in this order before each round (`plan_accuracy.measure`)
 

@@ -76,21 +76,22 @@ def check_fc_outputs(model: nn.Module, first_fc: int, input_shape: tuple[int, ..
     """Each fully connected child must output (B, features): owt gathers their outputs along dim 1.
     Checked on the meta device with a batch of 2 float samples; a model that cannot run on it (token
     inputs) is left to the ranks."""
+    outputs: list[tuple[nn.Module, torch.Size]] = []  # each child's, as far as meta floats run
     try:
         h = torch.empty((2, *input_shape), device="meta")
-        for i, child in enumerate(model.children()):
+        for child in model.children():
             h = child(h)
-            if i >= first_fc and h.dim() != 2:
-                raise ConfigError(
-                    f"Strategy 'owt' gathers each fully connected layer's output along its feature "
-                    f"dimension, but child {i} ({type(child).__name__}) outputs "
-                    f"{tuple(h.shape[1:])} per sample, not one vector. Fix: flatten before the "
-                    "fully connected layers, or use another strategy (allreduce)."
-                )
-    except ConfigError:
-        raise
+            outputs.append((child, h.shape))
     except Exception:  # not runnable on meta floats (token inputs): the ranks will see
-        return
+        pass
+    for i, (child, shape) in enumerate(outputs):
+        if i >= first_fc and len(shape) != 2:
+            raise ConfigError(
+                f"Strategy 'owt' gathers each fully connected layer's output along its feature "
+                f"dimension, but child {i} ({type(child).__name__}) outputs "
+                f"{tuple(shape[1:])} per sample, not one vector. Fix: flatten before the "
+                "fully connected layers, or use another strategy (allreduce)."
+            )
 
 
 class OwtNet(nn.Module):
