@@ -68,6 +68,7 @@ from plan_accuracy_model import (  # noqa: E402
 )
 from plan_accuracy_runs import PROBES, run_one  # noqa: E402
 from plan_accuracy_traces import write_executor  # noqa: E402
+from plan_hops import collective_hop  # noqa: E402
 
 # (model, hosts, nic, [(strategy, --set options)])
 SCENARIOS: list[tuple[str, int, str, list[tuple[str, dict[str, Any]]]]] = [
@@ -200,7 +201,8 @@ def _profile(model: str) -> dict[str, Any]:
 
 def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str, Any] | None = None,
             pass_overheads: dict[str, float] | None = None, fit_scale: bool = False,
-            one_scale: bool = False, fit_action: bool = False, fit_pass: bool = False) -> None:
+            one_scale: bool = False, fit_action: bool = False, fit_pass: bool = False,
+            hops_from: Path | None = None) -> None:
     """Fit on the calibration half, report both halves; ``profiled``: the raw file whose stored
     profiles to use (default ``raw``'s own); ``pass_overheads``: per model, measured
     (`plan_overhead.py`), instead of one fitted number; the compute scale is measured by the
@@ -210,7 +212,8 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
     where it has them, unless ``fit_action`` (one fitted number, as analyses before 2026-11-29 16:00);
     the other runtimes' time per pass by the pass's step probes (`probe_pass_overheads`) where it has
     them and ``pass_overheads`` is not given, unless ``fit_pass`` (one fitted number, as before
-    2026-11-29 19:00)."""
+    2026-11-29 19:00); ``hops_from``: a `plan_hops.py` results file whose time per collective step
+    (`plan_hops.collective_hop`) prices the testbed (`Cluster.hop_s`; none before 2026-11-29 22:00)."""
     from harness import write_results
 
     from polytrain.plan.predict import cached_profile
@@ -229,10 +232,11 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
     measured = {} if fit_scale else probe_scales(raw, profiles, split=not one_scale)
     actions = {} if fit_action else probe_action_overheads(raw)
     passes = pass_overheads or ({} if fit_pass else probe_pass_overheads(raw))
+    hop = collective_hop(json.loads(hops_from.read_text())) if hops_from else 0.0
     scale, alpha, per_host, overhead, per_pass, call = fit(
         [r for r in rows if r["scenario"] in calib], profiles, passes or None, measured or None,
-        actions or None)
-    predict(rows, profiles, scale, alpha, per_host, overhead, per_pass, call)
+        actions or None, hop)
+    predict(rows, profiles, scale, alpha, per_host, overhead, per_pass, call, hop)
     add_display_columns(rows)
     for r in rows:
         r["set"] = "calibration" if r["scenario"] in calib else "held back"
@@ -261,6 +265,8 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
             "pass_overhead_s": per_pass,
             "pass_overhead_from": ("plan_overhead" if pass_overheads else STEP_PROBES) if passes else "fit",
             "call_s": call,
+            "hop_s": hop,
+            "hop_from": hops_from.name if hops_from else None,
             "scenarios": sorted(calib),
         },
         "held_back": held_stats,
@@ -376,6 +382,8 @@ def main() -> None:
                    "time per action even where the pass's pipeline probes measured it")
     p.add_argument("--fit-pass", action="store_true", help="analyse: fit the runtimes' time per "
                    "pass even where the pass's step probes measured it")
+    p.add_argument("--hops-from", help="analyse: price each collective step with the time this "
+                   "plan_hops.py results file measured (Cluster.hop_s)")
     p.add_argument("--drift-from", help="analyse: compare each pair's measured step with this earlier "
                    "raw file's (and each model's profile), → results/<name>_drift.md")
     p.add_argument("--scenarios", help="measure only these scenario numbers, in this order, e.g. 5,3")
@@ -403,7 +411,8 @@ def main() -> None:
         rows = json.loads(Path(a.pass_overhead_from).read_text())["rows"]
         measured = {r["model"]: r["per_pass_overhead_ms"] / 1e3 for r in rows if r["hosts"] == 2}
     runs = json.loads(raw.read_text())
-    analyse(runs, a.name, profiled, measured, a.fit_scale, a.one_scale, a.fit_action, a.fit_pass)
+    analyse(runs, a.name, profiled, measured, a.fit_scale, a.one_scale, a.fit_action, a.fit_pass,
+            Path(a.hops_from) if a.hops_from else None)
     if a.drift_from:
         write_drift(json.loads(Path(a.drift_from).read_text()), runs, a.name)
 

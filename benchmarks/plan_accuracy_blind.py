@@ -11,10 +11,12 @@ models, each with allreduce and two other strategies. The runs are `plan_accurac
         [--budget-min 28 --resume] --no-analyse
     .venv/bin/python benchmarks/plan_accuracy_blind.py --analyse   # → results/plan_accuracy_blind.md
 
-``--set 2`` ... ``--set 10`` measure and analyse the second to tenth blind sets (`BLIND2` ...
-`BLIND10`, → results/plan_accuracy_blind2.md ... blind10.md; sets 5 to 10 with the second to sixth
+``--set 2`` ... ``--set 11`` measure and analyse the second to eleventh blind sets (`BLIND2` ...
+`BLIND11`, → results/plan_accuracy_blind2.md ... blind11.md; sets 5 to 11 with the second to sixth
 passes' fits, `FROZEN_OF`; a fit whose compute scale, executor time or time per pass was measured by
-its pass's probes is priced with the set's own probes; set 10 was drawn by `plan_accuracy_draw.py`);
+its pass's probes is priced with the set's own probes, one whose time per collective step
+`plan_hops.py` measured with the set's own measurement, `HOPS_OF` or ``--hops-from``; sets 10 and
+11 were drawn by `plan_accuracy_draw.py`);
 ``--frozen FILE --name NAME`` analyses with the fit of another `plan_accuracy` analysis.
 """
 
@@ -44,6 +46,7 @@ from plan_accuracy_model import (
     stats,
 )
 from plan_accuracy_traces import write_executor
+from plan_hops import collective_hop
 
 # (model, hosts, nic, [(strategy, --set options)][, batch]), fixed before any of them was measured
 BLIND: list[tuple[Any, ...]] = [  # a 5th item: the global batch, where the default does not divide
@@ -206,6 +209,23 @@ BLIND10: list[tuple[Any, ...]] = [
     ("vgg16", 5, "625mbit",
      [("allreduce", {}), ("local-sgd", {"period": 2}), ("gpipe", {"microbatches": 4})], 40),
 ]
+# The eleventh blind set, drawn (`plan_accuracy_draw.py --seed 11 --rates 325mbit,675mbit,875mbit`,
+# rates no pass or set has used) and committed before any of it was measured: priced with the fit of
+# the sixth pass's calibration half analysed with the time per collective step (`Cluster.hop_s`) that
+# `plan_hops.py` measured just before this set ran (`HOPS_OF`); this set's own probes measure the
+# compute scales, the executor's time per action and the runtimes' time per pass for its pricing.
+BLIND11: list[tuple[Any, ...]] = [
+    ("cnn", 5, "875mbit", [("allreduce", {}), ("owt", {}), ("local-sgd", {"period": 4})], 40),
+    ("vgg16", 7, "875mbit", [("allreduce", {}), ("1f1b", {"microbatches": 4}), ("layerwise", {})], 56),
+    ("gpt-mini", 6, "675mbit",
+     [("allreduce", {}), ("mesh", {"dp": 3, "pp": 2}), ("local-sgd", {"period": 4})], 24),
+    ("cnn", 3, "875mbit", [("allreduce", {}), ("pipedream", {}), ("owt", {})], 48),
+    ("vgg16", 7, "675mbit", [("allreduce", {}), ("1f1b", {"microbatches": 4}), ("layerwise", {})], 56),
+    ("gpt-mini", 7, "675mbit", [("allreduce", {}), ("local-sgd", {"period": 4})], 28),
+    ("vgg16", 2, "675mbit",
+     [("allreduce", {}), ("gpipe", {"microbatches": 4}), ("local-sgd", {"period": 4})], 64),
+    ("vgg16", 5, "875mbit", [("allreduce", {}), ("gpipe", {"microbatches": 4}), ("pipedream", {})], 40),
+]
 SETS = {  # --set: scenarios, raw runs, results name
     1: (BLIND, pa.HERE / "results" / "plan_accuracy_blind_raw.json", "plan_accuracy_blind"),
     2: (BLIND2, pa.HERE / "results" / "plan_accuracy_blind2_raw.json", "plan_accuracy_blind2"),
@@ -217,6 +237,7 @@ SETS = {  # --set: scenarios, raw runs, results name
     8: (BLIND8, pa.HERE / "results" / "plan_accuracy_blind8_raw.json", "plan_accuracy_blind8"),
     9: (BLIND9, pa.HERE / "results" / "plan_accuracy_blind9_raw.json", "plan_accuracy_blind9"),
     10: (BLIND10, pa.HERE / "results" / "plan_accuracy_blind10_raw.json", "plan_accuracy_blind10"),
+    11: (BLIND11, pa.HERE / "results" / "plan_accuracy_blind11_raw.json", "plan_accuracy_blind11"),
 }
 FROZEN = pa.HERE / "results" / "plan_accuracy.json"  # the first pass's fit: sets 1-4 were frozen against it
 FROZEN_OF = {  # the second pass's fit (set 5), the third's (set 6), the fourth's (set 7)
@@ -226,10 +247,13 @@ FROZEN_OF = {  # the second pass's fit (set 5), the third's (set 6), the fourth'
     8: pa.HERE / "results" / "plan_accuracy_1129c_split.json",  # the fourth pass, forward and backward apart
     9: pa.HERE / "results" / "plan_accuracy_1129d_actions.json",  # the fifth, executor time from its probes
     10: pa.HERE / "results" / "plan_accuracy_1129e.json",  # the sixth, time per pass from its step probes
+    11: pa.HERE / "results" / "plan_accuracy_1129e_hops.json",  # the sixth, with measured collective steps
 }
+HOPS_OF = {11: pa.HERE / "results" / "plan_hops_1129.json"}  # measured just before the set ran
 
 
-def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file: Path = FROZEN) -> None:
+def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file: Path = FROZEN,
+            hops_file: Path | None = None) -> None:
     frozen = json.loads(frozen_file.read_text())["summary"]
     c = frozen["calibration"]
     rows = merge_repeats(raw["runs"])
@@ -249,8 +273,15 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file:
     passes = c["pass_overhead_s"]
     if c.get("pass_overhead_from") == STEP_PROBES:
         passes = probe_pass_overheads(raw)
+    # and a fit whose time per collective step plan_hops measured: the measurement before this set
+    hop = c.get("hop_s", 0.0)
+    if c.get("hop_from"):
+        if hops_file is None:
+            raise SystemExit(f"{frozen_file.name} prices collective steps measured by plan_hops.py: "
+                             "give this set's own measurement with --hops-from FILE")
+        hop = collective_hop(json.loads(hops_file.read_text()))
     predict(rows, profiles, scale, c["extra_alpha_s"], c["cores_per_host"],
-            actions, passes, c.get("call_s", 0.0))
+            actions, passes, c.get("call_s", 0.0), hop)
     add_display_columns(rows)
     hits, total, lines = recommended_hits(rows, {r["scenario"] for r in rows})
     executor = write_executor(raw, name)  # the executor's own time per action, from the traces
@@ -262,6 +293,8 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file:
         "compute_scale": scale,
         "action_overhead_s": actions,
         "pass_overhead_s": passes,
+        "hop_s": hop,
+        "hop_from": hops_file.name if c.get("hop_from") and hops_file else None,
         "blind": stats([r["error"] for r in rows]),
         "median_signed_error": statistics.median(r["error"] for r in rows),
         "recommended_is_fastest": f"{hits}/{total}",
@@ -289,13 +322,16 @@ def main() -> None:
     p.add_argument("--frozen", type=Path, help="analyse with the fit stored in this plan_accuracy "
                    "analysis (default: the set's, results/plan_accuracy.json but for set 5)")
     p.add_argument("--name", help="results file name of the analysis (default: the set's)")
+    p.add_argument("--hops-from", type=Path, help="analyse: this set's plan_hops.py measurement "
+                   "(default: the set's, HOPS_OF)")
     a = p.parse_args()
     scenarios, raw, name = SETS[a.set]
     if not a.analyse:
         pa.measure(a.steps, None, a.repeats, a.resume, 60 * a.budget_min, scenarios, raw)
         if a.no_analyse:
             return
-    analyse(json.loads(Path(raw).read_text()), a.name or name, a.frozen or FROZEN_OF.get(a.set, FROZEN))
+    analyse(json.loads(Path(raw).read_text()), a.name or name, a.frozen or FROZEN_OF.get(a.set, FROZEN),
+            a.hops_from or HOPS_OF.get(a.set))
 
 
 if __name__ == "__main__":

@@ -101,10 +101,13 @@ def model_config(model: str) -> Any:
     return _config({"model": model, "strategy": "single", "hosts": 1, "options": {}})
 
 
-def testbed_cluster(hosts: int, nic: str, alpha: float, per_host: float, call: float) -> Any:
+def testbed_cluster(
+    hosts: int, nic: str, alpha: float, per_host: float, call: float, hop: float = 0.0
+) -> Any:
     """The cluster a testbed run of ``hosts`` emulated hosts at ``nic`` is priced on: one process
     per host, ``alpha`` added to every message's α, the machine's cores less ``per_host`` per host
-    shared by all ranks, ``call`` seconds per collective call (`Cluster.call_s`)."""
+    shared by all ranks, ``call`` seconds per collective call (`Cluster.call_s`), ``hop`` seconds per
+    collective step (`Cluster.hop_s`, measured by `plan_hops.py`)."""
     from polytrain.plan.cluster import parse_rate
     from polytrain.plan.predict import run_cluster
 
@@ -116,6 +119,7 @@ def testbed_cluster(hosts: int, nic: str, alpha: float, per_host: float, call: f
         intra_latency_s=cluster.intra_alpha + alpha,
         cores=max(0.25, MACHINE_CORES - per_host * hosts),
         call_s=call,
+        hop_s=hop,
     )
 
 
@@ -128,17 +132,19 @@ def predict(
     overhead: float | dict[str, float] = 0.0,
     pass_overhead: float | dict[str, float] = 0.0,
     call: float = 0.0,
+    hop: float = 0.0,
 ) -> None:
     """Predict every row in place. ``per_host``: the share of a core each emulated host's own
     processes take, so the ranks share ``MACHINE_CORES - per_host * hosts`` cores; ``scale`` (the
     compute scale), ``overhead`` (the pipeline executor's per action) and ``pass_overhead``: one
-    number, or one per model; ``call``: a rank's own time per collective call (`Cluster.call_s`)."""
+    number, or one per model; ``call``: a rank's own time per collective call (`Cluster.call_s`);
+    ``hop``: per collective step (`Cluster.hop_s`), measured, never fitted."""
     from polytrain.plan.estimate import Scene
     from polytrain.plan.predict import estimate_for
 
     for r in rows:
         cfg = _config(r)
-        cluster = testbed_cluster(r["hosts"], r["nic"], alpha, per_host, call)
+        cluster = testbed_cluster(r["hosts"], r["nic"], alpha, per_host, call, hop)
         per_pass = pass_overhead[r["model"]] if isinstance(pass_overhead, dict) else pass_overhead
         per_action = overhead[r["model"]] if isinstance(overhead, dict) else overhead
         k = scale[r["model"]] if isinstance(scale, dict) else scale
@@ -168,14 +174,14 @@ STARTS = [(s, 0.0, 0.0, a, 0.0, c) for s in (0.8, 1.0, 1.25) for a in (0.0, 1e-3
 def fit(rows: list[dict[str, Any]], profiles: dict[str, Any],
         pass_overheads: dict[str, float] | None = None,
         scales: dict[str, Any] | None = None,
-        action_overheads: dict[str, float] | None = None) -> tuple[Any, ...]:
+        action_overheads: dict[str, float] | None = None, hop: float = 0.0) -> tuple[Any, ...]:
     """(compute scale, extra α, cores taken per emulated host, per-action overhead of the pipeline
     executor, per-pass overhead of the other runtimes, time per collective call) minimising the
     mean |log(pred/meas)| on ``rows``: coordinate descent over `GRIDS` — each number in turn set to
     its grid value that scores best (the first of equal scores), sweeps repeated until none moves —
     from each of `STARTS`, the best end kept; ``pass_overheads``, ``scales`` (compute scales,
     `probe_scales`) and ``action_overheads`` (`probe_action_overheads`): measured per model, not
-    fitted."""
+    fitted; ``hop``: the testbed's time per collective step (`plan_hops.py`), measured, held."""
     grids: list[tuple[Any, ...]] = list(GRIDS)
     if scales is not None:
         grids[0] = (scales,)
@@ -185,7 +191,7 @@ def fit(rows: list[dict[str, Any]], profiles: dict[str, Any],
         grids[4] = (pass_overheads,)
 
     def score(y: list[Any]) -> float:
-        predict(rows, profiles, *y)
+        predict(rows, profiles, *y, hop=hop)
         return statistics.mean(abs(math.log(r["predicted_step_s"] / r["measured_step_s"])) for r in rows)
 
     ends = []

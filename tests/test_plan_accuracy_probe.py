@@ -141,6 +141,22 @@ def test_the_tenth_blind_set_is_the_draw() -> None:
     from plan_accuracy_draw import draw
 
     assert draw(10, ["275mbit", "625mbit", "950mbit"]) == blind.BLIND10
+    assert draw(11, ["325mbit", "675mbit", "875mbit"]) == blind.BLIND11
+
+
+def test_collective_hop_is_the_median_collective_step() -> None:
+    """`plan_hops.collective_hop`: the median per-step time over the all-reduce and all-gather cases;
+    the p2p chain (one message in flight) is not a collective step."""
+    from plan_hops import collective_hop, hop_table, messages
+
+    rows = [
+        {"op": "allreduce", "hosts": 4, "message_bytes": 1024, "hop_s": 1.2e-3},
+        {"op": "allreduce", "hosts": 8, "message_bytes": 512, "hop_s": 1.4e-3},
+        {"op": "allgather", "hosts": 4, "message_bytes": 1024, "hop_s": 1.0e-3},
+        {"op": "p2p", "hosts": 4, "message_bytes": 4096, "hop_s": 0.0},
+    ]
+    assert collective_hop({"hops": hop_table(rows)}) == pytest.approx(1.2e-3)
+    assert (messages("allreduce", 8), messages("allgather", 8), messages("p2p", 8)) == (14, 7, 8)
 
 
 def test_span_stats_keeps_the_ddp_hooks_all_reduce_per_step(tmp_path: Path) -> None:

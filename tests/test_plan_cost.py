@@ -164,6 +164,27 @@ def test_shared_cores_scale_alpha_by_hand() -> None:
     assert allreduce_s(1.0, range(8), free) == pytest.approx(0.006, rel=1e-6)
 
 
+def test_collective_steps_pay_the_hop_by_hand() -> None:
+    """``hop``: each step of a collective costs its time once, whatever its size and the cores."""
+    free = Cluster(hosts=8, procs_per_host=1, nic_bps=1e12, intra_bps=1e12, latency_s=1e-3)
+    hopped = replace(free, hop_s=2e-3)
+    # ring: 14 steps of (1 + 2) ms = 42 ms; tree: 6 levels of (1 + 2) ms = 18 ms is the faster
+    assert allreduce_s(1.0, range(8), hopped) == pytest.approx(0.018, rel=1e-6)
+    # a big message: the ring (14 steps, 2·7/8·S on the wire) beats the tree (6 whole messages)
+    big = 8e9
+    ring = 2 * 7 / 8 * big / 1e12 + 14 * 3e-3
+    assert allreduce_s(big, range(8), hopped) == pytest.approx(ring, rel=1e-6)
+    # all-gather over 4: 3 steps of (1 + 2) ms
+    assert group_allgather_s(1.0, range(4), hopped) == pytest.approx(0.009, rel=1e-6)
+    # on shared cores the hop is not multiplied: α grows by 8/2, the hop does not
+    shared = replace(hopped, cores=2)
+    assert allreduce_s(1.0, range(8), shared) == pytest.approx(6 * (4e-3 + 2e-3), rel=1e-6)
+    assert Cluster.parse("hosts=2,hop=1.3ms").hop_s == pytest.approx(1.3e-3)
+    assert "1.3 ms per collective step" in Cluster.parse("hosts=2,hop=1.3ms").describe()
+    with pytest.raises(ConfigError, match=r"'hop' is 'x'.*hop=5us"):
+        Cluster.parse("hosts=2,hop=x")
+
+
 def test_shaped_link_bucket_by_hand() -> None:
     """A token-bucket NIC (the testbed's tbf) sends its first ``burst`` bytes at line speed."""
     link = Link(alpha=1e-4, bps=1e7, burst=50_000)

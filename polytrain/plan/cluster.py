@@ -14,6 +14,9 @@
 - ``call``: a rank's own time per collective call beyond its messages — entering the call and
   waking from it (``1.5ms`` on the testbed, as `benchmarks/plan_accuracy.py` calibrates it; 0 by
   default); on shared cores it grows by (ranks / cores), as every message's α does;
+- ``hop``: a rank's own time per step of a collective (each message it sends in turn: 2(n−1) in a
+  ring all-reduce, n−1 in an all-gather) beyond α — a collective library whose every step wakes
+  its process (gloo on the testbed: ~1.3 ms, measured by `benchmarks/plan_hops.py`; 0 by default);
 - ``cores``: when set, ALL ranks of the cluster share this many cores — an emulated cluster on one
   machine (the testbed) — so compute slows by (busy ranks / cores) when more ranks than cores
   compute at once. Unset: every rank has its own device.
@@ -34,7 +37,9 @@ _RATE_RE = re.compile(rf"^{_NUM}\s*([kmgt]?)(bit|byte|b)?(?:/s|ps)?$", re.IGNORE
 _TIME_RE = re.compile(rf"^{_NUM}\s*(ns|us|µs|ms|s)$", re.IGNORECASE)
 _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
-FIELDS = ("hosts", "procs_per_host", "nic", "intra", "latency", "intra_latency", "cores", "burst", "call")
+FIELDS = (
+    "hosts", "procs_per_host", "nic", "intra", "latency", "intra_latency", "cores", "burst", "call", "hop"
+)
 EXAMPLE = "hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,latency=5us"
 
 
@@ -83,6 +88,7 @@ class Cluster:
     cores: float | None = None
     burst_bytes: float = 0.0  # a shaped NIC's bucket: bytes sent at line speed after an idle spell
     call_s: float = 0.0  # a rank's own time per collective call, beyond its messages (see plan.cost)
+    hop_s: float = 0.0  # a rank's own time per step of a collective, beyond α (see plan.cost)
 
     @property
     def world(self) -> int:
@@ -107,9 +113,11 @@ class Cluster:
     def describe(self) -> str:
         cores = f", {self.cores} shared cores" if self.cores else ""
         call = f", {self.call_s * 1e3:g} ms per collective call" if self.call_s else ""
+        hop = f", {self.hop_s * 1e3:g} ms per collective step" if self.hop_s else ""
         return (
             f"{self.hosts} host(s) x {self.procs_per_host} proc(s), NIC {self.nic_bps * 8 / 1e9:g} "
-            f"Gbit/s, intra {self.intra_bps / 1e9:g} GB/s, latency {self.latency_s * 1e6:g} us{cores}{call}"
+            f"Gbit/s, intra {self.intra_bps / 1e9:g} GB/s, latency {self.latency_s * 1e6:g} us"
+            f"{cores}{call}{hop}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -123,6 +131,7 @@ class Cluster:
             "cores": self.cores,
             "burst_bytes": self.burst_bytes,
             "call_s": self.call_s,
+            "hop_s": self.hop_s,
         }
 
     @classmethod
@@ -154,6 +163,8 @@ class Cluster:
             out["intra_latency_s"] = parse_seconds(values["intra_latency"], "intra_latency")
         if "call" in values:
             out["call_s"] = parse_seconds(values["call"], "call")
+        if "hop" in values:
+            out["hop_s"] = parse_seconds(values["hop"], "hop")
         return cls(**out)
 
 

@@ -29,7 +29,10 @@ A message of S bytes over a link costs α + S/β (α: latency per message, s; β
   the collective's own: a dp×tp mesh's pair of tensor-parallel ranks waits on all W);
 - a collective call's own time (``Cluster.call_s``): entering the collective and waking from it
   costs a rank a fixed time beyond its messages, which on shared cores also grows by W/cores
-  (`call_s`; measured on the testbed by `benchmarks/plan_accuracy.py`'s calibration);
+  (`call_s`; fitted on the testbed by `benchmarks/plan_accuracy.py`'s calibration); and each of its
+  steps (``Cluster.hop_s``): a collective library that wakes its process at every step of a ring
+  pays that wake-up per step, whatever the step's size (gloo on the testbed's shared cores: ~1.3 ms
+  a step for 2–8 ranks and 0.5–130 kB steps, `benchmarks/plan_hops.py`);
 - tensor-parallel collectives: per transformer block, two all-reduces of the (B, T, D) activations
   in forward and two of their gradients in backward (Megatron's f and g), `tp_block_s`.
 
@@ -119,26 +122,30 @@ def shared_cores(cluster: Cluster, n: float) -> Cluster:
     return replace(cluster, latency_s=cluster.latency_s * k, intra_latency_s=cluster.intra_alpha * k)
 
 
-def call_s(cluster: Cluster) -> float:
-    """A rank's own time per collective call: ``Cluster.call_s``, times W/cores on shared cores."""
-    return cluster.call_s * cluster.contention(cluster.world)
+def call_s(cluster: Cluster, steps: int = 0) -> float:
+    """A rank's own time in one collective call of ``steps`` steps: ``Cluster.call_s``, times W/cores
+    on shared cores, plus ``Cluster.hop_s`` per step."""
+    return cluster.call_s * cluster.contention(cluster.world) + steps * cluster.hop_s
 
 
 def allreduce_s(nbytes: float, ranks: Sequence[int], cluster: Cluster, nic_share: int = 1) -> float:
-    """Fastest of flat ring, tree and two-level all-reduce of ``nbytes`` over ``ranks``, plus the
-    call's own time (`call_s`)."""
+    """Fastest of flat ring, tree and two-level all-reduce of ``nbytes`` over ``ranks``, each with
+    the call's own time for its steps (`call_s`: 2(n−1), 2⌈log2 n⌉, 2(k−1) + 2(H−1))."""
     n = len(ranks)
     if n <= 1 or nbytes <= 0:
         return 0.0
-    own = call_s(cluster)
+    own = cluster
     cluster = shared_cores(cluster, cluster.world)
     hosts = hosts_of(cluster, ranks)
+    link = intra_link(cluster) if hosts <= 1 else nic_link(cluster, nic_share)
+    ring = ring_allreduce_s(nbytes, n, link) + call_s(own, 2 * (n - 1))
+    tree = tree_allreduce_s(nbytes, n, link) + call_s(own, 2 * math.ceil(math.log2(n)))
     if hosts <= 1:
-        link = intra_link(cluster)
-        return own + min(ring_allreduce_s(nbytes, n, link), tree_allreduce_s(nbytes, n, link))
-    link = nic_link(cluster, nic_share)
-    flat = min(ring_allreduce_s(nbytes, n, link), tree_allreduce_s(nbytes, n, link))
-    return own + min(flat, two_level_allreduce_s(nbytes, n // hosts, hosts, cluster, nic_share))
+        return min(ring, tree)
+    k = n // hosts
+    two = two_level_allreduce_s(nbytes, k, hosts, cluster, nic_share)
+    two += call_s(own, 2 * (k - 1) + 2 * (hosts - 1))
+    return min(ring, tree, two)
 
 
 def two_level_allreduce_s(
@@ -158,7 +165,7 @@ def group_allgather_s(
 ) -> float:
     if len(ranks) <= 1 or total_bytes <= 0:
         return 0.0
-    own = call_s(cluster)
+    own = call_s(cluster, len(ranks) - 1)
     cluster = shared_cores(cluster, cluster.world)
     link = intra_link(cluster) if hosts_of(cluster, ranks) <= 1 else nic_link(cluster, nic_share)
     return own + allgather_s(total_bytes, len(ranks), link)
