@@ -40,17 +40,23 @@ from polytrain.launch.testbed import Testbed  # noqa: E402
 from polytrain.launch.testbed_torchrun import run_torchrun, testbed_record  # noqa: E402
 
 
-def run_case(hosts: int, nic: str, cases: list[list[float]], iterations: int) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="plan-blocking-"))
+def run_ranks(hosts: int, nic: str, script: str, cases: list[Any], iterations: int) -> dict[str, Any]:
+    """One testbed job: ``script`` (a rank script beside this one: OUT_DIR CASES_JSON ITERATIONS) on
+    one process per emulated host; its OUT_DIR/times.json with the testbed's record."""
+    work = Path(tempfile.mkdtemp(prefix=f"{Path(script).stem}-"))
     with Testbed(hosts, nic) as tb:
-        rc = run_torchrun(tb, [str(HERE / "plan_blocking_rank.py"), str(work), json.dumps(cases),
-                               str(iterations)], 1, timeout=900, log_dir=work / "logs")
+        rc = run_torchrun(tb, [str(HERE / script), str(work), json.dumps(cases), str(iterations)], 1,
+                          timeout=900, log_dir=work / "logs")
         record = testbed_record(tb)
     if rc != 0:
         raise SystemExit(f"{hosts} hosts {nic}: ranks failed (rc {rc}); logs in {work / 'logs'}")
     res = json.loads((work / "times.json").read_text())
     res["testbed"] = record
-    return res
+    return dict(res)
+
+
+def run_case(hosts: int, nic: str, cases: list[list[float]], iterations: int) -> dict[str, Any]:
+    return run_ranks(hosts, nic, "plan_blocking_rank.py", cases, iterations)
 
 
 def priced_s(hosts: int, nic: str, nbytes: float, compute_s: float, frozen: dict[str, Any]) -> float:

@@ -19,11 +19,9 @@ cores (``ring_allreduce_s``, ``allgather_s``, W × ``Link.p2p_s``), messages per
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,24 +29,13 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 from harness import write_results  # noqa: E402
-
-from polytrain.launch.testbed import Testbed  # noqa: E402
-from polytrain.launch.testbed_torchrun import run_torchrun, testbed_record  # noqa: E402
+from plan_blocking import run_ranks  # noqa: E402
 
 OPS = ("allreduce", "allgather", "p2p")
 
 
 def run_job(hosts: int, nic: str, cases: list[list[Any]], iterations: int) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="plan-hops-"))
-    with Testbed(hosts, nic) as tb:
-        rc = run_torchrun(tb, [str(HERE / "plan_hops_rank.py"), str(work), json.dumps(cases),
-                               str(iterations)], 1, timeout=900, log_dir=work / "logs")
-        record = testbed_record(tb)
-    if rc != 0:
-        raise SystemExit(f"{hosts} hosts {nic}: ranks failed (rc {rc}); logs in {work / 'logs'}")
-    res = json.loads((work / "times.json").read_text())
-    res["testbed"] = record
-    return res
+    return run_ranks(hosts, nic, "plan_hops_rank.py", cases, iterations)
 
 
 def messages(op: str, world: int) -> int:
