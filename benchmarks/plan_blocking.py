@@ -52,7 +52,7 @@ def run_ranks(hosts: int, nic: str, script: str, cases: list[Any], iterations: i
         raise SystemExit(f"{hosts} hosts {nic}: ranks failed (rc {rc}); logs in {work / 'logs'}")
     res = json.loads((work / "times.json").read_text())
     res["testbed"] = record
-    return dict(res)
+    return res
 
 
 def run_case(hosts: int, nic: str, cases: list[list[float]], iterations: int) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The testbed's time per message of a chain of messages, per operation, measured: what each hop of
 a ring all-reduce, a ring all-gather or a chain of point-to-point sends costs beyond the planner's
 α–β price when emulated hosts share this machine's cores (each hop waits for its receiver to be
-scheduled). `plan_accuracy_model` prices the testbed with these figures (``--hops-from``).
+scheduled). `plan_accuracy.py --hops-from` prices the testbed with these figures.
 
     sudo .venv/bin/python benchmarks/plan_hops.py [--hosts 2,4,8] [--nic 1gbit]
         [--bytes 4096,262144] [--iterations 30] [--repeats 5] [--name plan_hops]

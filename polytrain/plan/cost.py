@@ -134,17 +134,17 @@ def allreduce_s(nbytes: float, ranks: Sequence[int], cluster: Cluster, nic_share
     n = len(ranks)
     if n <= 1 or nbytes <= 0:
         return 0.0
-    own = cluster
+    base = cluster  # the call and its steps (`call_s`); the links below wait on shared cores
     cluster = shared_cores(cluster, cluster.world)
     hosts = hosts_of(cluster, ranks)
     link = intra_link(cluster) if hosts <= 1 else nic_link(cluster, nic_share)
-    ring = ring_allreduce_s(nbytes, n, link) + call_s(own, 2 * (n - 1))
-    tree = tree_allreduce_s(nbytes, n, link) + call_s(own, 2 * math.ceil(math.log2(n)))
+    ring = ring_allreduce_s(nbytes, n, link) + call_s(base, 2 * (n - 1))
+    tree = tree_allreduce_s(nbytes, n, link) + call_s(base, 2 * math.ceil(math.log2(n)))
     if hosts <= 1:
         return min(ring, tree)
     k = n // hosts
     two = two_level_allreduce_s(nbytes, k, hosts, cluster, nic_share)
-    two += call_s(own, 2 * (k - 1) + 2 * (hosts - 1))
+    two += call_s(base, 2 * (k - 1) + 2 * (hosts - 1))
     return min(ring, tree, two)
 
 
