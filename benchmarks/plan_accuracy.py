@@ -49,6 +49,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 from plan_accuracy_model import (  # noqa: E402
     MACHINE_CORES,
     PIPE_PROBES,
+    PS_PROBES,
     SPLIT,
     STEP_PROBES,
     add_display_columns,
@@ -61,6 +62,7 @@ from plan_accuracy_model import (  # noqa: E402
     predict,
     probe_action_overheads,
     probe_pass_overheads,
+    probe_ps_requests,
     probe_scales,
     recommended_hits,
     stats,
@@ -202,7 +204,7 @@ def _profile(model: str) -> dict[str, Any]:
 def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str, Any] | None = None,
             pass_overheads: dict[str, float] | None = None, fit_scale: bool = False,
             one_scale: bool = False, fit_action: bool = False, fit_pass: bool = False,
-            hops_from: Path | None = None) -> None:
+            hops_from: Path | None = None, no_requests: bool = False) -> None:
     """Fit on the calibration half, report both halves; ``profiled``: the raw file whose stored
     profiles to use (default ``raw``'s own); ``pass_overheads``: per model, measured
     (`plan_overhead.py`), instead of one fitted number; the compute scale is measured by the
@@ -213,7 +215,9 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
     the other runtimes' time per pass by the pass's step probes (`probe_pass_overheads`) where it has
     them and ``pass_overheads`` is not given, unless ``fit_pass`` (one fitted number, as before
     2026-11-29 19:00); ``hops_from``: a `plan_hops.py` results file whose time per collective step
-    (`plan_hops.collective_hop`) prices the testbed (`Cluster.hop_s`; none before 2026-11-29 22:00)."""
+    (`plan_hops.collective_hop`) prices the testbed (`Cluster.hop_s`; none before 2026-11-29 22:00);
+    a parameter server's own time per request by the pass's ps probes (`probe_ps_requests`), unless
+    ``no_requests`` (none, as analyses before 2026-11-30 01:30)."""
     from harness import write_results
 
     from polytrain.plan.predict import cached_profile
@@ -233,10 +237,16 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
     actions = {} if fit_action else probe_action_overheads(raw)
     passes = pass_overheads or ({} if fit_pass else probe_pass_overheads(raw))
     hop = collective_hop(json.loads(hops_from.read_text())) if hops_from else 0.0
-    scale, alpha, per_host, overhead, per_pass, call = fit(
-        [r for r in rows if r["scenario"] in calib], profiles, passes or None, measured or None,
-        actions or None, hop)
-    predict(rows, profiles, scale, alpha, per_host, overhead, per_pass, call, hop)
+    calibration = [r for r in rows if r["scenario"] in calib]
+    params = fit(calibration, profiles, passes or None, measured or None, actions or None, hop)
+    # a parameter server's own time per request, from the pass's ps probes priced with the rest of
+    # the fit; the fit then made again with it held (it prices the calibration half's ps pairs)
+    requests = {} if no_requests else probe_ps_requests(raw, profiles, params, hop)
+    if requests:
+        params = fit(calibration, profiles, passes or None, measured or None, actions or None, hop,
+                     requests)
+    scale, alpha, per_host, overhead, per_pass, call = params
+    predict(rows, profiles, scale, alpha, per_host, overhead, per_pass, call, hop, requests)
     add_display_columns(rows)
     for r in rows:
         r["set"] = "calibration" if r["scenario"] in calib else "held back"
@@ -267,6 +277,8 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
             "call_s": call,
             "hop_s": hop,
             "hop_from": hops_from.name if hops_from else None,
+            "ps_request_s": requests,
+            "ps_request_from": PS_PROBES if requests else None,
             "scenarios": sorted(calib),
         },
         "held_back": held_stats,
@@ -384,6 +396,8 @@ def main() -> None:
                    "pass even where the pass's step probes measured it")
     p.add_argument("--hops-from", help="analyse: price each collective step with the time this "
                    "plan_hops.py results file measured (Cluster.hop_s)")
+    p.add_argument("--no-requests", action="store_true", help="analyse: no parameter-server time "
+                   "per request (as before 2026-11-30 01:30), even where the pass's ps probes measure it")
     p.add_argument("--drift-from", help="analyse: compare each pair's measured step with this earlier "
                    "raw file's (and each model's profile), → results/<name>_drift.md")
     p.add_argument("--scenarios", help="measure only these scenario numbers, in this order, e.g. 5,3")
@@ -412,7 +426,7 @@ def main() -> None:
         measured = {r["model"]: r["per_pass_overhead_ms"] / 1e3 for r in rows if r["hosts"] == 2}
     runs = json.loads(raw.read_text())
     analyse(runs, a.name, profiled, measured, a.fit_scale, a.one_scale, a.fit_action, a.fit_pass,
-            Path(a.hops_from) if a.hops_from else None)
+            Path(a.hops_from) if a.hops_from else None, a.no_requests)
     if a.drift_from:
         write_drift(json.loads(Path(a.drift_from).read_text()), runs, a.name)
 

@@ -34,6 +34,7 @@ import plan_accuracy as pa
 from harness import write_results
 from plan_accuracy_model import (
     PIPE_PROBES,
+    PS_PROBES,
     SPLIT,
     STEP_PROBES,
     add_display_columns,
@@ -41,6 +42,7 @@ from plan_accuracy_model import (
     predict,
     probe_action_overheads,
     probe_pass_overheads,
+    probe_ps_requests,
     probe_scales,
     recommended_hits,
     stats,
@@ -226,6 +228,12 @@ BLIND11: list[tuple[Any, ...]] = [
      [("allreduce", {}), ("gpipe", {"microbatches": 4}), ("local-sgd", {"period": 4})], 64),
     ("vgg16", 5, "875mbit", [("allreduce", {}), ("gpipe", {"microbatches": 4}), ("pipedream", {})], 40),
 ]
+# The twelfth set: plan_accuracy.py's held-back half (its scenarios 1, 3, 5, 7, 9, 11, as they stand)
+# measured afresh, priced with the fit of the seventh pass's calibration half analysed with the model
+# of 2026-11-30 (gloo's ring-only all-reduce, the executor's time per neighbour, a parameter server's
+# time per request; `plan_accuracy_1129f_1130`), the time per collective step `plan_hops.py` measured
+# just before (`HOPS_OF`) and this set's own probes.
+BLIND12: list[tuple[Any, ...]] = [pa.SCENARIOS[i] for i in (1, 3, 5, 7, 9, 11)]
 SETS = {  # --set: scenarios, raw runs, results name
     1: (BLIND, pa.HERE / "results" / "plan_accuracy_blind_raw.json", "plan_accuracy_blind"),
     2: (BLIND2, pa.HERE / "results" / "plan_accuracy_blind2_raw.json", "plan_accuracy_blind2"),
@@ -238,6 +246,7 @@ SETS = {  # --set: scenarios, raw runs, results name
     9: (BLIND9, pa.HERE / "results" / "plan_accuracy_blind9_raw.json", "plan_accuracy_blind9"),
     10: (BLIND10, pa.HERE / "results" / "plan_accuracy_blind10_raw.json", "plan_accuracy_blind10"),
     11: (BLIND11, pa.HERE / "results" / "plan_accuracy_blind11_raw.json", "plan_accuracy_blind11"),
+    12: (BLIND12, pa.HERE / "results" / "plan_accuracy_blind12_raw.json", "plan_accuracy_blind12"),
 }
 FROZEN = pa.HERE / "results" / "plan_accuracy.json"  # the first pass's fit: sets 1-4 were frozen against it
 FROZEN_OF = {  # the second pass's fit (set 5), the third's (set 6), the fourth's (set 7)
@@ -248,8 +257,12 @@ FROZEN_OF = {  # the second pass's fit (set 5), the third's (set 6), the fourth'
     9: pa.HERE / "results" / "plan_accuracy_1129d_actions.json",  # the fifth, executor time from its probes
     10: pa.HERE / "results" / "plan_accuracy_1129e.json",  # the sixth, time per pass from its step probes
     11: pa.HERE / "results" / "plan_accuracy_1129e_hops.json",  # the sixth, with measured collective steps
+    12: pa.HERE / "results" / "plan_accuracy_1129f_1130.json",  # the seventh, the model of 2026-11-30
 }
-HOPS_OF = {11: pa.HERE / "results" / "plan_hops_1129.json"}  # measured just before the set ran
+HOPS_OF = {  # measured just before the set ran
+    11: pa.HERE / "results" / "plan_hops_1129.json",
+    12: pa.HERE / "results" / "plan_hops_1130.json",
+}
 
 
 def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file: Path = FROZEN,
@@ -280,8 +293,13 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file:
             raise SystemExit(f"{frozen_file.name} prices collective steps measured by plan_hops.py: "
                              "give this set's own measurement with --hops-from FILE")
         hop = collective_hop(json.loads(hops_file.read_text()))
-    predict(rows, profiles, scale, c["extra_alpha_s"], c["cores_per_host"],
-            actions, passes, c.get("call_s", 0.0), hop)
+    # and a fit whose parameter server's time per request its ps probes measured: this set's own
+    # probes measure it, priced with the rest of the frozen fit
+    requests = c.get("ps_request_s") or {}
+    params = (scale, c["extra_alpha_s"], c["cores_per_host"], actions, passes, c.get("call_s", 0.0))
+    if c.get("ps_request_from") == PS_PROBES:
+        requests = probe_ps_requests(raw, profiles, params, hop)
+    predict(rows, profiles, *params, hop, requests)
     add_display_columns(rows)
     hits, total, lines = recommended_hits(rows, {r["scenario"] for r in rows})
     executor = write_executor(raw, name)  # the executor's own time per action, from the traces
@@ -295,6 +313,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file:
         "pass_overhead_s": passes,
         "hop_s": hop,
         "hop_from": hops_file.name if c.get("hop_from") and hops_file else None,
+        "ps_request_s": requests,
         "blind": stats([r["error"] for r in rows]),
         "median_signed_error": statistics.median(r["error"] for r in rows),
         "recommended_is_fastest": f"{hits}/{total}",

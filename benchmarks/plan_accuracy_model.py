@@ -133,12 +133,15 @@ def predict(
     pass_overhead: float | dict[str, float] = 0.0,
     call: float = 0.0,
     hop: float = 0.0,
+    ps_request: float | dict[str, float] = 0.0,
 ) -> None:
     """Predict every row in place. ``per_host``: the share of a core each emulated host's own
     processes take, so the ranks share ``MACHINE_CORES - per_host * hosts`` cores; ``scale`` (the
     compute scale), ``overhead`` (the pipeline executor's per action) and ``pass_overhead``: one
     number, or one per model; ``call``: a rank's own time per collective call (`Cluster.call_s`);
-    ``hop``: per collective step (`Cluster.hop_s`), measured, never fitted."""
+    ``hop``: per collective step (`Cluster.hop_s`), measured, never fitted; ``ps_request``: a
+    parameter server's own time per worker request (`Scene.ps_request_s`), one number or one per
+    model, measured by the pass's parameter-server probes (`probe_ps_requests`), never fitted."""
     from polytrain.plan.estimate import Scene
     from polytrain.plan.predict import estimate_for
 
@@ -149,7 +152,9 @@ def predict(
         per_action = overhead[r["model"]] if isinstance(overhead, dict) else overhead
         k = scale[r["model"]] if isinstance(scale, dict) else scale
         forward, backward = (k, k) if isinstance(k, float | int) else k  # one scale, or (forward, backward)
-        scene = Scene(profiles[r["model"]], cluster, cfg.batch_size, backward, per_action, per_pass, forward)
+        request = ps_request.get(r["model"], 0.0) if isinstance(ps_request, dict) else ps_request
+        scene = Scene(profiles[r["model"]], cluster, cfg.batch_size, backward, per_action, per_pass, forward,
+                      request)
         e = estimate_for(cfg, r["hosts"], scene)
         assert not isinstance(e, str), e
         r["predicted_step_s"] = e.step_s
@@ -174,14 +179,16 @@ STARTS = [(s, 0.0, 0.0, a, 0.0, c) for s in (0.8, 1.0, 1.25) for a in (0.0, 1e-3
 def fit(rows: list[dict[str, Any]], profiles: dict[str, Any],
         pass_overheads: dict[str, float] | None = None,
         scales: dict[str, Any] | None = None,
-        action_overheads: dict[str, float] | None = None, hop: float = 0.0) -> tuple[Any, ...]:
+        action_overheads: dict[str, float] | None = None, hop: float = 0.0,
+        ps_request: float | dict[str, float] = 0.0) -> tuple[Any, ...]:
     """(compute scale, extra α, cores taken per emulated host, per-action overhead of the pipeline
     executor, per-pass overhead of the other runtimes, time per collective call) minimising the
     mean |log(pred/meas)| on ``rows``: coordinate descent over `GRIDS` — each number in turn set to
     its grid value that scores best (the first of equal scores), sweeps repeated until none moves —
     from each of `STARTS`, the best end kept; ``pass_overheads``, ``scales`` (compute scales,
     `probe_scales`) and ``action_overheads`` (`probe_action_overheads`): measured per model, not
-    fitted; ``hop``: the testbed's time per collective step (`plan_hops.py`), measured, held."""
+    fitted; ``hop``: the testbed's time per collective step (`plan_hops.py`), measured, held;
+    ``ps_request``: a parameter server's own time per request (`probe_ps_requests`), measured, held."""
     grids: list[tuple[Any, ...]] = list(GRIDS)
     if scales is not None:
         grids[0] = (scales,)
@@ -191,7 +198,7 @@ def fit(rows: list[dict[str, Any]], profiles: dict[str, Any],
         grids[4] = (pass_overheads,)
 
     def score(y: list[Any]) -> float:
-        predict(rows, profiles, *y, hop=hop)
+        predict(rows, profiles, *y, hop=hop, ps_request=ps_request)
         return statistics.mean(abs(math.log(r["predicted_step_s"] / r["measured_step_s"])) for r in rows)
 
     ends = []
@@ -310,6 +317,24 @@ def probe_action_overheads(raw: dict[str, Any]) -> dict[str, float]:
             for m in sorted({r["model"] for r in rows})}
 
 
+def probe_ps_requests(raw: dict[str, Any], profiles: dict[str, Any], params: tuple[Any, ...],
+                      hop: float = 0.0) -> dict[str, float]:
+    """Per model, a parameter server's own time per worker request measured instead of fitted: the
+    median over the pass's parameter-server probes (`plan_accuracy_runs.PROBE`: one worker, one
+    server, 2 hosts at 1 Gbit/s, one request per step) of the probe's step less its price with
+    none (`predict` with ``params``, the other numbers of the analysis); 0 where the step is the
+    quicker. Empty for a pass without probes."""
+    taken: dict[str, list[float]] = {}
+    for probe in raw.get("probes", []):
+        if probe.get("strategy") != "ps" or "measured_step_s" not in probe:
+            continue
+        row = dict(probe)
+        predict([row], profiles, *params, hop=hop)
+        beyond = row["measured_step_s"] - row["predicted_step_s"]
+        taken.setdefault(probe["model"], []).append(max(0.0, beyond))
+    return {m: statistics.median(v) for m, v in sorted(taken.items())}
+
+
 def probe_pass_overheads(raw: dict[str, Any]) -> dict[str, float]:
     """Per model, the data-parallel runtimes' own time per forward or backward pass measured instead
     of fitted: the median over the pass's step probes (`plan_accuracy_runs.STEP_PROBE`, local-sgd
@@ -336,6 +361,8 @@ SPLIT = "probes, forward and backward apart"
 PIPE_PROBES = "pipeline probes"
 # the runtimes' per-pass time's source in a fit's summary when the step probes measured it
 STEP_PROBES = "step probes"
+# a parameter server's time per request's source in a fit's summary when the ps probes measured it
+PS_PROBES = "parameter-server probes"
 Row = dict[str, Any]
 DATA_PARALLEL = ("allreduce", "local-sgd", "ps")  # every worker runs the whole model on its share
 

@@ -71,6 +71,18 @@ def test_probe_scales_is_the_in_job_compute_over_the_profile(ps_run: Path, tmp_p
     worker = stats["rank1"]
     assert split["cnn"] == pytest.approx((2 * worker["forward"] / f, 2 * worker["backward"] / b))
     assert probe_scales({}, {"cnn": profile}) == {}  # a pass from before the probes
+    # a parameter server's time per request: each ps probe's step beyond its price, the median
+    from plan_accuracy_model import predict, probe_ps_requests
+
+    params = (1.0, 0.0, 0.06, 0.0, 0.0, 0.0)
+    probe = {"model": "cnn", "strategy": "ps", "hosts": 2, "nic": "1gbit", "options": {"servers": 1}}
+    row = {**probe, "measured_step_s": 1.0}
+    predict([row], {"cnn": profile}, *params)
+    priced = row["predicted_step_s"]
+    ps_probes = [{**probe, "measured_step_s": priced + d} for d in (1e-3, 3e-3, -1e-3)]  # the last: 0
+    requests = probe_ps_requests({"probes": [*ps_probes, {**probe}]}, {"cnn": profile}, params)
+    assert requests == {"cnn": pytest.approx(1e-3)}  # median of 1, 3 and 0 ms; a failed probe left out
+    assert probe_ps_requests({}, {"cnn": profile}, params) == {}
 
 
 def _two_rank_cnn(tmp_path: Path, strategy: str, steps: int, option: str) -> Path:
@@ -142,6 +154,8 @@ def test_the_tenth_blind_set_is_the_draw() -> None:
 
     assert draw(10, ["275mbit", "625mbit", "950mbit"]) == blind.BLIND10
     assert draw(11, ["325mbit", "675mbit", "875mbit"]) == blind.BLIND11
+    # the twelfth: the pass's held-back half as it stands
+    assert [blind.pa.SCENARIOS[i] for i in range(1, len(blind.pa.SCENARIOS), 2)] == blind.BLIND12
 
 
 def test_collective_hop_is_the_median_collective_step() -> None:

@@ -15,6 +15,7 @@ from polytrain.plan.cost import (
     buckets_of,
     ddp_overlap,
     group_allgather_s,
+    nic_link,
     ps_traffic,
     refilled,
     ring_allreduce_s,
@@ -236,3 +237,21 @@ def test_testbed_cluster_has_the_testbeds_bucket() -> None:
         assert cluster.burst_bytes == pytest.approx(shaping.burst_bytes * 1448 / 1514)
         assert cluster.nic_bps == pytest.approx(bits / 8 * TESTBED_GOODPUT)
         assert shaping.rate_bits_per_s == bits
+
+
+def test_gloo_all_reduce_is_always_a_ring() -> None:
+    """``collectives=ring`` (gloo: its all-reduce has no other algorithm): 2(n−1) steps even where
+    a tree or two levels would be faster; ``auto`` (NCCL) takes the fastest."""
+    hopped = Cluster(hosts=8, procs_per_host=1, nic_bps=1e12, intra_bps=1e12, latency_s=1e-3, hop_s=2e-3)
+    gloo = replace(hopped, collectives="ring")
+    assert allreduce_s(1.0, range(8), hopped) == pytest.approx(6 * 3e-3, rel=1e-6)  # the tree
+    assert allreduce_s(1.0, range(8), gloo) == pytest.approx(14 * 3e-3, rel=1e-6)  # the ring
+    two = Cluster(hosts=2, procs_per_host=4, nic_bps=1e8, intra_bps=1e12, latency_s=1e-3)
+    ring = ring_allreduce_s(8 * MB, 8, nic_link(two))
+    assert allreduce_s(8 * MB, range(8), two) < ring  # two levels: the NIC carries less
+    assert allreduce_s(8 * MB, range(8), replace(two, collectives="ring")) == pytest.approx(ring)
+    parsed = Cluster.parse("hosts=2,collectives=RING")
+    assert parsed.collectives == "ring" and "ring all-reduce only" in parsed.describe()
+    assert parsed.to_json()["collectives"] == "ring"
+    with pytest.raises(ConfigError, match=r"'collectives' is 'tree'.*collectives=ring"):
+        Cluster.parse("hosts=2,collectives=tree")

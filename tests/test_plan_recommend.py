@@ -324,3 +324,24 @@ def test_forward_scale_prices_the_forward_alone() -> None:
     f2, b2 = split.fb(0, len(prof.layers), 16)
     assert f2 == pytest.approx(2 * f1) and b2 == pytest.approx(b1)
     assert Scene(prof, CLUSTER, 64, 1.5, forward_scale=1.5).fb(0, 3, 16) == pytest.approx(one.fb(0, 3, 16))
+
+
+def test_executor_and_server_own_times_by_hand() -> None:
+    """The executor's own time per action is paid once per neighbouring stage (a middle stage's
+    action receives from one and sends to the other); a parameter server takes its workers'
+    requests one at a time, so a BSP step pays workers × its time per request."""
+    from polytrain.plan.estimate import ps
+
+    scene = Scene(vgg_like(), CLUSTER, 64, action_overhead_s=1e-3)
+    bare = Scene(vgg_like(), CLUSTER, 64)
+    for neighbours, paid in ((0, 1e-3), (1, 1e-3), (2, 2e-3)):
+        f, b = scene.action_fb(0, 4, 16, neighbours)
+        f0, b0 = bare.action_fb(0, 4, 16, neighbours)
+        assert (f - f0, b - b0) == (pytest.approx(paid), pytest.approx(paid))
+    served = Scene(vgg_like(), CLUSTER, 64, ps_request_s=2e-3)
+    for world, servers in ((4, 1), (4, 2)):
+        def step(s: Scene, consistency: str, world: int = world, servers: int = servers) -> float:
+            return ps(s, world, servers, "size", consistency).step_s
+
+        assert step(served, "bsp") - step(bare, "bsp") == pytest.approx((world - servers) * 2e-3)
+        assert step(served, "async") >= step(bare, "async")  # async: the busiest link may hide it

@@ -17,6 +17,9 @@
 - ``hop``: a rank's own time per step of a collective (each message it sends in turn: 2(n−1) in a
   ring all-reduce, n−1 in an all-gather) beyond α — a collective library whose every step wakes
   its process (gloo on the testbed: ~1.3 ms, measured by `benchmarks/plan_hops.py`; 0 by default);
+- ``collectives``: the all-reduce algorithms the collective library chooses among: ``auto`` (default:
+  the fastest of ring, tree and two-level, as NCCL picks) or ``ring`` (gloo, whose all-reduce is
+  always a ring: 2(n−1) steps whatever the size; polytrain's CPU runs and the testbed);
 - ``cores``: when set, ALL ranks of the cluster share this many cores — an emulated cluster on one
   machine (the testbed) — so compute slows by (busy ranks / cores) when more ranks than cores
   compute at once. Unset: every rank has its own device.
@@ -38,8 +41,10 @@ _TIME_RE = re.compile(rf"^{_NUM}\s*(ns|us|µs|ms|s)$", re.IGNORECASE)
 _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 FIELDS = (
-    "hosts", "procs_per_host", "nic", "intra", "latency", "intra_latency", "cores", "burst", "call", "hop"
+    "hosts", "procs_per_host", "nic", "intra", "latency", "intra_latency", "cores", "burst", "call", "hop",
+    "collectives",
 )
+COLLECTIVES = ("auto", "ring")
 EXAMPLE = "hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,latency=5us"
 
 
@@ -89,6 +94,15 @@ class Cluster:
     burst_bytes: float = 0.0  # a shaped NIC's bucket: bytes sent at line speed after an idle spell
     call_s: float = 0.0  # a rank's own time per collective call, beyond its messages (see plan.cost)
     hop_s: float = 0.0  # a rank's own time per step of a collective, beyond α (see plan.cost)
+    collectives: str = "auto"  # all-reduce algorithms: "auto" (NCCL's choice) or "ring" (gloo's only)
+
+    def __post_init__(self) -> None:
+        if self.collectives not in COLLECTIVES:
+            raise ConfigError(
+                f"--cluster field 'collectives' is '{self.collectives}'. Rule: one of "
+                f"{', '.join(COLLECTIVES)} (ring: gloo's all-reduce; auto: NCCL's choice of ring, tree "
+                f"or two-level). Fix: e.g. collectives=ring."
+            )
 
     @property
     def world(self) -> int:
@@ -114,6 +128,7 @@ class Cluster:
         cores = f", {self.cores} shared cores" if self.cores else ""
         call = f", {self.call_s * 1e3:g} ms per collective call" if self.call_s else ""
         hop = f", {self.hop_s * 1e3:g} ms per collective step" if self.hop_s else ""
+        hop += ", ring all-reduce only" if self.collectives == "ring" else ""
         return (
             f"{self.hosts} host(s) x {self.procs_per_host} proc(s), NIC {self.nic_bps * 8 / 1e9:g} "
             f"Gbit/s, intra {self.intra_bps / 1e9:g} GB/s, latency {self.latency_s * 1e6:g} us"
@@ -132,6 +147,7 @@ class Cluster:
             "burst_bytes": self.burst_bytes,
             "call_s": self.call_s,
             "hop_s": self.hop_s,
+            "collectives": self.collectives,
         }
 
     @classmethod
@@ -165,6 +181,8 @@ class Cluster:
             out["call_s"] = parse_seconds(values["call"], "call")
         if "hop" in values:
             out["hop_s"] = parse_seconds(values["hop"], "hop")
+        if "collectives" in values:
+            out["collectives"] = values["collectives"].lower()
         return cls(**out)
 
 

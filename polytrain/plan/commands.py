@@ -22,6 +22,7 @@ from polytrain.errors import ConfigError
 from polytrain.plan import show
 from polytrain.plan.cluster import Cluster, parse_bytes
 from polytrain.plan.estimate import Scene
+from polytrain.plan.predict import local_collectives
 from polytrain.plan.profile import Profile, measure_profile, median_of
 from polytrain.plan.recommend import HYBRIDS, Candidate, candidates, check_memory, command, rank, to_json
 
@@ -47,6 +48,7 @@ def local_cluster(procs: int, profile: Profile | None = None) -> Cluster:
         latency_s=float(p2p.get("alpha_s", 1e-4)),
         intra_latency_s=float(p2p.get("alpha_s", 1e-4)),
         cores=os.cpu_count() or 1,
+        collectives=local_collectives(),
     )
 
 

@@ -10,7 +10,8 @@ A message of S bytes over a link costs α + S/β (α: latency per message, s; β
   bound by the NICs, whose bandwidth is shared by the ``nic_share`` groups crossing each NIC at
   once. Across hosts the two-level all-reduce (intra reduce-scatter, per-slice inter-host ring,
   intra all-gather) pays 2(H−1) NIC latencies instead of 2(n−1); `allreduce_s` takes the fastest
-  of flat ring, tree and two-level, as a collective library picks its algorithm;
+  of flat ring, tree and two-level, as NCCL picks its algorithm, or the ring alone where the
+  library has no other (``Cluster.collectives = "ring"``: gloo, polytrain's CPU backend);
 - DDP bucket overlap (`ddp_overlap`): gradients are grouped into buckets in backward order (the
   first bucket capped at 1 MiB, then ``bucket_mb``); a bucket's all-reduce starts when backward
   has produced its last gradient and the previous bucket's all-reduce is done (one channel);
@@ -130,7 +131,8 @@ def call_s(cluster: Cluster, steps: int = 0) -> float:
 
 def allreduce_s(nbytes: float, ranks: Sequence[int], cluster: Cluster, nic_share: int = 1) -> float:
     """Fastest of flat ring, tree and two-level all-reduce of ``nbytes`` over ``ranks``, each with
-    the call's own time for its steps (`call_s`: 2(n−1), 2⌈log2 n⌉, 2(k−1) + 2(H−1))."""
+    the call's own time for its steps (`call_s`: 2(n−1), 2⌈log2 n⌉, 2(k−1) + 2(H−1)); the ring
+    alone on a cluster whose library has no other (``Cluster.collectives == "ring"``)."""
     n = len(ranks)
     if n <= 1 or nbytes <= 0:
         return 0.0
@@ -139,6 +141,8 @@ def allreduce_s(nbytes: float, ranks: Sequence[int], cluster: Cluster, nic_share
     hosts = hosts_of(cluster, ranks)
     link = intra_link(cluster) if hosts <= 1 else nic_link(cluster, nic_share)
     ring = ring_allreduce_s(nbytes, n, link) + call_s(base, 2 * (n - 1))
+    if cluster.collectives == "ring":
+        return ring
     tree = tree_allreduce_s(nbytes, n, link) + call_s(base, 2 * math.ceil(math.log2(n)))
     if hosts <= 1:
         return min(ring, tree)

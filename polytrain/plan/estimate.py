@@ -62,6 +62,9 @@ class Scene:
     # the forward's own scale where it differs from the backward's (a training step's forward runs
     # slower against its profile than its backward does); None: ``compute_scale``
     forward_scale: float | None = None
+    # a parameter server's own time per worker request (receiving it, handing it to the serving
+    # thread, answering it) beyond its messages and its update; a server takes its workers' one at a time
+    ps_request_s: float = 0.0
 
     @property
     def layers(self) -> int:
@@ -88,11 +91,14 @@ class Scene:
         extra = self.pass_overhead_s * self.cluster.contention(busy)
         return f + extra, b + extra
 
-    def action_fb(self, lo: int, hi: int, batch: float) -> tuple[float, float]:
-        """`fb` of one pipeline forward and backward action with the executor's per-action
-        overhead, on a core of its own (the pipeline simulation shares the cores)."""
+    def action_fb(self, lo: int, hi: int, batch: float, neighbours: int = 1) -> tuple[float, float]:
+        """`fb` of one pipeline forward and backward action, on a core of its own (the pipeline
+        simulation shares the cores), plus the executor's own time per action for each neighbouring
+        stage the action exchanges a message with (``action_overhead_s`` is measured on a
+        two-stage pipeline, where every action has one; a middle stage's have two)."""
         f, b = self.fb(lo, hi, batch)
-        return f + self.action_overhead_s, b + self.action_overhead_s
+        extra = self.action_overhead_s * max(1, neighbours)
+        return f + extra, b + extra
 
     def layer_fb(self, i: int, batch: float, busy: int = 1, split: int = 1) -> tuple[float, float]:
         return self.fb(i, i + 1, batch, busy, split)
@@ -262,6 +268,7 @@ def ps(scene: Scene, world: int, servers: int, sharding: str, consistency: str) 
             ("compute", "forward", f, "F"),
             ("compute", "backward", b, "B"),
             ("comm", "comm", traffic.phase_s, "push"),
+            ("comm", "comm", workers * scene.ps_request_s, "server requests"),
             ("comm", "comm", apply, "server update"),
             ("comm", "comm", traffic.phase_s, "pull"),
         ]
@@ -271,10 +278,11 @@ def ps(scene: Scene, world: int, servers: int, sharding: str, consistency: str) 
             ("compute", "forward", f, "F"),
             ("compute", "backward", b, "B"),
             ("comm", "comm", traffic.solo_s, "push"),
+            ("comm", "comm", scene.ps_request_s, "server request"),
             ("comm", "comm", traffic.solo_s, "pull"),
         ]
         spans, step = _phases(servers, 0.0, solo)
-        step = max(step, 2 * traffic.phase_s, apply * workers)
+        step = max(step, 2 * traffic.phase_s, (apply + scene.ps_request_s) * workers)
     worker_mem = scene.memory(
         scene.state_bytes(0, n) - sum(r.optimizer_bytes for r in scene.profile.layers),
         scene.activations(0, n, scene.batch / workers),

@@ -66,19 +66,22 @@ def pipeline(
     batch = scene.batch / dp
     micro = batch / microbatches if flush else batch
     part = partition or plan_partition(scene, stages, micro)
-    fb = [scene.action_fb(a, b, micro) for a, b in part.bounds]
+    # each action of a middle stage receives from one neighbour and sends to the other
+    fb = [scene.action_fb(a, b, micro, (s > 0) + (s < stages - 1)) for s, (a, b) in enumerate(part.bounds)]
     acts = [prof.layers[b - 1].activation_bytes * micro / prof.batch_size for _, b in part.bounds[:-1]]
     stage_params = [sum(r.param_bytes for r in prof.layers[a:b]) for a, b in part.bounds]
     # a stream schedule updates after every backward: the update is part of each backward
     updates = [0.0 if flush else scene.optimizer_s(p) for p in stage_params]
     count = microbatches if flush else 1
     # shared cores: the simulation shares them among the stages computing at each moment (the dp
-    # replicas run alongside, each pipeline gets 1/dp of them); a first pass finds how many ranks
-    # compute at once on average, the second slows each message's α by that contention
+    # replicas run alongside, each pipeline gets 1/dp of them); each message's α waits on all W
+    # ranks' contention, as every other pattern's messages do (`shared_cores`); a first pass finds
+    # how many ranks compute at once on average, the second spaces a boundary's messages by the
+    # sender's compute slowed by that
     cores = cl.cores / dp if cl.cores is not None else None
+    link = shared_cores(cl, cl.world)
     busy = 1.0
     for _ in range(2):
-        link = shared_cores(cl, busy)
         slow = cl.contention(busy)
         # a boundary's messages leave one per micro-batch, spaced by the sender's compute: a shaped
         # link's bucket refills only that long between them

@@ -92,6 +92,12 @@ def cached_profile(cfg: JobConfig, repeats: int = 2) -> Profile:
     return prof
 
 
+def local_collectives() -> str:
+    """The all-reduce algorithms of this machine's backend (`Cluster.collectives`): NCCL's choice on
+    GPUs, gloo's ring on CPU (`launch.worker.pick_device`)."""
+    return "auto" if torch.cuda.is_available() else "ring"
+
+
 def testbed_burst_bytes(rate_bytes_per_s: float) -> float:
     """The testbed's tbf bucket (`launch.testbed.Testbed._shaping`): 4 ms of line rate, at least
     two full frames — bytes a testbed NIC sends at line speed after an idle spell."""
@@ -123,8 +129,9 @@ def run_cluster(world: int, testbed: dict[str, Any] | None) -> Cluster:
             1e-4,
             cores,
             testbed_burst_bytes(rate) * TESTBED_GOODPUT,
+            collectives=local_collectives(),
         )
-    return Cluster(1, world, 10e9 / 8, 2e9, 1e-4, 1e-4, cores)
+    return Cluster(1, world, 10e9 / 8, 2e9, 1e-4, 1e-4, cores, collectives=local_collectives())
 
 
 def _partition(opts: dict[str, Any], stages: int, scene: Scene, micro: float) -> Partition | None:
