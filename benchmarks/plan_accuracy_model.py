@@ -328,11 +328,18 @@ def probe_ps_requests(raw: dict[str, Any], profiles: dict[str, Any], params: tup
     for probe in raw.get("probes", []):
         if probe.get("strategy") != "ps" or "measured_step_s" not in probe:
             continue
-        row = dict(probe)
-        predict([row], profiles, *params, hop=hop)
-        beyond = row["measured_step_s"] - row["predicted_step_s"]
+        beyond = excess_over_price(probe, profiles, params, hop)
         taken.setdefault(probe["model"], []).append(max(0.0, beyond))
     return {m: statistics.median(v) for m, v in sorted(taken.items())}
+
+
+def excess_over_price(run: dict[str, Any], profiles: dict[str, Any], params: tuple[Any, ...],
+                      hop: float = 0.0) -> float:
+    """A run's measured step less its price with no parameter-server request time (`predict` with
+    ``params``: compute scale, extra α, cores per host, per action, per pass, per call)."""
+    row = dict(run)
+    predict([row], profiles, *params, hop=hop)
+    return float(row["measured_step_s"] - row["predicted_step_s"])
 
 
 def probe_pass_overheads(raw: dict[str, Any]) -> dict[str, float]:

@@ -30,18 +30,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 from harness import write_results  # noqa: E402
-from plan_accuracy_model import predict, probe_scales  # noqa: E402
+from plan_accuracy_model import excess_over_price, probe_scales  # noqa: E402
 from plan_accuracy_runs import run_one  # noqa: E402
-
-
-def excess_s(run: dict[str, Any], scale: dict[str, Any], profiles: dict[str, Any],
-             calibration: dict[str, Any]) -> float:
-    """The run's median step beyond its price with no request time."""
-    row = dict(run)
-    predict([row], profiles, scale, calibration["extra_alpha_s"], calibration["cores_per_host"],
-            calibration["action_overhead_s"], calibration["pass_overhead_s"], calibration["call_s"],
-            calibration["hop_s"])
-    return float(run["measured_step_s"] - row["predicted_step_s"])
 
 
 def main() -> None:
@@ -76,8 +66,10 @@ def main() -> None:
                   flush=True)
         mine = [r for r in runs if r["round"] == rep]
         scale = probe_scales({"probes": [r for r in mine if r["workers"] == 1]}, profiles, split=True)
+        params = (scale, calibration["extra_alpha_s"], calibration["cores_per_host"],
+                  calibration["action_overhead_s"], calibration["pass_overhead_s"], calibration["call_s"])
         for r in mine:
-            r["excess_s"] = excess_s(r, scale, profiles, calibration)
+            r["excess_s"] = excess_over_price(r, profiles, params, calibration["hop_s"])
     rows = []
     for w in counts:
         mine = [r for r in runs if r["workers"] == w]

@@ -128,11 +128,11 @@ class Cluster:
         cores = f", {self.cores} shared cores" if self.cores else ""
         call = f", {self.call_s * 1e3:g} ms per collective call" if self.call_s else ""
         hop = f", {self.hop_s * 1e3:g} ms per collective step" if self.hop_s else ""
-        hop += ", ring all-reduce only" if self.collectives == "ring" else ""
+        ring = ", ring all-reduce only" if self.collectives == "ring" else ""
         return (
             f"{self.hosts} host(s) x {self.procs_per_host} proc(s), NIC {self.nic_bps * 8 / 1e9:g} "
             f"Gbit/s, intra {self.intra_bps / 1e9:g} GB/s, latency {self.latency_s * 1e6:g} us"
-            f"{cores}{call}{hop}"
+            f"{cores}{call}{hop}{ring}"
         )
 
     def to_json(self) -> dict[str, Any]:
