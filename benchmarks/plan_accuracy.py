@@ -57,6 +57,7 @@ from plan_accuracy_model import (  # noqa: E402
     drift,
     fit,
     in_job_compute,
+    load_requests,
     merge_repeats,
     model_config,
     predict,
@@ -204,7 +205,8 @@ def _profile(model: str) -> dict[str, Any]:
 def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str, Any] | None = None,
             pass_overheads: dict[str, float] | None = None, fit_scale: bool = False,
             one_scale: bool = False, fit_action: bool = False, fit_pass: bool = False,
-            hops_from: Path | None = None, no_requests: bool = False) -> None:
+            hops_from: Path | None = None, no_requests: bool = False,
+            requests_from: Path | None = None) -> None:
     """Fit on the calibration half, report both halves; ``profiled``: the raw file whose stored
     profiles to use (default ``raw``'s own); ``pass_overheads``: per model, measured
     (`plan_overhead.py`), instead of one fitted number; the compute scale is measured by the
@@ -217,7 +219,8 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
     2026-11-29 19:00); ``hops_from``: a `plan_hops.py` results file whose time per collective step
     (`plan_hops.collective_hop`) prices the testbed (`Cluster.hop_s`; none before 2026-11-29 22:00);
     a parameter server's own time per request by the pass's ps probes (`probe_ps_requests`), unless
-    ``no_requests`` (none, as analyses before 2026-11-30 01:30)."""
+    ``no_requests`` (none, as analyses before 2026-11-30 01:30) or ``requests_from``: a
+    `plan_ps_requests.py` results file, a table by workers per server (`load_requests`)."""
     from harness import write_results
 
     from polytrain.plan.predict import cached_profile
@@ -241,7 +244,11 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
     params = fit(calibration, profiles, passes or None, measured or None, actions or None, hop)
     # a parameter server's own time per request, from the pass's ps probes priced with the rest of
     # the fit; the fit then made again with it held (it prices the calibration half's ps pairs)
-    requests = {} if no_requests else probe_ps_requests(raw, profiles, params, hop)
+    requests: dict[str, Any] = {}
+    if requests_from:
+        requests = dict(load_requests(requests_from))
+    elif not no_requests:
+        requests = dict(probe_ps_requests(raw, profiles, params, hop))
     if requests:
         params = fit(calibration, profiles, passes or None, measured or None, actions or None, hop,
                      requests)
@@ -278,7 +285,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
             "hop_s": hop,
             "hop_from": hops_from.name if hops_from else None,
             "ps_request_s": requests,
-            "ps_request_from": PS_PROBES if requests else None,
+            "ps_request_from": (requests_from.name if requests_from else PS_PROBES) if requests else None,
             "scenarios": sorted(calib),
         },
         "held_back": held_stats,
@@ -398,6 +405,8 @@ def main() -> None:
                    "plan_hops.py results file measured (Cluster.hop_s)")
     p.add_argument("--no-requests", action="store_true", help="analyse: no parameter-server time "
                    "per request (as before 2026-11-30 01:30), even where the pass's ps probes measure it")
+    p.add_argument("--requests-from", help="analyse: price a parameter server's time per request "
+                   "from this plan_ps_requests.py results file, by workers per server, not the ps probes")
     p.add_argument("--drift-from", help="analyse: compare each pair's measured step with this earlier "
                    "raw file's (and each model's profile), → results/<name>_drift.md")
     p.add_argument("--scenarios", help="measure only these scenario numbers, in this order, e.g. 5,3")
@@ -426,7 +435,8 @@ def main() -> None:
         measured = {r["model"]: r["per_pass_overhead_ms"] / 1e3 for r in rows if r["hosts"] == 2}
     runs = json.loads(raw.read_text())
     analyse(runs, a.name, profiled, measured, a.fit_scale, a.one_scale, a.fit_action, a.fit_pass,
-            Path(a.hops_from) if a.hops_from else None, a.no_requests)
+            Path(a.hops_from) if a.hops_from else None, a.no_requests,
+            Path(a.requests_from) if a.requests_from else None)
     if a.drift_from:
         write_drift(json.loads(Path(a.drift_from).read_text()), runs, a.name)
 

@@ -234,6 +234,9 @@ BLIND11: list[tuple[Any, ...]] = [
 # time per request; `plan_accuracy_1129f_1130`), the time per collective step `plan_hops.py` measured
 # just before (`HOPS_OF`) and this set's own probes.
 BLIND12: list[tuple[Any, ...]] = [pa.SCENARIOS[i] for i in (1, 3, 5, 7, 9, 11)]
+# the thirteenth: the same held-back half measured afresh again, priced with the seventh pass's fit
+# whose parameter servers' time per request comes from plan_ps_requests.py's table by workers
+BLIND13: list[tuple[Any, ...]] = list(BLIND12)
 SETS = {  # --set: scenarios, raw runs, results name
     1: (BLIND, pa.HERE / "results" / "plan_accuracy_blind_raw.json", "plan_accuracy_blind"),
     2: (BLIND2, pa.HERE / "results" / "plan_accuracy_blind2_raw.json", "plan_accuracy_blind2"),
@@ -247,6 +250,7 @@ SETS = {  # --set: scenarios, raw runs, results name
     10: (BLIND10, pa.HERE / "results" / "plan_accuracy_blind10_raw.json", "plan_accuracy_blind10"),
     11: (BLIND11, pa.HERE / "results" / "plan_accuracy_blind11_raw.json", "plan_accuracy_blind11"),
     12: (BLIND12, pa.HERE / "results" / "plan_accuracy_blind12_raw.json", "plan_accuracy_blind12"),
+    13: (BLIND13, pa.HERE / "results" / "plan_accuracy_blind13_raw.json", "plan_accuracy_blind13"),
 }
 FROZEN = pa.HERE / "results" / "plan_accuracy.json"  # the first pass's fit: sets 1-4 were frozen against it
 FROZEN_OF = {  # the second pass's fit (set 5), the third's (set 6), the fourth's (set 7)
@@ -258,10 +262,12 @@ FROZEN_OF = {  # the second pass's fit (set 5), the third's (set 6), the fourth'
     10: pa.HERE / "results" / "plan_accuracy_1129e.json",  # the sixth, time per pass from its step probes
     11: pa.HERE / "results" / "plan_accuracy_1129e_hops.json",  # the sixth, with measured collective steps
     12: pa.HERE / "results" / "plan_accuracy_1129f_1130.json",  # the seventh, the model of 2026-11-30
+    13: pa.HERE / "results" / "plan_accuracy_1129f_1130b.json",  # the seventh, request times by workers
 }
 HOPS_OF = {  # measured just before the set ran
     11: pa.HERE / "results" / "plan_hops_1129.json",
     12: pa.HERE / "results" / "plan_hops_1130.json",
+    13: pa.HERE / "results" / "plan_hops_1130b.json",
 }
 
 

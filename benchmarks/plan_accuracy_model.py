@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import math
 import os
 import statistics
+from pathlib import Path
 from typing import Any
 
 MODELS = {
@@ -133,7 +135,7 @@ def predict(
     pass_overhead: float | dict[str, float] = 0.0,
     call: float = 0.0,
     hop: float = 0.0,
-    ps_request: float | dict[str, float] = 0.0,
+    ps_request: float | dict[str, Any] = 0.0,
 ) -> None:
     """Predict every row in place. ``per_host``: the share of a core each emulated host's own
     processes take, so the ranks share ``MACHINE_CORES - per_host * hosts`` cores; ``scale`` (the
@@ -141,7 +143,8 @@ def predict(
     number, or one per model; ``call``: a rank's own time per collective call (`Cluster.call_s`);
     ``hop``: per collective step (`Cluster.hop_s`), measured, never fitted; ``ps_request``: a
     parameter server's own time per worker request (`Scene.ps_request_s`), one number or one per
-    model, measured by the pass's parameter-server probes (`probe_ps_requests`), never fitted."""
+    model — a number (measured by the pass's parameter-server probes, `probe_ps_requests`) or a
+    table by workers per server (`load_requests`, `request_at`) — never fitted."""
     from polytrain.plan.estimate import Scene
     from polytrain.plan.predict import estimate_for
 
@@ -153,6 +156,8 @@ def predict(
         k = scale[r["model"]] if isinstance(scale, dict) else scale
         forward, backward = (k, k) if isinstance(k, float | int) else k  # one scale, or (forward, backward)
         request = ps_request.get(r["model"], 0.0) if isinstance(ps_request, dict) else ps_request
+        if isinstance(request, dict):  # a table by workers per server (`plan_ps_requests.py`)
+            request = request_at(request, r["hosts"] - int(r.get("options", {}).get("servers", 1)))
         scene = Scene(profiles[r["model"]], cluster, cfg.batch_size, backward, per_action, per_pass, forward,
                       request)
         e = estimate_for(cfg, r["hosts"], scene)
@@ -331,6 +336,30 @@ def probe_ps_requests(raw: dict[str, Any], profiles: dict[str, Any], params: tup
         beyond = excess_over_price(probe, profiles, params, hop)
         taken.setdefault(probe["model"], []).append(max(0.0, beyond))
     return {m: statistics.median(v) for m, v in sorted(taken.items())}
+
+
+def load_requests(path: Path) -> dict[str, dict[int, float]]:
+    """model → workers per server → a server's own time per request, from a `plan_ps_requests.py`
+    results file (its rows' medians, never below 0)."""
+    table: dict[str, dict[int, float]] = {}
+    for r in json.loads(Path(path).read_text())["rows"]:
+        table.setdefault(r["model"], {})[int(r["workers"])] = max(0.0, float(r["per_request_s"]))
+    return table
+
+
+def request_at(table: dict[Any, float], workers: int) -> float:
+    """The time per request of a server of ``workers`` workers from a table by workers (keys int or
+    their strings, as JSON keeps them): the measured value where there is one, linear between the
+    two measured counts around it, the nearest measured count's beyond them."""
+    points = sorted((int(w), float(v)) for w, v in table.items())
+    if not points:
+        return 0.0
+    if workers <= points[0][0]:
+        return points[0][1]
+    for (w0, v0), (w1, v1) in itertools.pairwise(points):
+        if workers <= w1:
+            return v0 + (v1 - v0) * (workers - w0) / (w1 - w0)
+    return points[-1][1]
 
 
 def excess_over_price(run: dict[str, Any], profiles: dict[str, Any], params: tuple[Any, ...],
