@@ -83,6 +83,19 @@ def test_probe_scales_is_the_in_job_compute_over_the_profile(ps_run: Path, tmp_p
     requests = probe_ps_requests({"probes": [*ps_probes, {**probe}]}, {"cnn": profile}, params)
     assert requests == {"cnn": pytest.approx(1e-3)}  # median of 1, 3 and 0 ms; a failed probe left out
     assert probe_ps_requests({}, {"cnn": profile}, params) == {}
+    # or a table by workers per server (`plan_ps_requests.py`): a server of W workers pays W times
+    # its entry, JSON's string keys read as counts, between two counts linear, beyond them the nearest
+    from plan_accuracy_model import request_at
+
+    table = {"cnn": {"1": 2e-3, "2": 1e-3, "4": 1.5e-3}}
+    assert [request_at(table["cnn"], w) for w in (1, 2, 3, 4, 8)] == pytest.approx(
+        [2e-3, 1e-3, 1.25e-3, 1.5e-3, 1.5e-3])
+    for servers, hosts, per in ((1, 3, 1e-3), (2, 6, 1.5e-3)):  # 2 and 4 workers per server
+        bare = {**probe, "hosts": hosts, "options": {"servers": servers}, "measured_step_s": 1.0}
+        served = dict(bare)
+        predict([bare], {"cnn": profile}, *params)
+        predict([served], {"cnn": profile}, *params, ps_request=table)
+        assert served["predicted_step_s"] - bare["predicted_step_s"] == pytest.approx((hosts - servers) * per)
 
 
 def _two_rank_cnn(tmp_path: Path, strategy: str, steps: int, option: str) -> Path:
