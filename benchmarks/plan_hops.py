@@ -1,5 +1,6 @@
 """The testbed's time per message of a chain of messages, per operation, measured: what each hop of
-a ring all-reduce, a ring all-gather or a chain of point-to-point sends costs beyond the planner's
+a ring all-reduce, a ring all-gather, a chain of point-to-point sends or a reduce-scatter sent
+directly (every part to its owner at once, as owt's backward does) costs beyond the planner's
 α–β price when emulated hosts share this machine's cores (each hop waits for its receiver to be
 scheduled). `plan_accuracy.py --hops-from` prices the testbed with these figures.
 
@@ -12,8 +13,9 @@ bytes) case back to back, interleaved in rounds of 5 (``plan_hops_rank.py``); th
 is left out. Per job and case the mean time of the operation (all-reduce, all-gather: the median over
 ranks; p2p: rank 0's time for the ring of W sends); per case the median over jobs (min–max).
 hop = (measured − priced) / messages, priced by `plan.cost` on the testbed's links without shared
-cores (``ring_allreduce_s``, ``allgather_s``, W × ``Link.p2p_s``), messages per rank in turn:
-2(W−1), W−1 and W; the message's bytes: bytes/W, bytes/W and bytes.
+cores (``ring_allreduce_s``, ``allgather_s``, W × ``Link.p2p_s``, ``Link.p2p_s`` of (W−1)/W of the
+bytes), messages per rank in turn: 2(W−1), W−1, W and W−1; the message's bytes: bytes/W, bytes/W,
+bytes and bytes/W.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 from harness import write_results  # noqa: E402
 from plan_blocking import run_ranks  # noqa: E402
 
-OPS = ("allreduce", "allgather", "p2p")
+OPS = ("allreduce", "allgather", "p2p", "direct")
 
 
 def run_job(hosts: int, nic: str, cases: list[list[Any]], iterations: int) -> dict[str, Any]:
@@ -39,7 +41,7 @@ def run_job(hosts: int, nic: str, cases: list[list[Any]], iterations: int) -> di
 
 
 def messages(op: str, world: int) -> int:
-    return {"allreduce": 2 * (world - 1), "allgather": world - 1, "p2p": world}[op]
+    return {"allreduce": 2 * (world - 1), "allgather": world - 1, "p2p": world, "direct": world - 1}[op]
 
 
 def message_bytes(op: str, nbytes: float, world: int) -> float:
@@ -61,6 +63,8 @@ def priced_s(op: str, nbytes: float, hosts: int, nic: str) -> float:
         return ring_allreduce_s(nbytes, hosts, link)
     if op == "allgather":
         return allgather_s(nbytes, hosts, link)
+    if op == "direct":  # all W−1 parts in flight at once: one α, (W−1)/W of the bytes
+        return link.p2p_s((hosts - 1) / hosts * nbytes)
     return hosts * link.p2p_s(nbytes)
 
 

@@ -5,7 +5,8 @@ A message of S bytes over a link costs α + S/β (α: latency per message, s; β
 - ring all-reduce over n ranks (reduce-scatter then all-gather, 2(n−1) steps of S/n bytes):
   ``2(n−1)/n · S/β + 2(n−1)·α``; tree (binary reduce then broadcast, whole message per level):
   ``2⌈log2 n⌉·(α + S/β)``; all-gather / reduce-scatter of S bytes in total: ``(n−1)/n · S/β +
-  (n−1)·α``;
+  (n−1)·α``; a reduce-scatter as direct sends (all n−1 parts in flight at once):
+  ``(n−1)/n · S/β + α`` (`direct_exchange_s`);
 - hierarchical links: a group inside one host uses the intra-host link; a group spanning hosts is
   bound by the NICs, whose bandwidth is shared by the ``nic_share`` groups crossing each NIC at
   once. Across hosts the two-level all-reduce (intra reduce-scatter, per-slice inter-host ring,
@@ -173,6 +174,21 @@ def group_allgather_s(
     cluster = shared_cores(cluster, cluster.world)
     link = intra_link(cluster) if hosts_of(cluster, ranks) <= 1 else nic_link(cluster, nic_share)
     return own + allgather_s(total_bytes, len(ranks), link)
+
+
+def direct_exchange_s(
+    total_bytes: float, ranks: Sequence[int], cluster: Cluster, nic_share: int = 1
+) -> float:
+    """A reduce-scatter of S bytes in total as direct sends: every rank posts its n−1 parts of S/n
+    to their owners at once and receives its own part from each (`shard_collectives.reduce_scatter`):
+    (n−1)/n · S/β on the link, one α and one step's own time, as the messages are all in flight
+    together (a ring would pay n−1 of each)."""
+    if len(ranks) <= 1 or total_bytes <= 0:
+        return 0.0
+    own = call_s(cluster, 1)
+    cluster = shared_cores(cluster, cluster.world)
+    link = intra_link(cluster) if hosts_of(cluster, ranks) <= 1 else nic_link(cluster, nic_share)
+    return own + link.p2p_s((len(ranks) - 1) / len(ranks) * total_bytes)
 
 
 def p2p_s(nbytes: float, a: int, b: int, cluster: Cluster, nic_share: int = 1) -> float:

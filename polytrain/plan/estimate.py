@@ -18,6 +18,7 @@ from polytrain.plan.cost import (
     allreduce_s,
     buckets_of,
     ddp_overlap,
+    direct_exchange_s,
     group_allgather_s,
     ps_traffic,
     refilled,
@@ -304,8 +305,10 @@ def ps(scene: Scene, world: int, servers: int, sharding: str, consistency: str) 
 
 def owt(scene: Scene, world: int) -> Estimate:
     """Conv part data-parallel on B/W; every FC layer's output columns split W ways, computed for all
-    B; an all-gather after the conv part and after every FC layer, a reduce-scatter of each in
-    backward; the conv gradients all-reduced after backward."""
+    B; an all-gather after the conv part and after every FC layer; in backward a reduce-scatter of
+    each gather but the last (the next layer's column shards each used all of it; the last gather's
+    users all compute the same loss, so each keeps its own part), sent directly as the runtime
+    does (`direct_exchange_s`); the conv gradients all-reduced after backward."""
     prof, cl = scene.profile, scene.cluster
     start, n, ranks = prof.fc_start or 0, scene.layers, range(world)
     cf, cb = scene.pass_fb(0, start, scene.batch / world, busy=world)
@@ -315,10 +318,9 @@ def owt(scene: Scene, world: int) -> Estimate:
     fc = [scene.layer_fb(i, scene.batch, busy=world, split=world) for i in range(start, n)]
     ff, fb_ = sum(f for f, _ in fc), sum(b for _, b in fc)
     idle_f, idle_b = [cf, *(f for f, _ in fc)], [cb, *(b for _, b in fc)]
-    gather, scatter = (
-        sum(group_allgather_s(g, ranks, refilled(cl, t)) for g, t in zip(gathered, idle, strict=False))
-        for idle in (idle_f, idle_b)
-    )
+    gather = sum(group_allgather_s(g, ranks, refilled(cl, t)) for g, t in zip(gathered, idle_f, strict=False))
+    split = gathered[:-1]  # the gathers whose consumers are column shards
+    scatter = sum(direct_exchange_s(g, ranks, refilled(cl, t)) for g, t in zip(split, idle_b, strict=False))
     conv_p = sum(r.param_bytes for r in prof.layers[:start])
     sync = allreduce_s(conv_p, ranks, cl)
     opt = scene.optimizer_s(conv_p + (prof.param_bytes - conv_p) / world)
@@ -337,8 +339,9 @@ def owt(scene: Scene, world: int) -> Estimate:
         scene.activations(0, start, scene.batch / world),
         scene.activations(start, n, scene.batch),
     )
-    sent = 2 * (world - 1) * (sum(gathered) + conv_p)
-    nic = (2 * (world - 1) / world * (sum(gathered) + conv_p)) if cl.hosts > 1 else 0.0
+    moved = sum(gathered) + sum(split) + 2 * conv_p  # each rank sends (W−1)/W of these
+    sent = (world - 1) * moved
+    nic = (world - 1) / world * moved if cl.hosts > 1 else 0.0
     return Estimate(step, mem, sent, nic, tuple(spans))
 
 
