@@ -71,7 +71,7 @@ from plan_accuracy_model import (  # noqa: E402
 )
 from plan_accuracy_runs import PROBES, run_one  # noqa: E402
 from plan_accuracy_traces import write_executor  # noqa: E402
-from plan_hops import collective_hop  # noqa: E402
+from plan_hops import testbed_hops  # noqa: E402
 
 # (model, hosts, nic, [(strategy, --set options)])
 SCENARIOS: list[tuple[str, int, str, list[tuple[str, dict[str, Any]]]]] = [
@@ -206,7 +206,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
             pass_overheads: dict[str, float] | None = None, fit_scale: bool = False,
             one_scale: bool = False, fit_action: bool = False, fit_pass: bool = False,
             hops_from: Path | None = None, no_requests: bool = False,
-            requests_from: Path | None = None) -> None:
+            requests_from: list[Path] | None = None) -> None:
     """Fit on the calibration half, report both halves; ``profiled``: the raw file whose stored
     profiles to use (default ``raw``'s own); ``pass_overheads``: per model, measured
     (`plan_overhead.py`), instead of one fitted number; the compute scale is measured by the
@@ -219,8 +219,8 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
     2026-11-29 19:00); ``hops_from``: a `plan_hops.py` results file whose time per collective step
     (`plan_hops.collective_hop`) prices the testbed (`Cluster.hop_s`; none before 2026-11-29 22:00);
     a parameter server's own time per request by the pass's ps probes (`probe_ps_requests`), unless
-    ``no_requests`` (none, as analyses before 2026-11-30 01:30) or ``requests_from``: a
-    `plan_ps_requests.py` results file, a table by workers per server (`load_requests`)."""
+    ``no_requests`` (none, as analyses before 2026-11-30 01:30) or ``requests_from``:
+    `plan_ps_requests.py` results files, pooled into a table by workers per server (`load_requests`)."""
     from harness import write_results
 
     from polytrain.plan.predict import cached_profile
@@ -239,7 +239,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
     measured = {} if fit_scale else probe_scales(raw, profiles, split=not one_scale)
     actions = {} if fit_action else probe_action_overheads(raw)
     passes = pass_overheads or ({} if fit_pass else probe_pass_overheads(raw))
-    hop = collective_hop(json.loads(hops_from.read_text())) if hops_from else 0.0
+    hop = testbed_hops(json.loads(hops_from.read_text())) if hops_from else 0.0
     calibration = [r for r in rows if r["scenario"] in calib]
     params = fit(calibration, profiles, passes or None, measured or None, actions or None, hop)
     # a parameter server's own time per request, from the pass's ps probes priced with the rest of
@@ -285,7 +285,8 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
             "hop_s": hop,
             "hop_from": hops_from.name if hops_from else None,
             "ps_request_s": requests,
-            "ps_request_from": (requests_from.name if requests_from else PS_PROBES) if requests else None,
+            "ps_request_from": (" + ".join(f.name for f in requests_from) if requests_from else PS_PROBES)
+            if requests else None,
             "scenarios": sorted(calib),
         },
         "held_back": held_stats,
@@ -405,8 +406,9 @@ def main() -> None:
                    "plan_hops.py results file measured (Cluster.hop_s)")
     p.add_argument("--no-requests", action="store_true", help="analyse: no parameter-server time "
                    "per request (as before 2026-11-30 01:30), even where the pass's ps probes measure it")
-    p.add_argument("--requests-from", help="analyse: price a parameter server's time per request "
-                   "from this plan_ps_requests.py results file, by workers per server, not the ps probes")
+    p.add_argument("--requests-from", nargs="+", help="analyse: price a parameter server's time per "
+                   "request from these plan_ps_requests.py results files (their runs pooled), by "
+                   "workers per server, not the ps probes")
     p.add_argument("--drift-from", help="analyse: compare each pair's measured step with this earlier "
                    "raw file's (and each model's profile), → results/<name>_drift.md")
     p.add_argument("--scenarios", help="measure only these scenario numbers, in this order, e.g. 5,3")
@@ -436,7 +438,7 @@ def main() -> None:
     runs = json.loads(raw.read_text())
     analyse(runs, a.name, profiled, measured, a.fit_scale, a.one_scale, a.fit_action, a.fit_pass,
             Path(a.hops_from) if a.hops_from else None, a.no_requests,
-            Path(a.requests_from) if a.requests_from else None)
+            [Path(f) for f in a.requests_from] if a.requests_from else None)
     if a.drift_from:
         write_drift(json.loads(Path(a.drift_from).read_text()), runs, a.name)
 

@@ -48,7 +48,7 @@ from plan_accuracy_model import (
     stats,
 )
 from plan_accuracy_traces import write_executor
-from plan_hops import collective_hop
+from plan_hops import testbed_hops
 
 # (model, hosts, nic, [(strategy, --set options)][, batch]), fixed before any of them was measured
 BLIND: list[tuple[Any, ...]] = [  # a 5th item: the global batch, where the default does not divide
@@ -235,7 +235,8 @@ BLIND11: list[tuple[Any, ...]] = [
 # just before (`HOPS_OF`) and this set's own probes.
 BLIND12: list[tuple[Any, ...]] = [pa.SCENARIOS[i] for i in (1, 3, 5, 7, 9, 11)]
 # the thirteenth: the same held-back half measured afresh again, priced with the seventh pass's fit
-# whose parameter servers' time per request comes from plan_ps_requests.py's table by workers
+# under the model of 2026-11-30 03:20 (owt's backward as its runtime sends it; parameter servers'
+# time per request from plan_ps_requests.py's table by workers)
 BLIND13: list[tuple[Any, ...]] = list(BLIND12)
 SETS = {  # --set: scenarios, raw runs, results name
     1: (BLIND, pa.HERE / "results" / "plan_accuracy_blind_raw.json", "plan_accuracy_blind"),
@@ -267,7 +268,7 @@ FROZEN_OF = {  # the second pass's fit (set 5), the third's (set 6), the fourth'
 HOPS_OF = {  # measured just before the set ran
     11: pa.HERE / "results" / "plan_hops_1129.json",
     12: pa.HERE / "results" / "plan_hops_1130.json",
-    13: pa.HERE / "results" / "plan_hops_1130b.json",
+    13: pa.HERE / "results" / "plan_hops_1130c.json",
 }
 
 
@@ -298,7 +299,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file:
         if hops_file is None:
             raise SystemExit(f"{frozen_file.name} prices collective steps measured by plan_hops.py: "
                              "give this set's own measurement with --hops-from FILE")
-        hop = collective_hop(json.loads(hops_file.read_text()))
+        hop = testbed_hops(json.loads(hops_file.read_text()))
     # and a fit whose parameter server's time per request its ps probes measured: this set's own
     # probes measure it, priced with the rest of the frozen fit
     requests = c.get("ps_request_s") or {}

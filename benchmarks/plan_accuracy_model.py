@@ -17,6 +17,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+# the testbed's time per collective step, or (that, per message of a direct exchange or None)
+Hop = float | tuple[float, float | None] | list[Any]
+
 MODELS = {
     "cnn": (["--model", "cnn", "--dataset", "digits"], 64),
     "vgg16": (["--model", "vgg16", "--set", "model.width=8", "--dataset", "synthetic-images"], 64),
@@ -104,16 +107,18 @@ def model_config(model: str) -> Any:
 
 
 def testbed_cluster(
-    hosts: int, nic: str, alpha: float, per_host: float, call: float, hop: float = 0.0
+    hosts: int, nic: str, alpha: float, per_host: float, call: float, hop: Hop = 0.0
 ) -> Any:
     """The cluster a testbed run of ``hosts`` emulated hosts at ``nic`` is priced on: one process
     per host, ``alpha`` added to every message's α, the machine's cores less ``per_host`` per host
     shared by all ranks, ``call`` seconds per collective call (`Cluster.call_s`), ``hop`` seconds per
-    collective step (`Cluster.hop_s`, measured by `plan_hops.py`)."""
+    collective step (`Cluster.hop_s`, measured by `plan_hops.py`), or (that, seconds per message of a
+    direct exchange: `Cluster.direct_hop_s`, None: the same; `plan_hops.testbed_hops`)."""
     from polytrain.plan.cluster import parse_rate
     from polytrain.plan.predict import run_cluster
 
     cluster = run_cluster(hosts, {"hosts": hosts, "rate_bits_per_s": 8 * parse_rate(nic, "nic")})
+    collective, direct = (hop[0], hop[1]) if isinstance(hop, list | tuple) else (hop, None)
     return dataclasses.replace(
         cluster,
         procs_per_host=1,
@@ -121,7 +126,8 @@ def testbed_cluster(
         intra_latency_s=cluster.intra_alpha + alpha,
         cores=max(0.25, MACHINE_CORES - per_host * hosts),
         call_s=call,
-        hop_s=hop,
+        hop_s=collective,
+        direct_hop_s=direct,
     )
 
 
@@ -134,7 +140,7 @@ def predict(
     overhead: float | dict[str, float] = 0.0,
     pass_overhead: float | dict[str, float] = 0.0,
     call: float = 0.0,
-    hop: float = 0.0,
+    hop: Hop = 0.0,
     ps_request: float | dict[str, Any] = 0.0,
 ) -> None:
     """Predict every row in place. ``per_host``: the share of a core each emulated host's own
@@ -184,7 +190,7 @@ STARTS = [(s, 0.0, 0.0, a, 0.0, c) for s in (0.8, 1.0, 1.25) for a in (0.0, 1e-3
 def fit(rows: list[dict[str, Any]], profiles: dict[str, Any],
         pass_overheads: dict[str, float] | None = None,
         scales: dict[str, Any] | None = None,
-        action_overheads: dict[str, float] | None = None, hop: float = 0.0,
+        action_overheads: dict[str, float] | None = None, hop: Hop = 0.0,
         ps_request: float | dict[str, float] = 0.0) -> tuple[Any, ...]:
     """(compute scale, extra α, cores taken per emulated host, per-action overhead of the pipeline
     executor, per-pass overhead of the other runtimes, time per collective call) minimising the
@@ -323,7 +329,7 @@ def probe_action_overheads(raw: dict[str, Any]) -> dict[str, float]:
 
 
 def probe_ps_requests(raw: dict[str, Any], profiles: dict[str, Any], params: tuple[Any, ...],
-                      hop: float = 0.0) -> dict[str, float]:
+                      hop: Hop = 0.0) -> dict[str, float]:
     """Per model, a parameter server's own time per worker request measured instead of fitted: the
     median over the pass's parameter-server probes (`plan_accuracy_runs.PROBE`: one worker, one
     server, 2 hosts at 1 Gbit/s, one request per step) of the probe's step less its price with
@@ -338,12 +344,17 @@ def probe_ps_requests(raw: dict[str, Any], profiles: dict[str, Any], params: tup
     return {m: statistics.median(v) for m, v in sorted(taken.items())}
 
 
-def load_requests(path: Path) -> dict[str, dict[int, float]]:
-    """model → workers per server → a server's own time per request, from a `plan_ps_requests.py`
-    results file (its rows' medians, never below 0)."""
+def load_requests(paths: list[Path]) -> dict[str, dict[int, float]]:
+    """model → workers per server → a server's own time per request, from `plan_ps_requests.py`
+    results files: per (model, workers) the median over all their runs of the run's excess over
+    its price / workers (runs of the same measurement pooled), never below 0."""
+    pooled: dict[tuple[str, int], list[float]] = {}
+    for path in paths:
+        for r in json.loads(Path(path).read_text())["runs"]:
+            pooled.setdefault((r["model"], int(r["workers"])), []).append(r["excess_s"] / r["workers"])
     table: dict[str, dict[int, float]] = {}
-    for r in json.loads(Path(path).read_text())["rows"]:
-        table.setdefault(r["model"], {})[int(r["workers"])] = max(0.0, float(r["per_request_s"]))
+    for (model, workers), v in sorted(pooled.items()):
+        table.setdefault(model, {})[workers] = max(0.0, statistics.median(v))
     return table
 
 
@@ -363,7 +374,7 @@ def request_at(table: dict[Any, float], workers: int) -> float:
 
 
 def excess_over_price(run: dict[str, Any], profiles: dict[str, Any], params: tuple[Any, ...],
-                      hop: float = 0.0) -> float:
+                      hop: Hop = 0.0) -> float:
     """A run's measured step less its price with no parameter-server request time (`predict` with
     ``params``: compute scale, extra α, cores per host, per action, per pass, per call)."""
     row = dict(run)

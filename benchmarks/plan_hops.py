@@ -112,6 +112,13 @@ def collective_hop(record: dict[str, Any]) -> float:
     return statistics.median(h for op in ("allreduce", "allgather") for _, _, h in record["hops"][op])
 
 
+def testbed_hops(record: dict[str, Any]) -> tuple[float, float | None]:
+    """(`collective_hop`, the median hop of its direct exchanges' cases: `Cluster.direct_hop_s`; None
+    for a record from before they were measured, which prices them as collective steps)."""
+    direct = [h for _, _, h in record["hops"].get("direct", [])]
+    return collective_hop(record), statistics.median(direct) if direct else None
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--hosts", default="2,4,8")

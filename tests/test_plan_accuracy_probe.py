@@ -96,6 +96,15 @@ def test_probe_scales_is_the_in_job_compute_over_the_profile(ps_run: Path, tmp_p
         predict([bare], {"cnn": profile}, *params)
         predict([served], {"cnn": profile}, *params, ps_request=table)
         assert served["predicted_step_s"] - bare["predicted_step_s"] == pytest.approx((hosts - servers) * per)
+    # the table from plan_ps_requests.py's runs, two measurements pooled: median of excess / workers
+    from plan_accuracy_model import load_requests
+
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps({"runs": [{"model": "cnn", "workers": 2, "excess_s": 2e-3},
+                                          {"model": "cnn", "workers": 2, "excess_s": 4e-3}]}))
+    second.write_text(json.dumps({"runs": [{"model": "cnn", "workers": 2, "excess_s": 8e-3},
+                                           {"model": "vgg16", "workers": 1, "excess_s": -1e-3}]}))
+    assert load_requests([first, second]) == {"cnn": {2: pytest.approx(2e-3)}, "vgg16": {1: 0.0}}
 
 
 def _two_rank_cnn(tmp_path: Path, strategy: str, steps: int, option: str) -> Path:

@@ -14,6 +14,7 @@ from polytrain.plan.cost import (
     allreduce_s,
     buckets_of,
     ddp_overlap,
+    direct_exchange_s,
     group_allgather_s,
     nic_link,
     ps_traffic,
@@ -184,6 +185,47 @@ def test_collective_steps_pay_the_hop_by_hand() -> None:
     assert "1.3 ms per collective step" in Cluster.parse("hosts=2,hop=1.3ms").describe()
     with pytest.raises(ConfigError, match=r"'hop' is 'x'.*hop=5us"):
         Cluster.parse("hosts=2,hop=x")
+
+
+def test_direct_exchange_by_hand() -> None:
+    """A reduce-scatter sent directly (owt's backward): one α and (n−1)/n of the bytes on the link,
+    ``direct_hop`` per message, ``hop`` where none is given."""
+    free = Cluster(hosts=8, procs_per_host=1, nic_bps=1e9, intra_bps=1e12, latency_s=1e-3)
+    # 8 MB over 8 ranks: 1 ms + 7/8 · 8 ms = 8 ms
+    assert direct_exchange_s(8e6, range(8), free) == pytest.approx(0.008, rel=1e-6)
+    # a ring all-gather of the same bytes pays 7 α
+    assert group_allgather_s(8e6, range(8), free) == pytest.approx(0.014, rel=1e-6)
+    hopped = replace(free, hop_s=2e-3)
+    assert direct_exchange_s(8e6, range(8), hopped) == pytest.approx(0.008 + 7 * 2e-3, rel=1e-6)
+    direct = replace(hopped, direct_hop_s=1e-3)
+    assert direct_exchange_s(8e6, range(8), direct) == pytest.approx(0.008 + 7 * 1e-3, rel=1e-6)
+    assert direct_exchange_s(8e6, [3], direct) == 0.0
+    parsed = Cluster.parse("hosts=2,hop=1.3ms,direct_hop=0.9ms")
+    assert (parsed.hop_s, parsed.direct_hop) == pytest.approx((1.3e-3, 0.9e-3))
+    assert "0.9 ms per direct message" in parsed.describe()
+    assert Cluster.parse("hosts=2,hop=1.3ms").direct_hop == pytest.approx(1.3e-3)
+    with pytest.raises(ConfigError, match=r"'direct_hop' is '5'.*direct_hop=5us"):
+        Cluster.parse("hosts=2,direct_hop=5")
+
+
+def test_owt_scatters_all_gathers_but_the_last() -> None:
+    """owt's backward, as its runtime: the last gather (every rank computes the same loss from it)
+    sends nothing back; the others are reduce-scattered directly."""
+    from polytrain.plan.estimate import Scene, owt
+    from tests.test_plan_recommend import vgg_like
+
+    cl = Cluster(hosts=4, procs_per_host=1, nic_bps=1e9, intra_bps=1e12, latency_s=1e-3, hop_s=2e-3)
+    scene = Scene(vgg_like(), cl, 64)
+    prof = scene.profile
+    est = owt(scene, 4)
+    spans = {s.label: s.end - s.start for s in est.spans}
+    gathered = [prof.layers[i].activation_bytes * 64 / prof.batch_size
+                for i in range((prof.fc_start or 0) - 1, scene.layers)]
+    assert spans["reduce-scatters"] == pytest.approx(
+        sum(direct_exchange_s(g, range(4), cl) for g in gathered[:-1]), rel=1e-6)
+    # bytes: every gather once, every scatter but the last once, the conv gradients twice; (W−1)/W each
+    conv = sum(r.param_bytes for r in prof.layers[: prof.fc_start])
+    assert est.bytes_per_step == pytest.approx(3 * (sum(gathered) + sum(gathered[:-1]) + 2 * conv))
 
 
 def test_shaped_link_bucket_by_hand() -> None:

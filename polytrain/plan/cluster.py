@@ -17,6 +17,8 @@
 - ``hop``: a rank's own time per step of a collective (each message it sends in turn: 2(n−1) in a
   ring all-reduce, n−1 in an all-gather) beyond α — a collective library whose every step wakes
   its process (gloo on the testbed: ~1.3 ms, measured by `benchmarks/plan_hops.py`; 0 by default);
+- ``direct_hop``: the same per message of a direct exchange, whose n−1 sends and receives are all in
+  flight at once (owt's reduce-scatters; gloo on the testbed: ~0.9 ms; default: ``hop``);
 - ``collectives``: the all-reduce algorithms the collective library chooses among: ``auto`` (default:
   the fastest of ring, tree and two-level, as NCCL picks) or ``ring`` (gloo, whose all-reduce is
   always a ring: 2(n−1) steps whatever the size; polytrain's CPU runs and the testbed);
@@ -42,7 +44,7 @@ _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 FIELDS = (
     "hosts", "procs_per_host", "nic", "intra", "latency", "intra_latency", "cores", "burst", "call", "hop",
-    "collectives",
+    "direct_hop", "collectives",
 )
 COLLECTIVES = ("auto", "ring")
 EXAMPLE = "hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,latency=5us"
@@ -94,6 +96,7 @@ class Cluster:
     burst_bytes: float = 0.0  # a shaped NIC's bucket: bytes sent at line speed after an idle spell
     call_s: float = 0.0  # a rank's own time per collective call, beyond its messages (see plan.cost)
     hop_s: float = 0.0  # a rank's own time per step of a collective, beyond α (see plan.cost)
+    direct_hop_s: float | None = None  # the same per message of a direct exchange; None: hop_s
     collectives: str = "auto"  # all-reduce algorithms: "auto" (NCCL's choice) or "ring" (gloo's only)
 
     def __post_init__(self) -> None:
@@ -112,6 +115,10 @@ class Cluster:
     def intra_alpha(self) -> float:
         return self.latency_s / 10 if self.intra_latency_s is None else self.intra_latency_s
 
+    @property
+    def direct_hop(self) -> float:
+        return self.hop_s if self.direct_hop_s is None else self.direct_hop_s
+
     def host_of(self, rank: int) -> int:
         return rank // self.procs_per_host
 
@@ -128,6 +135,8 @@ class Cluster:
         cores = f", {self.cores} shared cores" if self.cores else ""
         call = f", {self.call_s * 1e3:g} ms per collective call" if self.call_s else ""
         hop = f", {self.hop_s * 1e3:g} ms per collective step" if self.hop_s else ""
+        if self.direct_hop_s is not None:
+            hop += f", {self.direct_hop_s * 1e3:g} ms per direct message"
         ring = ", ring all-reduce only" if self.collectives == "ring" else ""
         return (
             f"{self.hosts} host(s) x {self.procs_per_host} proc(s), NIC {self.nic_bps * 8 / 1e9:g} "
@@ -147,6 +156,7 @@ class Cluster:
             "burst_bytes": self.burst_bytes,
             "call_s": self.call_s,
             "hop_s": self.hop_s,
+            "direct_hop_s": self.direct_hop,
             "collectives": self.collectives,
         }
 
@@ -181,6 +191,8 @@ class Cluster:
             out["call_s"] = parse_seconds(values["call"], "call")
         if "hop" in values:
             out["hop_s"] = parse_seconds(values["hop"], "hop")
+        if "direct_hop" in values:
+            out["direct_hop_s"] = parse_seconds(values["direct_hop"], "direct_hop")
         if "collectives" in values:
             out["collectives"] = values["collectives"].lower()
         return cls(**out)

@@ -34,7 +34,8 @@ A message of S bytes over a link costs α + S/β (α: latency per message, s; β
   (`call_s`; fitted on the testbed by `benchmarks/plan_accuracy.py`'s calibration); and each of its
   steps (``Cluster.hop_s``): a collective library that wakes its process at every step of a ring
   pays that wake-up per step, whatever the step's size (gloo on the testbed's shared cores: ~1.3 ms
-  a step for 2–8 ranks and 0.5–130 kB steps, `benchmarks/plan_hops.py`);
+  a step for 2–8 ranks and 0.5–130 kB steps, `benchmarks/plan_hops.py`); a direct exchange's
+  messages, all in flight at once, ``Cluster.direct_hop`` each (~0.9 ms on the testbed);
 - tensor-parallel collectives: per transformer block, two all-reduces of the (B, T, D) activations
   in forward and two of their gradients in backward (Megatron's f and g), `tp_block_s`.
 
@@ -181,11 +182,11 @@ def direct_exchange_s(
 ) -> float:
     """A reduce-scatter of S bytes in total as direct sends: every rank posts its n−1 parts of S/n
     to their owners at once and receives its own part from each (`shard_collectives.reduce_scatter`):
-    (n−1)/n · S/β on the link, one α and one step's own time, as the messages are all in flight
-    together (a ring would pay n−1 of each)."""
+    (n−1)/n · S/β on the link and one α, as the messages are all in flight together (a ring pays
+    n−1 of each), plus the call's own time and ``Cluster.direct_hop`` per message (n−1)."""
     if len(ranks) <= 1 or total_bytes <= 0:
         return 0.0
-    own = call_s(cluster, 1)
+    own = call_s(cluster) + (len(ranks) - 1) * cluster.direct_hop
     cluster = shared_cores(cluster, cluster.world)
     link = intra_link(cluster) if hosts_of(cluster, ranks) <= 1 else nic_link(cluster, nic_share)
     return own + link.p2p_s((len(ranks) - 1) / len(ranks) * total_bytes)
