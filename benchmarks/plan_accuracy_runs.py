@@ -30,6 +30,17 @@ def step_times(run_dir: Path, skip: int = 2) -> list[float]:
     return [b - a for a, b in itertools.pairwise(t)][skip:]
 
 
+def cpu_per_step(run_dir: Path, skip: int = 2) -> dict[str, float]:
+    """Per rank (``rank0``, ...), the median CPU seconds its process spent per step (all threads:
+    the step events' ``cpu_s``), the first ``skip`` steps dropped; empty for a run without them."""
+    per: dict[int, list[float]] = {}
+    for e in map(json.loads, (run_dir / "metrics.jsonl").open()):
+        if e.get("event") == "step" and "cpu_s" in e:
+            per.setdefault(e["rank"], []).append(e["cpu_s"])
+    return {f"rank{r}": round(statistics.median(d[skip:]), 6)
+            for r, c in sorted(per.items()) if len(d := [b - a for a, b in itertools.pairwise(c)]) > skip}
+
+
 def span_stats(run_dir: Path, skip: int = 2) -> dict[str, dict[str, float]]:
     """Per rank (``rank1``, ...), each compute span's seconds per step — forward, backward,
     optimizer, a pipeline's actions summed over its micro-batches — and each communication span's,
@@ -118,6 +129,7 @@ def run_one(
     times = step_times(out)
     every = step_times(out, 0)
     spans = span_stats(out)
+    cpu = cpu_per_step(out)
     shutil.rmtree(out.parent, ignore_errors=True)
     return {
         **row,
@@ -125,6 +137,7 @@ def run_one(
         "step_times": times,
         "all_step_times": every,  # no warm-up dropped: the analysis may choose its window
         "spans": spans,  # each rank's compute per step, as its own trace timed it
+        "cpu_per_step": cpu,  # each rank's process CPU seconds per step (since 2026-11-30 04:10)
         "peak_rss_bytes": summary["peak_rss_bytes"],
         "in_run_prediction": summary.get("prediction"),
         "partition": (summary.get("strategy_metrics") or {}).get("partition"),  # what the runtime cut

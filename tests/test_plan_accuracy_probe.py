@@ -5,6 +5,7 @@ writes the trace; the figures are checked against the spans it holds."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import sys
@@ -48,6 +49,12 @@ def test_span_stats_is_each_rank_compute_per_step_after_warm_up(ps_run: Path) ->
                for s in steps[2:]}
         assert stats["rank1"][name] == pytest.approx(statistics.median(per.values()), abs=2e-6)
     assert pa.span_stats(ps_run, skip=len(steps)) == {"rank1": {}}  # nothing left after the warm-up
+    # each stepping rank's process CPU per step: the median difference of its step events' cpu_s
+    events = [json.loads(line) for line in (ps_run / "metrics.jsonl").read_text().splitlines()]
+    cpu = [e["cpu_s"] for e in events if e.get("event") == "step" and e["rank"] == 1]
+    diffs = [b - a for a, b in itertools.pairwise(cpu)]
+    assert all(d >= 0 for d in diffs)
+    assert pa.cpu_per_step(ps_run)["rank1"] == pytest.approx(statistics.median(diffs[2:]), abs=2e-6)
 
 
 def test_probe_scales_is_the_in_job_compute_over_the_profile(ps_run: Path, tmp_path: Path) -> None:
