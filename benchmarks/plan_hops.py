@@ -1,6 +1,7 @@
 """The testbed's time per message of a chain of messages, per operation, measured: what each hop of
-a ring all-reduce, a ring all-gather, a chain of point-to-point sends or a reduce-scatter sent
-directly (every part to its owner at once, as owt's backward does) costs beyond the planner's
+a ring all-reduce, a ring all-gather, a chain of point-to-point sends, a reduce-scatter sent
+directly (every part to its owner at once, as owt's backward does) or a shift (every rank to its
+successor at once, a pipeline's boundaries all busy) costs beyond the planner's
 α–β price when emulated hosts share this machine's cores (each hop waits for its receiver to be
 scheduled). `plan_accuracy.py --hops-from` prices the testbed with these figures.
 
@@ -14,8 +15,8 @@ is left out. Per job and case the mean time of the operation (all-reduce, all-ga
 ranks; p2p: rank 0's time for the ring of W sends); per case the median over jobs (min–max).
 hop = (measured − priced) / messages, priced by `plan.cost` on the testbed's links without shared
 cores (``ring_allreduce_s``, ``allgather_s``, W × ``Link.p2p_s``, ``Link.p2p_s`` of (W−1)/W of the
-bytes), messages per rank in turn: 2(W−1), W−1, W and W−1; the message's bytes: bytes/W, bytes/W,
-bytes and bytes/W.
+bytes, ``Link.p2p_s``), messages per rank in turn: 2(W−1), W−1, W, W−1 and 1; the message's bytes:
+bytes/W, bytes/W, bytes, bytes/W and bytes.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 from harness import write_results  # noqa: E402
 from plan_blocking import run_ranks  # noqa: E402
 
-OPS = ("allreduce", "allgather", "p2p", "direct")
+OPS = ("allreduce", "allgather", "p2p", "direct", "shift")
 
 
 def run_job(hosts: int, nic: str, cases: list[list[Any]], iterations: int) -> dict[str, Any]:
@@ -41,11 +42,12 @@ def run_job(hosts: int, nic: str, cases: list[list[Any]], iterations: int) -> di
 
 
 def messages(op: str, world: int) -> int:
-    return {"allreduce": 2 * (world - 1), "allgather": world - 1, "p2p": world, "direct": world - 1}[op]
+    return {"allreduce": 2 * (world - 1), "allgather": world - 1, "p2p": world, "direct": world - 1,
+            "shift": 1}[op]
 
 
 def message_bytes(op: str, nbytes: float, world: int) -> float:
-    return nbytes if op == "p2p" else nbytes / world
+    return nbytes if op in ("p2p", "shift") else nbytes / world
 
 
 def priced_s(op: str, nbytes: float, hosts: int, nic: str) -> float:
@@ -65,6 +67,8 @@ def priced_s(op: str, nbytes: float, hosts: int, nic: str) -> float:
         return allgather_s(nbytes, hosts, link)
     if op == "direct":  # all W−1 parts in flight at once: one α, (W−1)/W of the bytes
         return link.p2p_s((hosts - 1) / hosts * nbytes)
+    if op == "shift":  # one message each way on every link at once
+        return link.p2p_s(nbytes)
     return hosts * link.p2p_s(nbytes)
 
 

@@ -6,7 +6,9 @@ CASES_JSON: a list of [op, bytes]; op is ``allreduce`` (a float32 tensor of ``by
 (each rank gives ``bytes`` / W), ``p2p`` (a ring of blocking sends: rank 0 sends ``bytes`` to rank 1,
 each rank passes what it received on, rank W−1 back to rank 0 — W messages one after another) or
 ``direct`` (a reduce-scatter sent directly, as `shard_collectives.reduce_scatter` does: every rank
-posts its W−1 parts of ``bytes`` / W to their owners and a receive from each, then waits on all).
+posts its W−1 parts of ``bytes`` / W to their owners and a receive from each, then waits on all) or
+``shift`` (every rank at once sends ``bytes`` to its successor and receives from its predecessor:
+a pipeline's boundaries all busy together).
 Per case ITERATIONS iterations back to back, the cases interleaved in rounds of 5 (the order
 reversed every other round), a barrier before each round. Per iteration: this rank's time in the
 operation (p2p: rank 0's time for the whole ring). Rank 0 writes OUT_DIR/times.json.
@@ -34,6 +36,11 @@ def run_op(op: str, t: torch.Tensor, parts: list[torch.Tensor], rank: int, world
         peers = [q for q in range(world) if q != rank]
         bufs = {q: torch.empty_like(parts[rank]) for q in peers}
         works = [dist.irecv(bufs[q], q) for q in peers] + [dist.isend(parts[q], q) for q in peers]
+        for w in works:
+            w.wait()
+    elif op == "shift":  # every rank at once to its successor, from its predecessor
+        got = torch.empty_like(t)
+        works = [dist.irecv(got, (rank - 1) % world), dist.isend(t, (rank + 1) % world)]
         for w in works:
             w.wait()
     elif rank == 0:
