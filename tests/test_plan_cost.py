@@ -206,6 +206,8 @@ def test_direct_exchange_by_hand() -> None:
     assert Cluster.parse("hosts=2,hop=1.3ms").direct_hop == pytest.approx(1.3e-3)
     with pytest.raises(ConfigError, match=r"'direct_hop' is '5'.*direct_hop=5us"):
         Cluster.parse("hosts=2,direct_hop=5")
+    woken = Cluster.parse("hosts=2,cores=2,wake=1ms")
+    assert woken.wake_s == pytest.approx(1e-3) and "1 ms to wake a waiting rank" in woken.describe()
 
 
 def test_owt_scatters_all_gathers_but_the_last() -> None:

@@ -88,6 +88,21 @@ def test_shared_cores_by_hand() -> None:
     assert spans == pytest.approx({1.0: 8.0, 1.5: 20 / 3, 2.0: 6.0})
 
 
+def test_a_waiting_stage_is_woken_late_by_hand() -> None:
+    """``wake_s``: a stage already waiting when its message arrives starts that much later; a stage
+    still computing when it arrives pays nothing. gpipe, 2 stages, 1 micro-batch, 1 s actions,
+    0.5 s messages, wake 0.25 s: F0 0–1, stage 1 waits, starts 1.5 + 0.25; B1 1.75+1 → 3.75; the
+    gradient arrives 4.25, stage 0 waiting: 4.5–5.5 (5 s without)."""
+    times = StageTimes((1.0, 1.0), (1.0, 1.0), (0.5,))
+    assert makespan_s(pipeline_timeline("gpipe", times, 1, cores=2.0, wake_s=0.25)) == pytest.approx(5.5)
+    assert makespan_s(pipeline_timeline("gpipe", times, 1, cores=2.0)) == pytest.approx(5.0)
+    # stage 1 is still computing its first forward when the second micro-batch arrives: no wake
+    busy = StageTimes((0.1, 1.0), (0.1, 1.0), (0.1,))
+    row = pipeline_timeline("gpipe", busy, 2, cores=2.0, wake_s=0.25)[1]
+    (_, f0, f0_end), (_, f1, _) = row[0], row[1]
+    assert (f0, f1) == pytest.approx((0.2 + 0.25, f0_end))
+
+
 @pytest.mark.parametrize("name", schedule_names())
 def test_shared_cores_enough_equals_own_cores(name: str) -> None:
     """With a core per stage the shared-core clock is the plain one, action for action; with fewer

@@ -19,6 +19,9 @@
   its process (gloo on the testbed: ~1.3 ms, measured by `benchmarks/plan_hops.py`; 0 by default);
 - ``direct_hop``: the same per message of a direct exchange, whose n−1 sends and receives are all in
   flight at once (owt's reduce-scatters; gloo on the testbed: ~0.9 ms; default: ``hop``);
+- ``wake``: on shared cores, how late a rank blocked on a point-to-point message is woken while
+  other ranks run — a pipeline stage that waits for its neighbour pays it (the testbed: ~1 ms,
+  `benchmarks/plan_hops.py`'s ``shift`` case; 0 by default);
 - ``collectives``: the all-reduce algorithms the collective library chooses among: ``auto`` (default:
   the fastest of ring, tree and two-level, as NCCL picks) or ``ring`` (gloo, whose all-reduce is
   always a ring: 2(n−1) steps whatever the size; polytrain's CPU runs and the testbed);
@@ -44,7 +47,7 @@ _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 FIELDS = (
     "hosts", "procs_per_host", "nic", "intra", "latency", "intra_latency", "cores", "burst", "call", "hop",
-    "direct_hop", "collectives",
+    "direct_hop", "wake", "collectives",
 )
 COLLECTIVES = ("auto", "ring")
 EXAMPLE = "hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,latency=5us"
@@ -97,6 +100,7 @@ class Cluster:
     call_s: float = 0.0  # a rank's own time per collective call, beyond its messages (see plan.cost)
     hop_s: float = 0.0  # a rank's own time per step of a collective, beyond α (see plan.cost)
     direct_hop_s: float | None = None  # the same per message of a direct exchange; None: hop_s
+    wake_s: float = 0.0  # on shared cores, a blocked receiver's late wake-up (see plan.simulate)
     collectives: str = "auto"  # all-reduce algorithms: "auto" (NCCL's choice) or "ring" (gloo's only)
 
     def __post_init__(self) -> None:
@@ -137,6 +141,8 @@ class Cluster:
         hop = f", {self.hop_s * 1e3:g} ms per collective step" if self.hop_s else ""
         if self.direct_hop_s is not None:
             hop += f", {self.direct_hop_s * 1e3:g} ms per direct message"
+        if self.wake_s:
+            hop += f", {self.wake_s * 1e3:g} ms to wake a waiting rank"
         ring = ", ring all-reduce only" if self.collectives == "ring" else ""
         return (
             f"{self.hosts} host(s) x {self.procs_per_host} proc(s), NIC {self.nic_bps * 8 / 1e9:g} "
@@ -157,6 +163,7 @@ class Cluster:
             "call_s": self.call_s,
             "hop_s": self.hop_s,
             "direct_hop_s": self.direct_hop,
+            "wake_s": self.wake_s,
             "collectives": self.collectives,
         }
 
@@ -191,6 +198,8 @@ class Cluster:
             out["call_s"] = parse_seconds(values["call"], "call")
         if "hop" in values:
             out["hop_s"] = parse_seconds(values["hop"], "hop")
+        if "wake" in values:
+            out["wake_s"] = parse_seconds(values["wake"], "wake")
         if "direct_hop" in values:
             out["direct_hop_s"] = parse_seconds(values["direct_hop"], "direct_hop")
         if "collectives" in values:

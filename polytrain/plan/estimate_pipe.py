@@ -91,7 +91,7 @@ def pipeline(
             tuple(b + u for (_, b), u in zip(fb, updates, strict=True)),
             messages,
         )
-        est = pipeline_step(schedule, times, count, cores)
+        est = pipeline_step(schedule, times, count, cores, cl.wake_s)
         work = sum(e - s for row in est.timeline.values() for _, s, e in row)
         span = max((row[-1][2] for row in est.timeline.values() if row), default=0.0)
         busy = dp * work / span if span > 0 else 1.0

@@ -61,10 +61,10 @@ def schedule_orders(schedule: str, stages: int, microbatches: int) -> Orders:
 
 
 def pipeline_timeline(
-    schedule: str, times: StageTimes, microbatches: int, cores: float | None = None
+    schedule: str, times: StageTimes, microbatches: int, cores: float | None = None, wake_s: float = 0.0
 ) -> Timeline:
     """(action, start, end) per stage for one run of ``schedule`` over ``microbatches``; ``cores``:
-    the stages share that many cores (`shared_times`), None: each has its own."""
+    the stages share that many cores (`shared_times`, with ``wake_s``), None: each has its own."""
     orders = schedule_orders(schedule, times.stages, microbatches)
     durations = {
         a: (times.forward_s if a.op == "F" else times.backward_s)[a.stage]
@@ -77,7 +77,7 @@ def pipeline_timeline(
 
     if cores is None:
         return simulate_times(orders, durations, message, queue=True)
-    return shared_times(orders, durations, message, cores)
+    return shared_times(orders, durations, message, cores, wake_s)
 
 
 def shared_times(
@@ -85,11 +85,14 @@ def shared_times(
     durations: dict[Action, float],
     message: Callable[[Action, Action], float],
     cores: float,
+    wake_s: float = 0.0,
 ) -> Timeline:
     """`simulate_times` (with queued links) when the stages share ``cores`` cores: an event clock
     on which the n actions computing at once each progress at min(1, cores/n) of full speed
-    (processor sharing, as the OS shares cores among busy ranks); a message takes no core. With
-    ``cores`` ≥ the number of stages this is `simulate_times(..., queue=True)` exactly."""
+    (processor sharing, as the OS shares cores among busy ranks); a message takes no core. A stage
+    already waiting when its message arrives starts ``wake_s`` later (a blocked receiver is woken
+    late while other ranks run: `Cluster.wake_s`); one still busy pays nothing. With ``cores`` ≥
+    the number of stages and no ``wake_s`` this is `simulate_times(..., queue=True)` exactly."""
     check_rows(orders)
     stages = len(orders)
     consumers: dict[Action, list[Action]] = {}
@@ -103,16 +106,23 @@ def shared_times(
     link_free: dict[tuple[int, int], float] = {}
     running: dict[int, tuple[Action, float, float]] = {}  # stage -> (action, start, work left)
     out: Timeline = {s: [] for s in sorted(orders)}
+    idle_since = dict.fromkeys(orders, 0.0)  # when each stage's last action ended
     now = 0.0
 
     def ready_at(s: int) -> float | None:
         a = orders[s][pos[s]]
-        times = []
+        local, messages = [0.0], [0.0]
         for d in needs(a, stages):
             if d not in done:
                 return None
-            times.append(done[d] if d.stage == s else arrived[(d, a)])
-        return max(times, default=0.0)
+            if d.stage == s:
+                local.append(done[d])
+            else:
+                messages.append(arrived[(d, a)])
+        last = max(messages)
+        if wake_s and last >= max(local) and last > idle_since[s]:
+            return last + wake_s  # the stage sat blocked on this message: it is woken late
+        return max(last, max(local))
 
     while True:
         waiting = {
@@ -141,7 +151,7 @@ def shared_times(
                 continue
             del running[s]
             out[s].append((a, t0, step))
-            done[a] = step
+            done[a] = idle_since[s] = step
             pos[s] += 1
             for c in consumers.get(a, []):
                 if c.stage != s:
@@ -169,17 +179,17 @@ class PipelineEstimate:
 
 
 def pipeline_step(
-    schedule: str, times: StageTimes, microbatches: int, cores: float | None = None
+    schedule: str, times: StageTimes, microbatches: int, cores: float | None = None, wake_s: float = 0.0
 ) -> PipelineEstimate:
     """Flush schedules: one mini-batch's makespan. Stream schedules: the steady-state slope.
-    ``cores``: as `pipeline_timeline`."""
+    ``cores``, ``wake_s``: as `pipeline_timeline`."""
     spec = get_schedule(schedule)
     if spec.flush:
-        timeline = pipeline_timeline(schedule, times, microbatches, cores)
+        timeline = pipeline_timeline(schedule, times, microbatches, cores, wake_s)
         return PipelineEstimate(makespan_s(timeline), timed_bubble(timeline), timeline)
     short, long = 2 * times.stages, 4 * times.stages
-    first = pipeline_timeline(schedule, times, short, cores)
-    second = pipeline_timeline(schedule, times, long, cores)
+    first = pipeline_timeline(schedule, times, short, cores, wake_s)
+    second = pipeline_timeline(schedule, times, long, cores, wake_s)
     slope = (makespan_s(second) - makespan_s(first)) / (long - short)
     return PipelineEstimate(slope, timed_bubble(second), first)
 
