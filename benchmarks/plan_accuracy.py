@@ -206,7 +206,7 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
             pass_overheads: dict[str, float] | None = None, fit_scale: bool = False,
             one_scale: bool = False, fit_action: bool = False, fit_pass: bool = False,
             hops_from: Path | None = None, no_requests: bool = False,
-            requests_from: list[Path] | None = None) -> None:
+            requests_from: list[Path] | None = None, wake: bool = False) -> None:
     """Fit on the calibration half, report both halves; ``profiled``: the raw file whose stored
     profiles to use (default ``raw``'s own); ``pass_overheads``: per model, measured
     (`plan_overhead.py`), instead of one fitted number; the compute scale is measured by the
@@ -239,7 +239,8 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
     measured = {} if fit_scale else probe_scales(raw, profiles, split=not one_scale)
     actions = {} if fit_action else probe_action_overheads(raw)
     passes = pass_overheads or ({} if fit_pass else probe_pass_overheads(raw))
-    hop = testbed_hops(json.loads(hops_from.read_text())) if hops_from else 0.0
+    # ``wake``: a waiting pipeline stage's late wake-up too, from the record's shift cases
+    hop = testbed_hops(json.loads(hops_from.read_text()), wake) if hops_from else 0.0
     calibration = [r for r in rows if r["scenario"] in calib]
     params = fit(calibration, profiles, passes or None, measured or None, actions or None, hop)
     # a parameter server's own time per request, from the pass's ps probes priced with the rest of
@@ -404,6 +405,8 @@ def main() -> None:
                    "pass even where the pass's step probes measured it")
     p.add_argument("--hops-from", help="analyse: price each collective step with the time this "
                    "plan_hops.py results file measured (Cluster.hop_s)")
+    p.add_argument("--wake", action="store_true", help="analyse: price a waiting pipeline stage's "
+                   "late wake-up with the --hops-from record's shift cases (Cluster.wake_s)")
     p.add_argument("--no-requests", action="store_true", help="analyse: no parameter-server time "
                    "per request (as before 2026-11-30 01:30), even where the pass's ps probes measure it")
     p.add_argument("--requests-from", nargs="+", help="analyse: price a parameter server's time per "
@@ -438,7 +441,7 @@ def main() -> None:
     runs = json.loads(raw.read_text())
     analyse(runs, a.name, profiled, measured, a.fit_scale, a.one_scale, a.fit_action, a.fit_pass,
             Path(a.hops_from) if a.hops_from else None, a.no_requests,
-            [Path(f) for f in a.requests_from] if a.requests_from else None)
+            [Path(f) for f in a.requests_from] if a.requests_from else None, a.wake)
     if a.drift_from:
         write_drift(json.loads(Path(a.drift_from).read_text()), runs, a.name)
 

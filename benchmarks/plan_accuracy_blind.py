@@ -299,7 +299,9 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy_blind", frozen_file:
         if hops_file is None:
             raise SystemExit(f"{frozen_file.name} prices collective steps measured by plan_hops.py: "
                              "give this set's own measurement with --hops-from FILE")
-        hop = testbed_hops(json.loads(hops_file.read_text()))
+        # a fit that priced a waiting stage's wake-up (three figures) takes the set's own too
+        wake = isinstance(hop, list) and len(hop) == 3
+        hop = testbed_hops(json.loads(hops_file.read_text()), wake)
     # and a fit whose parameter server's time per request its ps probes measured: this set's own
     # probes measure it, priced with the rest of the frozen fit
     requests = c.get("ps_request_s") or {}

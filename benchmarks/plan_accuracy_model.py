@@ -17,7 +17,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-# the testbed's time per collective step, or (that, per message of a direct exchange or None)
+# the testbed's time per collective step, or (that, per message of a direct exchange or None[, a
+# waiting pipeline stage's wake-up])
 Hop = float | tuple[float, float | None] | list[Any]
 
 MODELS = {
@@ -113,12 +114,13 @@ def testbed_cluster(
     per host, ``alpha`` added to every message's α, the machine's cores less ``per_host`` per host
     shared by all ranks, ``call`` seconds per collective call (`Cluster.call_s`), ``hop`` seconds per
     collective step (`Cluster.hop_s`, measured by `plan_hops.py`), or (that, seconds per message of a
-    direct exchange: `Cluster.direct_hop_s`, None: the same; `plan_hops.testbed_hops`)."""
+    direct exchange: `Cluster.direct_hop_s`, None: the same; and a waiting pipeline stage's late
+    wake-up: `Cluster.wake_s`; `plan_hops.testbed_hops`)."""
     from polytrain.plan.cluster import parse_rate
     from polytrain.plan.predict import run_cluster
 
     cluster = run_cluster(hosts, {"hosts": hosts, "rate_bits_per_s": 8 * parse_rate(nic, "nic")})
-    collective, direct = (hop[0], hop[1]) if isinstance(hop, list | tuple) else (hop, None)
+    collective, direct, wake = (*hop, 0.0)[:3] if isinstance(hop, list | tuple) else (hop, None, 0.0)
     return dataclasses.replace(
         cluster,
         procs_per_host=1,
@@ -128,6 +130,7 @@ def testbed_cluster(
         call_s=call,
         hop_s=collective,
         direct_hop_s=direct,
+        wake_s=wake or 0.0,
     )
 
 

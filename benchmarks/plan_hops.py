@@ -116,11 +116,20 @@ def collective_hop(record: dict[str, Any]) -> float:
     return statistics.median(h for op in ("allreduce", "allgather") for _, _, h in record["hops"][op])
 
 
-def testbed_hops(record: dict[str, Any]) -> tuple[float, float | None]:
+def testbed_hops(record: dict[str, Any], wake: bool = False) -> tuple[float, ...]:
     """(`collective_hop`, the median hop of its direct exchanges' cases: `Cluster.direct_hop_s`; None
-    for a record from before they were measured, which prices them as collective steps)."""
+    for a record from before they were measured, which prices them as collective steps); with
+    ``wake``, and the median hop of its shift cases of at most 32 kB (`Cluster.wake_s`: a waiting
+    stage's late wake-up; the bigger messages' hops also carry their shaped link's refill)."""
     direct = [h for _, _, h in record["hops"].get("direct", [])]
-    return collective_hop(record), statistics.median(direct) if direct else None
+    out = (collective_hop(record), statistics.median(direct) if direct else None)
+    if not wake:
+        return out
+    shift = [h for _, size, h in record["hops"].get("shift", []) if size <= 32768]
+    if not shift:
+        raise SystemExit("this plan_hops record has no shift case of at most 32 kB: measure with "
+                         "plan_hops.py --bytes 4096,32768,...")
+    return (*out, statistics.median(shift))
 
 
 def main() -> None:
