@@ -238,6 +238,9 @@ BLIND12: list[tuple[Any, ...]] = [pa.SCENARIOS[i] for i in (1, 3, 5, 7, 9, 11)]
 # under the model of 2026-11-30 03:20 (owt's backward as its runtime sends it; parameter servers'
 # time per request from plan_ps_requests.py's table by workers)
 BLIND13: list[tuple[Any, ...]] = list(BLIND12)
+# the fourteenth: the same half again, priced with the seventh pass's fit under the model of
+# 2026-11-30 05:00 (a waiting pipeline stage's wake-up, from plan_hops' shift cases)
+BLIND14: list[tuple[Any, ...]] = list(BLIND12)
 SETS = {  # --set: scenarios, raw runs, results name
     1: (BLIND, pa.HERE / "results" / "plan_accuracy_blind_raw.json", "plan_accuracy_blind"),
     2: (BLIND2, pa.HERE / "results" / "plan_accuracy_blind2_raw.json", "plan_accuracy_blind2"),
@@ -252,6 +255,7 @@ SETS = {  # --set: scenarios, raw runs, results name
     11: (BLIND11, pa.HERE / "results" / "plan_accuracy_blind11_raw.json", "plan_accuracy_blind11"),
     12: (BLIND12, pa.HERE / "results" / "plan_accuracy_blind12_raw.json", "plan_accuracy_blind12"),
     13: (BLIND13, pa.HERE / "results" / "plan_accuracy_blind13_raw.json", "plan_accuracy_blind13"),
+    14: (BLIND14, pa.HERE / "results" / "plan_accuracy_blind14_raw.json", "plan_accuracy_blind14"),
 }
 FROZEN = pa.HERE / "results" / "plan_accuracy.json"  # the first pass's fit: sets 1-4 were frozen against it
 FROZEN_OF = {  # the second pass's fit (set 5), the third's (set 6), the fourth's (set 7)
@@ -264,11 +268,13 @@ FROZEN_OF = {  # the second pass's fit (set 5), the third's (set 6), the fourth'
     11: pa.HERE / "results" / "plan_accuracy_1129e_hops.json",  # the sixth, with measured collective steps
     12: pa.HERE / "results" / "plan_accuracy_1129f_1130.json",  # the seventh, the model of 2026-11-30
     13: pa.HERE / "results" / "plan_accuracy_1129f_1130b.json",  # the seventh, request times by workers
+    14: pa.HERE / "results" / "plan_accuracy_1129f_1130d.json",  # the seventh, waiting stages woken late
 }
 HOPS_OF = {  # measured just before the set ran
     11: pa.HERE / "results" / "plan_hops_1129.json",
     12: pa.HERE / "results" / "plan_hops_1130.json",
     13: pa.HERE / "results" / "plan_hops_1130c.json",
+    14: pa.HERE / "results" / "plan_hops_14.json",  # --bytes 4096,32768,262144: it needs shift cases
 }
 
 

@@ -185,6 +185,7 @@ def test_the_tenth_blind_set_is_the_draw() -> None:
     assert draw(11, ["325mbit", "675mbit", "875mbit"]) == blind.BLIND11
     # the twelfth: the pass's held-back half as it stands
     assert [blind.pa.SCENARIOS[i] for i in range(1, len(blind.pa.SCENARIOS), 2)] == blind.BLIND12
+    assert blind.BLIND13 == blind.BLIND14 == blind.BLIND12  # the same half, measured afresh
 
 
 def test_collective_hop_is_the_median_collective_step() -> None:
