@@ -54,9 +54,7 @@ from plan_accuracy_model import (  # noqa: E402
     STEP_PROBES,
     add_display_columns,
     crossover,
-    drift,
     fit,
-    in_job_compute,
     load_requests,
     merge_repeats,
     model_config,
@@ -70,7 +68,7 @@ from plan_accuracy_model import (  # noqa: E402
     stored_profiles,
 )
 from plan_accuracy_runs import PROBES, run_one  # noqa: E402
-from plan_accuracy_traces import write_executor  # noqa: E402
+from plan_accuracy_traces import drift, in_job_compute, write_executor  # noqa: E402
 from plan_hops import testbed_hops  # noqa: E402
 
 # (model, hosts, nic, [(strategy, --set options)])
@@ -374,7 +372,7 @@ def write_compute(raw: dict[str, Any], profiles: dict[str, Any], name: str) -> d
 
 
 def write_drift(before: dict[str, Any], after: dict[str, Any], name: str) -> None:
-    """Two passes of the same pairs side by side (`plan_accuracy_model.drift`)."""
+    """Two passes of the same pairs side by side (`plan_accuracy_traces.drift`)."""
     from harness import write_results
 
     rows, summary = drift(before, after)
