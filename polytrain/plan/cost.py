@@ -166,15 +166,20 @@ def two_level_allreduce_s(
     return 2 * allgather_s(nbytes, k, intra) + ring_allreduce_s(nbytes / k, hosts, inter)
 
 
+def group_link(cluster: Cluster, ranks: Sequence[int], nic_share: int = 1) -> Link:
+    """The link a group's messages cross — intra-host within one host, else the NIC — with each
+    message's α waiting on the machine's contention (`shared_cores`)."""
+    cluster = shared_cores(cluster, cluster.world)
+    return intra_link(cluster) if hosts_of(cluster, ranks) <= 1 else nic_link(cluster, nic_share)
+
+
 def group_allgather_s(
     total_bytes: float, ranks: Sequence[int], cluster: Cluster, nic_share: int = 1
 ) -> float:
     if len(ranks) <= 1 or total_bytes <= 0:
         return 0.0
     own = call_s(cluster, len(ranks) - 1)
-    cluster = shared_cores(cluster, cluster.world)
-    link = intra_link(cluster) if hosts_of(cluster, ranks) <= 1 else nic_link(cluster, nic_share)
-    return own + allgather_s(total_bytes, len(ranks), link)
+    return own + allgather_s(total_bytes, len(ranks), group_link(cluster, ranks, nic_share))
 
 
 def direct_exchange_s(
@@ -187,9 +192,7 @@ def direct_exchange_s(
     if len(ranks) <= 1 or total_bytes <= 0:
         return 0.0
     own = call_s(cluster) + (len(ranks) - 1) * cluster.direct_hop
-    cluster = shared_cores(cluster, cluster.world)
-    link = intra_link(cluster) if hosts_of(cluster, ranks) <= 1 else nic_link(cluster, nic_share)
-    return own + link.p2p_s((len(ranks) - 1) / len(ranks) * total_bytes)
+    return own + group_link(cluster, ranks, nic_share).p2p_s((len(ranks) - 1) / len(ranks) * total_bytes)
 
 
 def p2p_s(nbytes: float, a: int, b: int, cluster: Cluster, nic_share: int = 1) -> float:
