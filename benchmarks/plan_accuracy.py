@@ -419,6 +419,10 @@ def main() -> None:
     p.add_argument("--budget-min", type=float, default=math.inf,
                    help="start no run that could end after this many minutes (a chunk under a lock)")
     a = p.parse_args()
+    if a.wake and not a.hops_from:
+        p.error("--wake prices the wake-up from the --hops-from record's shift cases: give --hops-from FILE")
+    if a.requests_from and a.no_requests:
+        p.error("--requests-from prices the servers' request time and --no-requests prices none: give one")
     if a.profile_model:
         from polytrain.plan.predict import cached_profile
 

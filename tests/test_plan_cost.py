@@ -208,6 +208,8 @@ def test_direct_exchange_by_hand() -> None:
         Cluster.parse("hosts=2,direct_hop=5")
     woken = Cluster.parse("hosts=2,cores=2,wake=1ms")
     assert woken.wake_s == pytest.approx(1e-3) and "1 ms to wake a waiting rank" in woken.describe()
+    with pytest.raises(ConfigError, match=r"'wake' is 1 ms with no 'cores'.*cores=2,wake=1ms"):
+        Cluster.parse("hosts=2,wake=1ms")
 
 
 def test_owt_scatters_all_gathers_but_the_last() -> None:

@@ -104,6 +104,12 @@ class Cluster:
     collectives: str = "auto"  # all-reduce algorithms: "auto" (NCCL's choice) or "ring" (gloo's only)
 
     def __post_init__(self) -> None:
+        if self.wake_s and self.cores is None:
+            raise ConfigError(
+                f"--cluster field 'wake' is {self.wake_s * 1e3:g} ms with no 'cores'. Rule: a waiting "
+                f"rank is woken late only where all ranks share cores. Fix: add cores=N (e.g. "
+                f"cores=2,wake=1ms) or drop wake."
+            )
         if self.collectives not in COLLECTIVES:
             raise ConfigError(
                 f"--cluster field 'collectives' is '{self.collectives}'. Rule: one of "
