@@ -10,6 +10,8 @@ more CPU for the same work.
 Pairs interleaved over ``--repeats`` rounds; each run via `plan_accuracy_runs.run_one` (the first 2
 steps left out). Per run: step (median), CPU per step summed over ranks, that over the step (the
 cores the ranks used), and per rank CPU, compute (forward + backward) and receive wait per step.
+The step is the first stepping rank's: cores_used means the job's pace only where the ranks step
+together (a pipeline, a collective each step) — not for ranks that never synchronise.
 """
 
 from __future__ import annotations
