@@ -1,22 +1,24 @@
 """The testbed's time per message of a chain of messages, per operation, measured: what each hop of
 a ring all-reduce, a ring all-gather, a chain of point-to-point sends, a reduce-scatter sent
 directly (every part to its owner at once, as owt's backward does) or a shift (every rank to its
-successor at once, a pipeline's boundaries all busy) costs beyond the planner's
+successor at once, a pipeline's boundaries all busy) or a relay (the point-to-point chain sent as a
+pipeline stage sends: receives posted ahead, ``isend``) or a shift so posted costs beyond the planner's
 α–β price when emulated hosts share this machine's cores (each hop waits for its receiver to be
 scheduled). `plan_accuracy.py --hops-from` prices the testbed with these figures.
 
     sudo .venv/bin/python benchmarks/plan_hops.py [--hosts 2,4,8] [--nic 1gbit]
-        [--bytes 4096,262144] [--iterations 30] [--repeats 5] [--name plan_hops]
+        [--bytes 4096,262144] [--ops allreduce,...] [--iterations 30] [--repeats 5] [--name plan_hops]
 
 One process per emulated host (``polytrain.launch.testbed``, one torch thread each); per host count
 ``--repeats`` jobs (a fresh testbed each, host counts interleaved), each running every (operation,
 bytes) case back to back, interleaved in rounds of 5 (``plan_hops_rank.py``); the first of each round
 is left out. Per job and case the mean time of the operation (all-reduce, all-gather: the median over
-ranks; p2p: rank 0's time for the ring of W sends); per case the median over jobs (min–max).
+ranks; p2p, relay: rank 0's time for the ring of W sends); per case the median over jobs (min–max).
 hop = (measured − priced) / messages, priced by `plan.cost` on the testbed's links without shared
 cores (``ring_allreduce_s``, ``allgather_s``, W × ``Link.p2p_s``, ``Link.p2p_s`` of (W−1)/W of the
-bytes, ``Link.p2p_s``), messages per rank in turn: 2(W−1), W−1, W, W−1 and 1; the message's bytes:
-bytes/W, bytes/W, bytes, bytes/W and bytes.
+bytes, ``Link.p2p_s``, W × ``Link.p2p_s``, ``Link.p2p_s``), messages per rank in turn: 2(W−1), W−1, W,
+W−1, 1, W and 1; the message's bytes: bytes/W, bytes/W, bytes, bytes/W, bytes, bytes and bytes.
+``--ops``: the operations measured (default: all).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 from harness import write_results  # noqa: E402
 from plan_blocking import run_ranks  # noqa: E402
 
-OPS = ("allreduce", "allgather", "p2p", "direct", "shift")
+OPS = ("allreduce", "allgather", "p2p", "direct", "shift", "relay", "posted_shift")
 
 
 def run_job(hosts: int, nic: str, cases: list[list[Any]], iterations: int) -> dict[str, Any]:
@@ -43,11 +45,11 @@ def run_job(hosts: int, nic: str, cases: list[list[Any]], iterations: int) -> di
 
 def messages(op: str, world: int) -> int:
     return {"allreduce": 2 * (world - 1), "allgather": world - 1, "p2p": world, "direct": world - 1,
-            "shift": 1}[op]
+            "shift": 1, "relay": world, "posted_shift": 1}[op]
 
 
 def message_bytes(op: str, nbytes: float, world: int) -> float:
-    return nbytes if op in ("p2p", "shift") else nbytes / world
+    return nbytes if op in ("p2p", "shift", "relay", "posted_shift") else nbytes / world
 
 
 def priced_s(op: str, nbytes: float, hosts: int, nic: str) -> float:
@@ -67,7 +69,7 @@ def priced_s(op: str, nbytes: float, hosts: int, nic: str) -> float:
         return allgather_s(nbytes, hosts, link)
     if op == "direct":  # all W−1 parts in flight at once: one α, (W−1)/W of the bytes
         return link.p2p_s((hosts - 1) / hosts * nbytes)
-    if op == "shift":  # one message each way on every link at once
+    if op in ("shift", "posted_shift"):  # one message each way on every link at once
         return link.p2p_s(nbytes)
     return hosts * link.p2p_s(nbytes)
 
@@ -77,7 +79,8 @@ def job_means(res: dict[str, Any]) -> dict[tuple[str, int], float]:
     for key in sorted({(x["op"], int(x["bytes"])) for x in res["rows"]}):
         mine = [x for x in res["rows"] if (x["op"], int(x["bytes"])) == key]
         steady = [x for i, x in enumerate(mine) if i % 5 != 0]
-        each = [x["s_ranks"][0] if key[0] == "p2p" else statistics.median(x["s_ranks"]) for x in steady]
+        chain = key[0] in ("p2p", "relay")  # rank 0's time for the ring; otherwise each rank's
+        each = [x["s_ranks"][0] if chain else statistics.median(x["s_ranks"]) for x in steady]
         out[key] = statistics.mean(each)
     return out
 
@@ -137,12 +140,16 @@ def main() -> None:
     p.add_argument("--hosts", default="2,4,8")
     p.add_argument("--nic", default="1gbit")
     p.add_argument("--bytes", default="4096,262144")
+    p.add_argument("--ops", default=",".join(OPS), help="operations to measure, comma-separated")
     p.add_argument("--iterations", type=int, default=30)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--name", default="plan_hops")
     a = p.parse_args()
+    ops = a.ops.split(",")
+    if unknown := [op for op in ops if op not in OPS]:
+        p.error(f"--ops: unknown operation(s) {', '.join(unknown)}; choose from {', '.join(OPS)}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    cases = [[op, int(b)] for op in OPS for b in a.bytes.split(",")]
+    cases = [[op, int(b)] for op in ops for b in a.bytes.split(",")]
     host_counts = [int(h) for h in a.hosts.split(",")]
     raw: dict[str, list[dict[str, Any]]] = {}
     for r in range(a.repeats):

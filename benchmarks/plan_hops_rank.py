@@ -8,7 +8,10 @@ each rank passes what it received on, rank W−1 back to rank 0 — W messages o
 ``direct`` (a reduce-scatter sent directly, as `shard_collectives.reduce_scatter` does: every rank
 posts its W−1 parts of ``bytes`` / W to their owners and a receive from each, then waits on all) or
 ``shift`` (every rank at once sends ``bytes`` to its successor and receives from its predecessor:
-a pipeline's boundaries all busy together).
+a pipeline's boundaries all busy together) or ``relay`` (the p2p ring sent as a pipeline's stages
+send: each rank keeps a receive from its predecessor posted ahead, waits on it, passes the tensor on
+with ``isend`` and posts the next receive; rank 0 starts each ring) or ``posted_shift`` (the shift
+with each receive posted ahead so).
 Per case ITERATIONS iterations back to back, the cases interleaved in rounds of 5 (the order
 reversed every other round), a barrier before each round. Per iteration: this rank's time in the
 operation (p2p: rank 0's time for the whole ring). Rank 0 writes OUT_DIR/times.json.
@@ -20,6 +23,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,6 +55,33 @@ def run_op(op: str, t: torch.Tensor, parts: list[torch.Tensor], rank: int, world
         dist.send(t, (rank + 1) % world)
 
 
+def posted_round(
+    op: str, t: torch.Tensor, rank: int, world: int, nbytes: int, r: int
+) -> list[dict[str, Any]]:
+    """ROUND iterations of ``relay`` or ``posted_shift``, each rank's receive posted before the
+    barrier and again as soon as the last one is consumed (as a pipeline stage's inbox keeps it):
+    per iteration this rank's time (relay: the ring's)."""
+    prev, nxt = (rank - 1) % world, (rank + 1) % world
+    got = torch.empty_like(t)
+    posted = dist.irecv(got, prev)
+    dist.barrier()
+    rows: list[dict[str, Any]] = []
+    for i in range(ROUND):
+        t0 = time.perf_counter()
+        if rank == 0 or op == "posted_shift":
+            sent = dist.isend(t, nxt)
+            posted.wait()
+        else:
+            posted.wait()
+            sent = dist.isend(got, nxt)
+        sent.wait()
+        if i + 1 < ROUND:
+            got = torch.empty_like(t)
+            posted = dist.irecv(got, prev)
+        rows.append({"op": op, "bytes": nbytes, "round": r, "s": time.perf_counter() - t0})
+    return rows
+
+
 def main() -> None:
     out, cases, iterations = Path(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
     torch.set_num_threads(1)
@@ -63,6 +94,9 @@ def main() -> None:
     rows: list[dict[str, float | str]] = []
     for r in range(iterations // ROUND):
         for op, nbytes in cases if r % 2 == 0 else cases[::-1]:
+            if op in ("relay", "posted_shift"):
+                rows += posted_round(op, tensors[int(nbytes)], rank, world, nbytes, r)
+                continue
             dist.barrier()
             for _ in range(ROUND):
                 t0 = time.perf_counter()

@@ -200,8 +200,8 @@ def test_collective_hop_is_the_median_collective_step() -> None:
         {"op": "p2p", "hosts": 4, "message_bytes": 4096, "hop_s": 0.0},
     ]
     assert collective_hop({"hops": hop_table(rows)}) == pytest.approx(1.2e-3)
-    ops = ("allreduce", "allgather", "p2p", "direct", "shift")
-    assert [messages(op, 8) for op in ops] == [14, 7, 8, 7, 1]
+    ops = ("allreduce", "allgather", "p2p", "direct", "shift", "relay", "posted_shift")
+    assert [messages(op, 8) for op in ops] == [14, 7, 8, 7, 1, 8, 1]
 
 
 def test_span_stats_keeps_the_ddp_hooks_all_reduce_per_step(tmp_path: Path) -> None:
