@@ -89,18 +89,21 @@ def test_shared_cores_by_hand() -> None:
 
 
 def test_a_waiting_stage_is_woken_late_by_hand() -> None:
-    """``wake_s``: a stage already waiting when its message arrives starts that much later; a stage
-    still computing when it arrives pays nothing. gpipe, 2 stages, 1 micro-batch, 1 s actions,
-    0.5 s messages, wake 0.25 s: F0 0–1, stage 1 waits, starts 1.5 + 0.25; B1 1.75+1 → 3.75; the
-    gradient arrives 4.25, stage 0 waiting: 4.5–5.5 (5 s without)."""
-    times = StageTimes((1.0, 1.0), (1.0, 1.0), (0.5,))
-    assert makespan_s(pipeline_timeline("gpipe", times, 1, cores=2.0, wake_s=0.25)) == pytest.approx(5.5)
-    assert makespan_s(pipeline_timeline("gpipe", times, 1, cores=2.0)) == pytest.approx(5.0)
-    # stage 1 is still computing its first forward when the second micro-batch arrives: no wake
-    busy = StageTimes((0.1, 1.0), (0.1, 1.0), (0.1,))
-    row = pipeline_timeline("gpipe", busy, 2, cores=2.0, wake_s=0.25)[1]
+    """``wake_s``: a stage already waiting when its message arrives starts that much later if another
+    message was on the wire with it; a stage still computing, or woken by a message alone in flight,
+    pays nothing. gpipe, 2 stages, 2 micro-batches, 0.1 s forwards, 0.5 s messages, wake 0.25 s:
+    F0 0–0.1 sends A (0.1–0.6), F0' 0.1–0.2 sends B, queued behind A (0.6–1.1) but on the wire with
+    it from 0.2: stage 1, waiting, starts A's forward at 0.6 + 0.25; it is still computing it (to
+    1.85) when B lands, so B's forward follows at once."""
+    times = StageTimes((0.1, 1.0), (0.1, 1.0), (0.5,))
+    row = pipeline_timeline("gpipe", times, 2, cores=2.0, wake_s=0.25)[1]
     (_, f0, f0_end), (_, f1, _) = row[0], row[1]
-    assert (f0, f1) == pytest.approx((0.2 + 0.25, f0_end))
+    assert (f0, f0_end, f1) == pytest.approx((0.85, 1.85, 1.85))
+    assert pipeline_timeline("gpipe", times, 2, cores=2.0)[1][0][1] == pytest.approx(0.6)
+    # one micro-batch: every message alone on the wire, nobody is woken late (F0 0–1, F1 1.5–2.5,
+    # B1 2.5–3.5, the gradient lands at 4, B0 4–5)
+    lone = StageTimes((1.0, 1.0), (1.0, 1.0), (0.5,))
+    assert makespan_s(pipeline_timeline("gpipe", lone, 1, cores=2.0, wake_s=0.25)) == pytest.approx(5.0)
 
 
 @pytest.mark.parametrize("name", schedule_names())

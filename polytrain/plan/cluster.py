@@ -19,9 +19,10 @@
   its process (gloo on the testbed: ~1.3 ms, measured by `benchmarks/plan_hops.py`; 0 by default);
 - ``direct_hop``: the same per message of a direct exchange, whose n−1 sends and receives are all in
   flight at once (owt's reduce-scatters; gloo on the testbed: ~0.9 ms; default: ``hop``);
-- ``wake``: on shared cores, how late a rank blocked on a point-to-point message is woken while
-  other ranks run — a pipeline stage that waits for its neighbour pays it (the testbed: ~1 ms,
-  `benchmarks/plan_hops.py`'s ``shift`` case; 0 by default);
+- ``wake``: on shared cores, how late a rank blocked on a point-to-point message is woken when
+  other messages are on the wire with it — a pipeline stage that waits for its neighbour pays it,
+  unless its message was alone in flight (the testbed: ~1 ms, `benchmarks/plan_hops.py`'s ``shift``
+  case; a message alone, its ``relay`` case, ~0.05 ms; 0 by default);
 - ``collectives``: the all-reduce algorithms the collective library chooses among: ``auto`` (default:
   the fastest of ring, tree and two-level, as NCCL picks) or ``ring`` (gloo, whose all-reduce is
   always a ring: 2(n−1) steps whatever the size; polytrain's CPU runs and the testbed);

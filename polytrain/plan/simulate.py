@@ -90,9 +90,10 @@ def shared_times(
     """`simulate_times` (with queued links) when the stages share ``cores`` cores: an event clock
     on which the n actions computing at once each progress at min(1, cores/n) of full speed
     (processor sharing, as the OS shares cores among busy ranks); a message takes no core. A stage
-    already waiting when its message arrives starts ``wake_s`` later (a blocked receiver is woken
-    late while other ranks run: `Cluster.wake_s`); one still busy pays nothing. With ``cores`` ≥
-    the number of stages and no ``wake_s`` this is `simulate_times(..., queue=True)` exactly."""
+    already waiting when its message arrives starts ``wake_s`` later if another message was on the
+    wire with it (a blocked receiver is woken late while other ranks' messages are handled:
+    `Cluster.wake_s`); one still busy, or woken by a message alone in flight, pays nothing. With
+    ``cores`` ≥ the number of stages and no ``wake_s`` this is `simulate_times(..., queue=True)`."""
     check_rows(orders)
     stages = len(orders)
     consumers: dict[Action, list[Action]] = {}
@@ -102,6 +103,7 @@ def shared_times(
                 consumers.setdefault(d, []).append(a)
     pos = dict.fromkeys(orders, 0)
     arrived: dict[tuple[Action, Action], float] = {}  # (need, consumer) -> arrival time
+    sent: dict[tuple[Action, Action], float] = {}  # (need, consumer) -> when it left
     done: dict[Action, float] = {}
     link_free: dict[tuple[int, int], float] = {}
     running: dict[int, tuple[Action, float, float]] = {}  # stage -> (action, start, work left)
@@ -120,9 +122,15 @@ def shared_times(
             else:
                 messages.append(arrived[(d, a)])
         last = max(messages)
-        if wake_s and last >= max(local) and last > idle_since[s]:
+        if wake_s and last >= max(local) and last > idle_since[s] and crowded(a, last):
             return last + wake_s  # the stage sat blocked on this message: it is woken late
         return max(last, max(local))
+
+    def crowded(a: Action, last: float) -> bool:
+        """Whether the message ``a`` waited for last shared the wire with any other message."""
+        key = next(k for k in arrived if k[1] == a and arrived[k] == last)
+        start = sent[key]
+        return any(k != key and t0 < last and start < arrived[k] for k, t0 in sent.items())
 
     while True:
         waiting = {
@@ -158,6 +166,7 @@ def shared_times(
                     key = (s, c.stage)
                     link_free[key] = max(step, link_free.get(key, 0.0)) + message(a, c)
                     arrived[(a, c)] = link_free[key]
+                    sent[(a, c)] = step
         now = step
     if any(pos[s] < len(o) for s, o in orders.items()):
         raise _deadlock(orders, pos, 0)
