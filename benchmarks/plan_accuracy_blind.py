@@ -241,6 +241,9 @@ BLIND13: list[tuple[Any, ...]] = list(BLIND12)
 # the fourteenth: the same half again, priced with the seventh pass's fit under the model of
 # 2026-11-30 05:00 (a waiting pipeline stage's wake-up, from plan_hops' shift cases)
 BLIND14: list[tuple[Any, ...]] = list(BLIND12)
+# the fifteenth: the same half again, priced with the seventh pass's fit under the model of
+# 2026-11-30 07:00 (the wake-up paid only by a message that shared the wire with another)
+BLIND15: list[tuple[Any, ...]] = list(BLIND12)
 SETS = {  # --set: scenarios, raw runs, results name
     1: (BLIND, pa.HERE / "results" / "plan_accuracy_blind_raw.json", "plan_accuracy_blind"),
     2: (BLIND2, pa.HERE / "results" / "plan_accuracy_blind2_raw.json", "plan_accuracy_blind2"),
@@ -256,6 +259,7 @@ SETS = {  # --set: scenarios, raw runs, results name
     12: (BLIND12, pa.HERE / "results" / "plan_accuracy_blind12_raw.json", "plan_accuracy_blind12"),
     13: (BLIND13, pa.HERE / "results" / "plan_accuracy_blind13_raw.json", "plan_accuracy_blind13"),
     14: (BLIND14, pa.HERE / "results" / "plan_accuracy_blind14_raw.json", "plan_accuracy_blind14"),
+    15: (BLIND15, pa.HERE / "results" / "plan_accuracy_blind15_raw.json", "plan_accuracy_blind15"),
 }
 FROZEN = pa.HERE / "results" / "plan_accuracy.json"  # the first pass's fit: sets 1-4 were frozen against it
 FROZEN_OF = {  # the second pass's fit (set 5), the third's (set 6), the fourth's (set 7)
@@ -269,12 +273,14 @@ FROZEN_OF = {  # the second pass's fit (set 5), the third's (set 6), the fourth'
     12: pa.HERE / "results" / "plan_accuracy_1129f_1130.json",  # the seventh, the model of 2026-11-30
     13: pa.HERE / "results" / "plan_accuracy_1129f_1130b.json",  # the seventh, request times by workers
     14: pa.HERE / "results" / "plan_accuracy_1129f_1130d.json",  # the seventh, waiting stages woken late
+    15: pa.HERE / "results" / "plan_accuracy_1129f_1130e.json",  # the seventh, woken late when crowded
 }
 HOPS_OF = {  # measured just before the set ran
     11: pa.HERE / "results" / "plan_hops_1129.json",
     12: pa.HERE / "results" / "plan_hops_1130.json",
     13: pa.HERE / "results" / "plan_hops_1130c.json",
     14: pa.HERE / "results" / "plan_hops_14.json",  # --bytes 4096,32768,262144: it needs shift cases
+    15: pa.HERE / "results" / "plan_hops_15.json",
 }
 
 
