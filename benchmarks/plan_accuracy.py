@@ -68,7 +68,7 @@ from plan_accuracy_model import (  # noqa: E402
     stored_profiles,
 )
 from plan_accuracy_runs import PROBES, run_one  # noqa: E402
-from plan_accuracy_traces import drift, in_job_compute, write_executor  # noqa: E402
+from plan_accuracy_traces import write_compute, write_drift, write_executor  # noqa: E402
 from plan_hops import testbed_hops  # noqa: E402
 
 # (model, hosts, nic, [(strategy, --set options)])
@@ -342,42 +342,6 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
     record["summary"] = summary
     record["steps"] = raw["steps"]
     path.write_text(json.dumps(record, indent=1))
-
-
-def write_compute(raw: dict[str, Any], profiles: dict[str, Any], name: str) -> dict[str, Any]:
-    """The data-parallel pairs' in-job compute against the profile (`in_job_compute`), beside the
-    probes' measured scale, → results/<name>_compute.md; returns its summary."""
-    from harness import write_results
-
-    rows = in_job_compute(raw["runs"], profiles)
-    probe_rounds = {m: [] for m in profiles}  # each probe's own ratio, round by round
-    for probe in raw.get("probes", []):
-        one = probe_scales({"probes": [probe]}, profiles)
-        probe_rounds[probe["model"]] += [round(v, 3) for v in one.values()]
-    summary = {
-        "probe_scales": {m: round(v, 3) for m, v in probe_scales(raw, profiles).items()},
-        "probe_scales_forward_backward": {  # each over the profile's own: what `analyse` prices with
-            m: [round(x, 3) for x in v] for m, v in probe_scales(raw, profiles, split=True).items()},
-        "probe_scale_per_round": probe_rounds,
-        "in_job_scale_median_by_model": {
-            m: statistics.median(r["in_job_scale"] for r in rows if r["model"] == m)
-            for m in sorted({r["model"] for r in rows})
-        },
-    }
-    cols = ["scenario", "model", "hosts", "nic", "strategy", "workers", "forward_ms", "priced_ms",
-            "in_job_scale"]
-    notes = f"Summary: {json.dumps(summary)}"
-    write_results(f"{name}_compute", rows, cols, notes, extra={"summary": summary})
-    return summary
-
-
-def write_drift(before: dict[str, Any], after: dict[str, Any], name: str) -> None:
-    """Two passes of the same pairs side by side (`plan_accuracy_traces.drift`)."""
-    from harness import write_results
-
-    rows, summary = drift(before, after)
-    cols = ["scenario", "model", "hosts", "nic", "strategy", "before_ms", "after_ms", "ratio"]
-    write_results(f"{name}_drift", rows, cols, f"Summary: {json.dumps(summary)}", extra={"summary": summary})
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import json
 import statistics
 from typing import Any
 
-from plan_accuracy_model import MACHINE_CORES, MODELS, merge_repeats, stored_profiles
+from plan_accuracy_model import MACHINE_CORES, MODELS, merge_repeats, probe_scales, stored_profiles
 
 Row = dict[str, Any]
 PIPELINES = ("gpipe", "1f1b", "pipedream", "layerwise", "mesh")
@@ -143,3 +143,39 @@ def drift(before_raw: Row, after_raw: Row) -> tuple[list[Row], Row]:
         "after_commit": after_raw.get("commit"),
     }
     return rows, summary
+
+
+def write_compute(raw: dict[str, Any], profiles: dict[str, Any], name: str) -> dict[str, Any]:
+    """The data-parallel pairs' in-job compute against the profile (`in_job_compute`), beside the
+    probes' measured scale, → results/<name>_compute.md; returns its summary."""
+    from harness import write_results
+
+    rows = in_job_compute(raw["runs"], profiles)
+    probe_rounds = {m: [] for m in profiles}  # each probe's own ratio, round by round
+    for probe in raw.get("probes", []):
+        one = probe_scales({"probes": [probe]}, profiles)
+        probe_rounds[probe["model"]] += [round(v, 3) for v in one.values()]
+    summary = {
+        "probe_scales": {m: round(v, 3) for m, v in probe_scales(raw, profiles).items()},
+        "probe_scales_forward_backward": {  # each over the profile's own: what `analyse` prices with
+            m: [round(x, 3) for x in v] for m, v in probe_scales(raw, profiles, split=True).items()},
+        "probe_scale_per_round": probe_rounds,
+        "in_job_scale_median_by_model": {
+            m: statistics.median(r["in_job_scale"] for r in rows if r["model"] == m)
+            for m in sorted({r["model"] for r in rows})
+        },
+    }
+    cols = ["scenario", "model", "hosts", "nic", "strategy", "workers", "forward_ms", "priced_ms",
+            "in_job_scale"]
+    notes = f"Summary: {json.dumps(summary)}"
+    write_results(f"{name}_compute", rows, cols, notes, extra={"summary": summary})
+    return summary
+
+
+def write_drift(before: dict[str, Any], after: dict[str, Any], name: str) -> None:
+    """Two passes of the same pairs side by side (`plan_accuracy_traces.drift`)."""
+    from harness import write_results
+
+    rows, summary = drift(before, after)
+    cols = ["scenario", "model", "hosts", "nic", "strategy", "before_ms", "after_ms", "ratio"]
+    write_results(f"{name}_drift", rows, cols, f"Summary: {json.dumps(summary)}", extra={"summary": summary})

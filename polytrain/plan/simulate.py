@@ -113,24 +113,24 @@ def shared_times(
 
     def ready_at(s: int) -> float | None:
         a = orders[s][pos[s]]
-        local, messages = [0.0], [0.0]
+        local = [0.0]
+        messages: list[tuple[float, tuple[Action, Action] | None]] = [(0.0, None)]
         for d in needs(a, stages):
             if d not in done:
                 return None
             if d.stage == s:
                 local.append(done[d])
             else:
-                messages.append(arrived[(d, a)])
-        last = max(messages)
-        if wake_s and last >= max(local) and last > idle_since[s] and crowded(a, last):
+                messages.append((arrived[(d, a)], (d, a)))
+        last, key = max(messages, key=lambda m: m[0])
+        if wake_s and key and last >= max(local) and last > idle_since[s] and crowded(key):
             return last + wake_s  # the stage sat blocked on this message: it is woken late
         return max(last, max(local))
 
-    def crowded(a: Action, last: float) -> bool:
-        """Whether the message ``a`` waited for last shared the wire with any other message."""
-        key = next(k for k in arrived if k[1] == a and arrived[k] == last)
-        start = sent[key]
-        return any(k != key and t0 < last and start < arrived[k] for k, t0 in sent.items())
+    def crowded(key: tuple[Action, Action]) -> bool:
+        """Whether message ``key`` shared the wire (from its send to its arrival) with another."""
+        start, end = sent[key], arrived[key]
+        return any(k != key and t0 < end and start < arrived[k] for k, t0 in sent.items())
 
     while True:
         waiting = {
