@@ -82,6 +82,7 @@ def build_summary(job: Job, ctx: RankContext, records: list[dict[str, Any]],
         "per_rank": records,
         "strategy_metrics": metrics,
         "config": job.config.model_dump(),
+        "model_call": job.model_call or None,
         "testbed": json.loads(testbed) if testbed else None,
         "prediction": _prediction(job, ctx, json.loads(testbed) if testbed else None),
         "backend": ctx.backend,
@@ -144,8 +145,10 @@ def write_results(
     with (run_dir / "metrics.jsonl").open("w") as f:
         for e in events:
             f.write(json.dumps(json_safe(e)) + "\n")
-    if model_state is not None:
-        torch.save(model_state, run_dir / "model.pt")
+    if model_state is not None:  # the user's own key names: MyModel(...).load_state_dict(...)
+        from polytrain.models.export import user_state_dict
+
+        torch.save(user_state_dict(model_state, job.form), run_dir / "model.pt")
     atomic_json(run_dir / "summary.json", build_summary(job, ctx, records, events))
 
 

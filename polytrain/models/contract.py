@@ -11,8 +11,8 @@ import torch
 
 from polytrain.data import DataSpec, task_loss
 from polytrain.errors import ConfigError
+from polytrain.models.call import call_of
 from polytrain.models.outputs import EXPECTED, describe, loss_of, output_of
-from polytrain.models.user import UserModule
 
 
 def sample_batch(spec: DataSpec, n: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,7 +28,7 @@ def check_output(model: torch.nn.Module, spec: DataSpec, loss_target: str | None
                  label: str = "the model") -> None:
     """Run ``model`` on a sample batch and compute its loss; a ConfigError says what is wrong."""
     x, y = sample if sample is not None else sample_batch(spec)
-    takes_targets = isinstance(model, UserModule) and model.takes_targets
+    takes_targets = call_of(model).kind == "targets"
     with torch.no_grad():
         try:
             out = model(x, y) if takes_targets else model(x)

@@ -69,6 +69,25 @@ def _hints(fn: Any) -> dict[str, Any]:
         return {}
 
 
+def _module_config(fn: Any, name: str) -> type | None:
+    """For an unannotated ``config`` parameter (nanoGPT's ``GPT.__init__(self, config)``): the one
+    dataclass named ``...Config`` in the factory's own module, or None when there is not one."""
+    if name not in ("config", "cfg", "conf"):
+        return None
+    module = inspect.getmodule(fn)
+    found = [v for k, v in vars(module).items() if inspect.isclass(v) and dataclasses.is_dataclass(v)
+             and k.endswith("Config") and v.__module__ == getattr(module, "__name__", None)]
+    return found[0] if len(found) == 1 else None
+
+
+def _annotation(fn: Any, p: inspect.Parameter, hints: dict[str, Any]) -> Any:
+    """The parameter's annotation, or the module's config dataclass for a bare ``config``."""
+    ann = hints.get(p.name, p.annotation)
+    if ann is inspect.Parameter.empty and p.default is inspect.Parameter.empty:
+        return _module_config(fn, p.name) or ann
+    return ann
+
+
 def _config_class(annotation: Any, default: Any) -> type | None:
     if inspect.isclass(annotation) and dataclasses.is_dataclass(annotation):
         return annotation
@@ -138,7 +157,7 @@ def option_names(fn: Callable[..., Any]) -> list[str]:
     hints = _hints(fn)
     for p in _params(fn):
         names.append(p.name)
-        config = _config_class(hints.get(p.name, p.annotation), p.default)
+        config = _config_class(_annotation(fn, p, hints), p.default)
         if config is not None:
             names.extend(f.name for f in dataclasses.fields(config))
     return names
@@ -173,7 +192,7 @@ def factory_kwargs(fn: Callable[..., Any], spec: DataSpec, options: Mapping[str,
                 raise ConfigError(f"{label} takes '{p.name}' positionally only; polytrain "
                                   "calls factories by keyword. Make it a keyword parameter.")
             continue
-        v = call.value(p.name, hints.get(p.name, p.annotation), p.default, p.name)
+        v = call.value(p.name, _annotation(fn, p, hints), p.default, p.name)
         if v is not inspect.Parameter.empty:
             kwargs[p.name] = v
         elif p.default is inspect.Parameter.empty:

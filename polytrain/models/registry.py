@@ -133,9 +133,14 @@ def build_model(
     if not isinstance(model, UserModule):
         raise ConfigError(f"split={split!r}: '{name}' already returns its layers (an "
                           "nn.Sequential or a list); use --set partition=... to place them.")
+    from polytrain.models.call import is_hf_model
     from polytrain.models.trace import split_model
     from polytrain.models.trace_export import example_batch
 
+    if is_hf_model(model[0]) and hasattr(model[0], "set_attn_implementation"):
+        # eager attention applies its dropout as a module, which a cut segment switches off in
+        # eval mode; sdpa takes dropout_p from `self.training` at trace time and would keep it
+        model[0].set_attn_implementation("eager")
     return split_model(model[0], str(split), example_batch(spec))
 
 

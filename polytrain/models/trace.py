@@ -41,20 +41,27 @@ import torch.fx as fx
 from torch import nn
 
 from polytrain.errors import ConfigError
+from polytrain.models.call import ModelCall, token_inputs
 
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 ROOT = "m"  # the traced wrapper's attribute holding the user's module
 
 
 class _Forward(nn.Module):
-    """``forward(x) = module(x)``: the traced root (other forward arguments keep defaults)."""
+    """The traced root: ``forward(x)`` calls the module by its model-call contract
+    (:meth:`polytrain.models.call.ModelCall.logits`: nanoGPT with placeholder targets so that it
+    returns every position's logits, a Hugging Face model with ``input_ids``) and returns the
+    logits alone; what only the dropped loss needed is removed from the graph."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, tokens: bool = True) -> None:
         super().__init__()
         self.m = module
+        self.__dict__["contract"] = ModelCall.of(module)
+        self.tokens = tokens
 
     def forward(self, x: torch.Tensor) -> Any:
-        return self.m(x)
+        contract: ModelCall = self.__dict__["contract"]
+        return contract.logits(self.m, x, self.tokens)
 
 
 class _Tracer(fx.Tracer):
@@ -93,13 +100,28 @@ class TraceFailed(Exception):
     """A tracer could not trace the forward (the message says why)."""
 
 
-def _trace(model: nn.Module, paths: list[str] | None) -> fx.GraphModule:
-    root = _Forward(model)
+def _trace(model: nn.Module, paths: list[str] | None, tokens: bool = True) -> fx.GraphModule:
+    root = _Forward(model, tokens)
     try:
         graph = _Tracer(paths).trace(root)
     except Exception as exc:
         raise TraceFailed(f"{type(exc).__name__}: {_first_line(exc)}") from exc
-    return fx.GraphModule(root, graph)
+    gm = fx.GraphModule(root, graph)
+    gm.graph.eliminate_dead_code()  # e.g. the loss a targets model computed from placeholder targets
+    gm.recompile()
+    return gm
+
+
+def _where(n: fx.Node) -> str:
+    """A node as a user reads it: the module path it runs in (FX: its target; an exported graph:
+    the innermost module on its ``nn_module_stack``), else its name."""
+    if n.op == "call_module":
+        return str(n.target).removeprefix(ROOT + ".")
+    stack = n.meta.get("nn_module_stack")
+    if stack:
+        path = str(list(stack.values())[-1][0])
+        return path.removeprefix("L['self'].").removeprefix(ROOT + ".") or n.name
+    return n.name
 
 
 def _first_line(exc: BaseException) -> str:
@@ -190,13 +212,21 @@ def _candidates(gm: fx.GraphModule, nodes: list[fx.Node], paths: list[str] | Non
     return sorted({i for p, i in starts.items() if p in offered})
 
 
+def _holds_stack(module: nn.Module) -> bool:
+    """True when a list of two or more blocks lies inside ``module`` (a transformer's
+    ``transformer.h``, ``model.layers``, ``bert.encoder.layer``)."""
+    return any(isinstance(m, nn.ModuleList) and len(m) > 1 for m in module.modules())
+
+
 def auto_paths(model: nn.Module) -> list[str]:
-    """The cuts ``split=auto`` offers: children with parameters of the model and its containers."""
+    """The cuts ``split=auto`` offers: children with parameters of the model and of its
+    containers, and inside a child that holds a stack of blocks (Hugging Face's ``GPT2Model``,
+    ``LlamaModel``, ``BertEncoder``) that child's own children, down to each block."""
     out = []
 
     def walk(module: nn.Module, prefix: str) -> None:
         for name, child in module.named_children():
-            if isinstance(child, CONTAINERS):
+            if isinstance(child, CONTAINERS) or _holds_stack(child):
                 walk(child, f"{prefix}{name}.")
             elif any(True for _ in child.parameters()):
                 out.append(prefix + name)
@@ -280,9 +310,9 @@ def _cut(gm: fx.GraphModule, model: nn.Module, paths: list[str] | None, modal: A
                 cuts.append(i)
                 carried.append(values)
         elif values is None and paths is not None:
-            names = ", ".join(str(n.target).removeprefix(ROOT + ".") for n in live)
+            names = ", ".join(_where(n) for n in live)
             raise ConfigError(
-                f"split at '{body[i].target.removeprefix(ROOT + '.')}' would carry {len(live)} "  # type: ignore[union-attr]
+                f"split at '{_where(body[i])}' would carry {len(live)} "
                 f"values between stages ({names}); a cut must carry one tensor, or several of "
                 "one floating dtype with the batch first (packed; needs torch.export). Cut "
                 "before or after the block that needs them.")
@@ -306,11 +336,11 @@ def split_model(model: nn.Module, split: str, example: torch.Tensor | None = Non
         from polytrain.models.trace_export import split_exported
 
         try:
-            return _tag(split_exported(model, paths, example), "torch.export", None)
+            return _tag(split_exported(model, paths, example), "torch.export", None, model)
         except Exception as exc:  # any failure of export or of its cut: FX next, reason kept
             fallback = f"torch.export: {type(exc).__name__}: {_first_line(exc)}"
     try:
-        gm = _trace(model, paths)
+        gm = _trace(model, paths, token_inputs(example))
     except TraceFailed as exc:
         kids = ", ".join(n for n, _ in model.named_children()) or "none"
         raise ConfigError(
@@ -318,10 +348,11 @@ def split_model(model: nn.Module, split: str, example: torch.Tensor | None = Non
             f"{fallback + '; ' if fallback else ''}torch.fx: {exc}. Cut at its named children "
             f"(split=PATHS among: {kids}; their insides are not traced), or make the model an "
             "nn.Sequential of its layers.") from exc
-    return _tag(_cut(gm, model, paths), "torch.fx", fallback)
+    return _tag(_cut(gm, model, paths), "torch.fx", fallback, model)
 
 
-def _tag(seq: nn.Sequential, tracer: str, fallback: str | None) -> nn.Sequential:
+def _tag(seq: nn.Sequential, tracer: str, fallback: str | None, model: nn.Module) -> nn.Sequential:
     seq.tracer = tracer  # type: ignore[assignment]
     seq.tracer_fallback = fallback  # type: ignore[assignment]
+    seq.__dict__["model_call"] = ModelCall.of(model)  # how the traced root called the module
     return seq

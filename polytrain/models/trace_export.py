@@ -121,15 +121,20 @@ def _logits(out: Any) -> torch.Tensor:
 def split_exported(model: nn.Module, paths: list[str] | None, example: torch.Tensor
                    ) -> nn.Sequential:
     """``model`` exported and cut at ``paths`` (``split=auto`` when None); raises on any failure."""
+    from polytrain.models.call import token_inputs
     from polytrain.models.trace import _cut, _Forward
 
-    root = _Forward(model)
+    root = _Forward(model, token_inputs(example))
     device = next((p.device for p in model.parameters()), example.device)
     example = example.to(device)
     batch = torch.export.Dim("batch", min=1)
     with warnings.catch_warnings():  # a failed attempt is reported as the fallback's reason
         warnings.simplefilter("ignore")
         gm = torch.export.export(root, (example,), dynamic_shapes=({0: batch},)).module()
+    # the loss a targets model computed from placeholder targets is not returned: drop it, so that
+    # no cut carries the targets (pure nodes only; in-place buffer updates stay)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
     seq = _cut(gm, model, paths, Exported(root, gm))  # type: ignore[arg-type]
     if device.type == "meta":  # built without memory for the launcher's checks: no values
         return seq
@@ -138,7 +143,7 @@ def split_exported(model: nn.Module, paths: list[str] | None, example: torch.Ten
         model.eval()
         seq.eval()
         with torch.no_grad():
-            want, got = _logits(model(example)), seq(example)
+            want, got = root(example), seq(example)
     finally:
         for m, training in modes.items():
             m.train(training)

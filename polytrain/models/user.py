@@ -1,18 +1,18 @@
-"""User models: ``--model pkg.module:factory`` and ``--model torchvision:NAME``.
+"""User models: ``--model pkg.module:factory``, ``--model torchvision:NAME`` and ``--model hf:TYPE``
+(Hugging Face transformers from a config, :mod:`polytrain.models.hf`).
 
 The factory is called by parameter name (see :mod:`polytrain.models.factory`) and returns an
 ``nn.Sequential`` (its children are the ordered layers), a list/tuple of modules (the layers), or
 any other ``nn.Module``. The last is held as a one-child :class:`UserModule`; pipeline and
 model-parallel strategies cut it into stages by tracing (:mod:`polytrain.models.trace`).
 
-A module whose ``forward`` takes the targets (a parameter named ``targets``, ``target``,
-``labels`` or ``y``, as nanoGPT and Hugging Face models do) receives them by that keyword; it may
-return ``(output, loss)`` or a dict with ``loss`` (see :mod:`polytrain.models.outputs`).
+How the module is called and scored — ``forward(x)``, nanoGPT's ``forward(idx, targets)``, a
+Hugging Face model's ``forward(input_ids=...)`` — is the model-call contract of
+:mod:`polytrain.models.call`; what it may return is :mod:`polytrain.models.outputs`.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,40 +21,40 @@ from torch import nn
 
 from polytrain.data import DataSpec
 from polytrain.errors import ConfigError
+from polytrain.models.call import ModelCall, is_hf_model, targets_keyword
 from polytrain.models.factory import factory_kwargs
 from polytrain.targets import load_callable, split_target
 
 __all__ = ["UserModule", "as_sequential", "load_user_model", "split_target", "targets_keyword"]
 
 _EXPECTED = "an nn.Module (ideally an nn.Sequential of its layers) or a list/tuple of nn.Modules"
-TARGET_NAMES = ("targets", "target", "labels", "y")
-
-
-def targets_keyword(module: nn.Module) -> str | None:
-    """The name under which ``module.forward`` takes the targets, or None."""
-    try:
-        params = inspect.signature(module.forward).parameters
-    except (TypeError, ValueError):
-        return None
-    return next((n for n in TARGET_NAMES if n in params), None)
 
 
 class UserModule(nn.Sequential):
-    """One user module as a one-layer Sequential (state_dict keys ``0.*``).
-
-    ``forward(x, targets)`` hands the targets on when the module's forward takes them.
-    """
+    """One user module as a one-layer Sequential; its forward calls the module by the model-call
+    contract (:mod:`polytrain.models.call`): ``forward(x, targets)`` hands the targets on to a
+    module whose forward takes them, and feeds a Hugging Face model ``input_ids``. Its
+    ``state_dict`` keys carry a ``0.`` prefix; :func:`polytrain.models.export.user_state_dict`
+    gives the module's own names."""
 
     def forward(self, x: Any, targets: torch.Tensor | None = None) -> Any:  # type: ignore[override]
         inner = self[0]
-        key = targets_keyword(inner)
-        if targets is not None and key is not None:
-            return inner(x, **{key: targets})
-        return inner(x)
+        return self.call(inner, x, targets)
+
+    @property
+    def call(self) -> ModelCall:
+        cached = self.__dict__.get("_call")
+        if cached is None:
+            cached = self.__dict__["_call"] = ModelCall.of(self[0])
+        return cached
+
+    @property
+    def user_module(self) -> nn.Module:
+        return self[0]
 
     @property
     def takes_targets(self) -> bool:
-        return targets_keyword(self[0]) is not None
+        return self.call.kind == "targets"
 
 
 def as_sequential(result: object, target: str) -> nn.Sequential:
@@ -62,6 +62,8 @@ def as_sequential(result: object, target: str) -> nn.Sequential:
     if isinstance(result, nn.Sequential):
         return result
     if isinstance(result, nn.Module):
+        if is_hf_model(result) and hasattr(result, "config"):
+            result.config.use_cache = False  # type: ignore[union-attr]  # training needs no key/value cache; export cannot trace one
         return UserModule(result)
     if isinstance(result, (list, tuple)) and result:
         for i, item in enumerate(result):
@@ -120,5 +122,9 @@ def load_user_model(target: str, spec: DataSpec,
     module, _, name = target.partition(":")
     if module == "torchvision":
         return as_sequential(_torchvision(name, spec, options), target)
+    if module == "hf":
+        from polytrain.models.hf import build_hf
+
+        return as_sequential(build_hf(name, spec, options), target)
     fn = load_callable(target)
     return as_sequential(_call(fn, spec, options, target), target)

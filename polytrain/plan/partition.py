@@ -182,14 +182,16 @@ def check_cuttable(model: nn.Module, stages: int) -> int:
     n = len(layers_of(model))
     if n < stages:
         single = (
-            " A model that is not an nn.Sequential is wrapped as ONE layer, which cannot be cut."
+            " A model that is not an nn.Sequential is held as ONE layer until it is cut: add "
+            "--set split=auto to cut it at its blocks by tracing (or split=PATHS to name the "
+            "cuts, e.g. split=transformer.h.1)."
             if n == 1
             else ""
         )
         raise ConfigError(
             f"The model has {n} layer(s) but the pipeline needs at least one per stage ({stages} "
             f"stages).{single} Needed: {NEEDS_LAYERS}. Fix: use --procs {n} or fewer, or give the "
-            "model more layers."
+            "model more layers (split=auto offers a cut before every block)."
         )
     return n
 

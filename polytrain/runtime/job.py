@@ -16,6 +16,8 @@ from polytrain.comm import Comm
 from polytrain.config import JobConfig, total_steps
 from polytrain.data import Dataset, DataSpec, load_dataset, task_correct, task_loss
 from polytrain.models import resolve_model
+from polytrain.models.call import ModelCall, call_of
+from polytrain.models.export import Form
 from polytrain.models.outputs import LossFn, loss_of, output_of
 from polytrain.models.user import UserModule
 from polytrain.runtime.batches import GlobalBatches
@@ -44,8 +46,12 @@ class Job:
 
     config: JobConfig
     dataset: Dataset
-    # Set by build_model: the model's forward takes the targets (nanoGPT's forward(idx, targets)).
-    takes_targets: bool = field(default=False, init=False)
+    # Set by build_model: how the model is called and scored (polytrain.models.call).
+    call: ModelCall = field(default_factory=ModelCall, init=False)
+    # What summary.json records as model_call (the user's module's call, also when traced).
+    model_call: str = field(default="", init=False)
+    # How the model's state dict names the user's tensors (polytrain.models.export), for model.pt.
+    form: Form = field(default="layers", init=False)
     # Set by build_model for a model cut by split=: which tracer made the stages (and why not
     # torch.export, when it fell back); the worker adds it to the run's strategy metrics.
     split_tracer: dict[str, str] = field(default_factory=dict, init=False)
@@ -71,12 +77,17 @@ class Job:
         """The model as an ordered list of layers, identically initialised on every rank."""
         torch.manual_seed(self.config.seed)
         model = resolve_model(self.config.model, self.spec, self.config.model_options)
-        self.takes_targets = isinstance(model, UserModule) and model.takes_targets
         tracer, fallback = getattr(model, "tracer", None), getattr(model, "tracer_fallback", None)
         if tracer:
             self.split_tracer = {"split_tracer": str(tracer)}
             if fallback:
                 self.split_tracer["split_tracer_fallback"] = str(fallback)
+        self.call = call_of(model)
+        self.form = "traced" if tracer else ("whole" if isinstance(model, UserModule) else "layers")
+        traced = model.__dict__.get("model_call")
+        self.model_call = (f"{traced.describe()}; traced into {len(model)} segments that return "
+                           "every position's logits, scored on the last stage" if traced is not None
+                           else self.call.describe())
         return model
 
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
@@ -99,8 +110,14 @@ class Job:
             return self._loss_fn(output_of(out), y)
         return task_loss(self.spec, output_of(out), y)
 
+    @property
+    def takes_targets(self) -> bool:
+        return self.call.kind == "targets"
+
     def forward(self, forward: Any, x: torch.Tensor, y: torch.Tensor) -> Any:
-        """``forward(x)``, or ``forward(x, y)`` for a model whose forward takes the targets."""
+        """The model's output for one batch through ``forward`` (the model, DDP, a replica...):
+        ``forward(x, y)`` for a model called with its targets, ``forward(x)`` otherwise (a user
+        module held whole applies the rest of its contract itself, :mod:`polytrain.models.call`)."""
         return forward(x, y) if self.takes_targets else forward(x)
 
     def forward_loss(self, forward: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -253,7 +253,7 @@ class Hogwild(Strategy):
             read = time.monotonic()
             model.zero_grad(set_to_none=True)
             with rec.span("forward", step=i):
-                loss = job.loss(model(x), y)
+                loss = job.forward_loss(model, x, y)
             with rec.span("backward", step=i):
                 loss.backward()
             updates = sgd_updates(params, job.config.lr)

@@ -129,7 +129,7 @@ class Malt(Strategy):
             x, y = x.to(ctx.device), y.to(ctx.device)
             optimizer.zero_grad(set_to_none=True)
             with rec.span("forward", step=i):
-                loss = job.loss(model(x), y)
+                loss = job.forward_loss(model, x, y)
             with rec.span("backward", step=i):
                 loss.backward()
             talk = i % opts.period == 0

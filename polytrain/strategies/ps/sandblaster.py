@@ -249,7 +249,7 @@ class Worker:
                 break
             idx = lay.portion(step, p)
             t0, cpu0 = time.perf_counter(), time.process_time()
-            loss = self.job.loss(model(x_all[idx]), y_all[idx]) * idx.numel()  # a sum, not a mean
+            loss = self.job.forward_loss(model, x_all[idx], y_all[idx]) * idx.numel()  # a sum, not a mean
             loss.backward()
             self.ctx.straggle(work_seconds(t0, cpu0))
             self.computed += 1

@@ -92,7 +92,7 @@ class WorkerLoop:
         t0, cpu0 = time.perf_counter(), time.process_time()
         self.model.zero_grad(set_to_none=True)
         with rec.span("forward", step=step):
-            loss = self.job.loss(self.model(x), y)
+            loss = self.job.forward_loss(self.model, x, y)
         with rec.span("backward", step=step):
             loss.backward()
         self.ctx.straggle(work_seconds(t0, cpu0))  # slow at computing, not at waiting
