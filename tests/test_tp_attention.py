@@ -117,7 +117,7 @@ def test_attention_neither_way_is_refused_naming_the_module() -> None:
     odd = FusedAttention(16, 4, odd=True)
     odd.n_head = 4
     with pytest.raises(ConfigError, match=r"'attn' \(FusedAttention\).*wqkv, proj_out.*"
-                                          r"attn.QKV:qkv,attn.OUT:rowwise,attn:heads"):
+                                          r"attn.wqkv:qkv,attn.proj_out:rowwise,attn:heads"):
         attention_plan("attn", odd)
     with pytest.raises(ConfigError, match=r"'blocks.0.attn'.nh = 4 does not split over 3"):
         shard_model(OddNamesLM(), Wire(local_comms(3)[0]), ODD_PLAN)

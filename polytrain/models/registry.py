@@ -140,7 +140,7 @@ def build_model(
     if is_hf_model(model[0]) and hasattr(model[0], "set_attn_implementation"):
         # eager attention applies its dropout as a module, which a cut segment switches off in
         # eval mode; sdpa takes dropout_p from `self.training` at trace time and would keep it
-        model[0].set_attn_implementation("eager")
+        model[0].set_attn_implementation("eager")  # type: ignore[operator]
     return split_model(model[0], str(split), example_batch(spec))
 
 

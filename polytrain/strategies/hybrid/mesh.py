@@ -153,7 +153,7 @@ class Mesh(Strategy):
         model = job.build_model().to(ctx.device)
         shapes = {k: v.shape for k, v in model.state_dict().items()}
         tp = Wire(tp_comm, ctx.recorder)
-        dims, chunked = shard_model(model, tp, "auto")  # gpt-mini's split, or a derived plan
+        dims, chunked = shard_model(model, tp, "auto", job.spec)  # gpt-mini's split, or a derived plan
         optimizer = job.make_optimizer(model.parameters())
         inner = plain_step(job, ctx, model, optimizer,
                            before_update=_sync(model, dp, engine, self.opts.collective, ctx))
@@ -163,7 +163,8 @@ class Mesh(Strategy):
         if d == 0:  # replica 0's tensor group rebuilds the full model (rank 0 keeps it)
             full = gather_state(tp, model.state_dict(), dims, shapes)
             for key, chunks in chunked.items():
-                full[key] = unchunk(full[key], tp.size, chunks)
+                full[key] = unchunk(full[key].movedim(dims[key], 0), tp.size, chunks
+                                    ).movedim(0, dims[key]).contiguous()
             result.model_state = full if ctx.is_leader else None
         else:
             result.model_state = None

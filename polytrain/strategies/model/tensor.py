@@ -16,8 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from polytrain.config import JobConfig
-from polytrain.data import dataset_spec
+from polytrain.data import DataSpec, dataset_spec
 from polytrain.errors import ConfigError
+from polytrain.models.call import call_of, placeholder_targets, token_inputs
 from polytrain.models.gpt import CausalSelfAttention
 from polytrain.models.registry import build_model, is_user_model
 from polytrain.models.user import UserModule
@@ -38,21 +39,30 @@ class TensorOptions(BaseModel):
         "parallelize_module; heads on an attention module)"))
 
 
-def shard_model(model: nn.Module, wire: Wire, tp_plan: str) -> tuple[ShardDims, ShardDims]:
-    """gpt-mini blocks by Megatron's split; any other model by ``tp_plan`` (derived for 'auto')."""
+def shard_model(model: nn.Module, wire: Wire, tp_plan: str, spec: DataSpec | None = None
+                ) -> tuple[ShardDims, ShardDims]:
+    """gpt-mini blocks by Megatron's split; any other model by ``tp_plan`` (derived for 'auto').
+    ``spec``: the data, whose example batch feeds the attention proofs."""
     if tp_plan == "auto" and any(isinstance(m, CausalSelfAttention) for m in model.modules()):
         return shard_transformer(model, wire), {}
     root, prefix = (model[0], "0.") if isinstance(model, UserModule) else (model, "")
     plan = derive_plan(root) if tp_plan == "auto" else parse_plan(tp_plan)
-    dims, chunked = apply_plan(root, plan, wire)
+    example = None
+    if spec is not None:
+        from polytrain.models.trace_export import example_batch
+
+        x = example_batch(spec).to(next(model.parameters()).device)
+        example = (lambda _m: model(x, placeholder_targets(x, token_inputs(x)))  # noqa: E731
+                   if call_of(model).kind == "targets" else model(x))
+    dims, chunked = apply_plan(root, plan, wire, example)
     return ({prefix + k: v for k, v in dims.items()}, {prefix + k: v for k, v in chunked.items()})
 
 def check_plan(cfg: JobConfig, degree: int, tp_plan: str) -> None:
     """A user model: the plan applied (and its attention proven) on the launcher, before launch."""
     if is_user_model(cfg.model):
-        model = build_model(cfg.model, dataset_spec(cfg.dataset, cfg.data_options),
-                            cfg.model_options)
-        shard_model(model, Wire(local_comms(degree)[0]), tp_plan)
+        spec = dataset_spec(cfg.dataset, cfg.data_options)
+        model = build_model(cfg.model, spec, cfg.model_options)
+        shard_model(model, Wire(local_comms(degree)[0]), tp_plan, spec)
 
 
 TRANSFORMERS = ("gpt-mini",)
@@ -85,15 +95,16 @@ class Tensor(Strategy):
         full_shapes = {k: v.shape for k, v in model.state_dict().items()}
         wire = Wire(ctx.comm, ctx.recorder)
         opts: TensorOptions = self.options  # type: ignore[assignment]
-        dims, chunked = shard_model(model, wire, opts.tp_plan)
+        dims, chunked = shard_model(model, wire, opts.tp_plan, job.spec)
         optimizer = job.make_optimizer(model.parameters())
         step = plain_step(job, ctx, model, optimizer)
         spec = LoopSpec(model=model, optimizer=optimizer, step_fn=step, replicated=False,
                         eval_model=Evaluating(model, wire))
         result = run_loop(job, ctx, spec)
         full = gather_state(wire, model.state_dict(), dims, full_shapes)
-        for key, chunks in chunked.items():
-            full[key] = unchunk(full[key], ctx.world, chunks)
+        for key, chunks in chunked.items():  # along the dim it was split (Conv1D: 1)
+            full[key] = unchunk(full[key].movedim(dims[key], 0), ctx.world, chunks
+                                ).movedim(0, dims[key]).contiguous()
         result.model_state = full if ctx.is_leader else None
         steps = max(result.steps, 1)
         result.strategy_metrics.update({

@@ -37,7 +37,7 @@ from polytrain.errors import ConfigError
 HEAD_ATTRS = ("n_head", "n_heads", "num_heads", "num_attention_heads", "nhead", "n_kv_head",
               "n_kv_heads", "num_kv_heads", "num_key_value_heads")
 WIDTH_ATTRS = ("n_embd", "embed_dim", "hidden_size", "d_model", "all_head_size", "inner_dim",
-               "dim", "n_state")
+               "dim", "n_state", "split_size")
 FUSED = ("c_attn", "qkv", "in_proj", "Wqkv", "wqkv", "qkv_proj", "query_key_value")
 SEPARATE = (("q", "k", "v"), ("q_proj", "k_proj", "v_proj"), ("query", "key", "value"),
             ("wq", "wk", "wv"), ("to_q", "to_k", "to_v"))
@@ -52,26 +52,66 @@ def head_attrs(module: nn.Module) -> list[str]:
     return [a for a in HEAD_ATTRS if _is_count(getattr(module, a, None))]
 
 
-def attention_plan(path: str, module: nn.Module) -> list[tuple[str, str]] | None:
-    """The plan entries for ``module`` if it is a standard attention block, None if it is not
-    one, or a ConfigError when it has a head count and Linear layers polytrain cannot name."""
-    if not head_attrs(module):
-        return None
-    kids = {n: m for n, m in module.named_children() if isinstance(m, nn.Linear)}
-    at = (path + ".") if path else ""
+def _projections(module: nn.Module) -> dict[str, nn.Module]:
+    from polytrain.strategies.model.tp_layers import is_projection
+
+    return {n: m for n, m in module.named_children() if is_projection(m)}
+
+
+def _qkv_out(kids: dict[str, nn.Module]) -> tuple[str | None, str | None, tuple[str, ...] | None]:
     out = next((n for n in OUT if n in kids), None)
     fused = next((n for n in FUSED if n in kids), None)
     sep = next((t for t in SEPARATE if all(n in kids for n in t)), None)
+    return out, fused, sep
+
+
+def _split_attention(path: str, module: nn.Module) -> list[tuple[str, str]] | None:
+    """BERT's layout: the heads and q/k/v in one child, the output projection in another."""
+    at = (path + ".") if path else ""
+    inner = next(((n, c) for n, c in module.named_children() if head_attrs(c)), None)
+    if inner is None:
+        return None
+    q_name, q_mod = inner
+    own_out, fused, sep = _qkv_out(_projections(q_mod))
+    if own_out is not None:
+        return None  # a whole attention block below: planned where it is
+    # the sibling that holds the output projection and nothing else (BERT's attention.output)
+    out_at = next((f"{n}.{o}" for n, c in module.named_children() if c is not q_mod
+                   and len(_projections(c)) == 1 for o in OUT if o in _projections(c)), None)
+    if out_at is None or (fused is None and sep is None):
+        return None
+    qkv = [(f"{at}{q_name}.{fused}", "qkv")] if fused else [
+        (f"{at}{q_name}.{n}", "colwise") for n in sep or ()]
+    return [*qkv, (at + out_at, "rowwise"), (path, f"heads=@{q_name}")]
+
+
+def attention_plan(path: str, module: nn.Module) -> list[tuple[str, str]] | None:
+    """The plan entries for ``module`` if it is a standard attention block, None if it is not
+    one, or a ConfigError when it has a head count and Linear layers polytrain cannot name."""
+    kids = _projections(module)
+    out, fused, sep = _qkv_out(kids)
+    at = (path + ".") if path else ""
+    if not head_attrs(module):
+        if isinstance(getattr(module, "head_dim", None), int) and out and (fused or sep):
+            # heads counted from the projections (Llama: view(..., -1, head_dim)): no attribute
+            qkv = [(at + fused, "qkv")] if fused else [(at + n, "colwise") for n in sep or ()]
+            return [*qkv, (at + out, "rowwise"), (path, "heads=-")]
+        return _split_attention(path, module)
     if out is not None and fused is not None:
         return [(at + fused, "qkv"), (at + out, "rowwise"), (path, "heads")]
     if out is not None and sep is not None:
         return [*((at + n, "colwise") for n in sep), (at + out, "rowwise"), (path, "heads")]
     if len(kids) >= 2:
+        rest = [n for n in kids if n != fused and n not in (sep or ())]
+        given = (f"{at}{fused}:qkv" if fused else ",".join(f"{at}{n}:colwise" for n in sep)
+                 if sep else f"{at}{rest.pop(0)}:qkv")
+        out_name = rest[0] if rest else "OUTPUT"
         raise ConfigError(
             f"tensor: '{path}' ({type(module).__name__}) has a head count ({head_attrs(module)[0]})"
-            f" but Linear layers ({', '.join(kids)}) polytrain cannot name as q/k/v and output "
-            f"projections. Give them: --set tp_plan=\"{at}QKV:qkv,{at}OUT:rowwise,{path}:heads\""
-            " (or separate q, k, v each :colwise), as in the README's tensor section.")
+            f" and projections ({', '.join(kids)}) that polytrain cannot name as q/k/v and an "
+            f"output projection (one of {', '.join(OUT)}). Name them in a plan, e.g. --set "
+            f"tp_plan=\"{given},{at}{out_name}:rowwise,{path}:heads\" (separate q, k, v each "
+            ":colwise).")
     return None
 
 
@@ -195,22 +235,55 @@ def run_ranks(comms: list[LocalComm], fn: Callable[[LocalComm], Any]) -> list[An
     return results
 
 
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def capture_inputs(model: nn.Module, blocks: list[nn.Module],
+                   example: Callable[[nn.Module], Any] | None) -> dict[int, Inputs]:
+    """The (args, kwargs) each of ``blocks`` receives when ``example(model)`` runs the model on
+    an example batch (rotary position embeddings, masks): what their proofs feed them."""
+    if example is None or not blocks:
+        return {}
+    seen: dict[int, Inputs] = {}
+
+    def hook(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        seen.setdefault(id(m), (args, kwargs))
+
+    handles = [b.register_forward_pre_hook(hook, with_kwargs=True) for b in blocks]
+    modes = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        with torch.no_grad():
+            example(model)
+    except Exception:  # no example inputs: the proofs use random ones
+        return {}
+    finally:
+        for h in handles:
+            h.remove()
+        for m, training in modes.items():
+            m.train(training)
+    return seen
+
+
 def verify(original: nn.Module, shard: Callable[[nn.Module, LocalComm], None], width: int,
-           world: int) -> str | None:
-    """None when T shards of ``original`` (made by ``shard(copy, comm)``) sum to its output on a
-    random (2, 3, width) input; otherwise the reason."""
+           world: int, inputs: Inputs | None = None) -> str | None:
+    """None when T shards of ``original`` (made by ``shard(copy, comm)``) sum to its output on
+    ``inputs`` (else a random (2, 3, width) input); otherwise the reason."""
     ref = copy.deepcopy(original).eval()
     p = next(ref.parameters())
-    x = torch.randn(2, 3, width, generator=torch.Generator().manual_seed(0)).to(p)
+    if inputs is None:
+        x = torch.randn(2, 3, width, generator=torch.Generator().manual_seed(0)).to(p)
+        inputs = ((x,), {})
+    args, kwargs = inputs
 
     def one(comm: LocalComm) -> torch.Tensor:
         with torch.no_grad():
-            out = mods[comm.rank](x)
+            out = mods[comm.rank](*args, **kwargs)
         return out[0] if isinstance(out, (tuple, list)) else out
 
     try:
         with torch.no_grad():
-            want = ref(x)
+            want = ref(*args, **kwargs)
         want = want[0] if isinstance(want, (tuple, list)) else want
         comms = local_comms(world)
         mods = [copy.deepcopy(original).eval() for _ in comms]
