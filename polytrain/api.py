@@ -4,6 +4,10 @@
     summary = polytrain.train(strategy="allreduce", procs=2, model="my_pkg.nets:make_model",
                               dataset="digits", steps=200)
     print(summary["eval"]["accuracy"], summary["throughput_samples_per_s"])
+
+``model``, ``dataset`` and ``loss`` may also be objects: a factory function or class, an
+``nn.Module`` instance, an in-memory dataset (a torch ``Dataset``, tensors ``(x, y)``), a loss
+function (:mod:`polytrain.memory`).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,45 +28,10 @@ from polytrain.launch.prepare import resume_config
 REPORT_ENV = "POLYTRAIN_REPORT"  # "0": the API writes no plots/report.md (the test suite's default)
 
 
-def _script_module() -> str | None:
-    """The calling script's module name (its file's stem), importable from its folder.
-
-    A factory defined in the script (``__main__``) is imported by the ranks as this module, as
-    multiprocessing's spawn and accelerate's launchers do: the script's top level runs again on
-    import, so its training call must sit under ``if __name__ == "__main__":``.
-    """
-    import sys
-
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if not path or Path(path).suffix != ".py" or not Path(path).stem.isidentifier():
-        return None
-    folder = str(Path(path).resolve().parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    return Path(path).stem
-
-
-def model_reference(model: str | Callable[..., Any]) -> str:
-    """A model given as a function or class becomes 'module:name' (ranks import it by that name);
-    one defined in the calling script is found through the script's file."""
-    if isinstance(model, str):
-        return model
-    module, name = getattr(model, "__module__", None), getattr(model, "__qualname__", "")
-    if module == "__main__":
-        module = _script_module()
-    if not module or "<" in name:
-        raise ConfigError(
-            f"The model factory {model!r} must be a module-level function or class (not a lambda "
-            "or a nested function) of a module or of the script you run, because every rank "
-            "imports it by name. Define it at the top level, or pass model='my_pkg.nets:make'."
-        )
-    return f"{module}:{name}"
-
-
 def _config(config: str | Path | None, sets: Sequence[str] | None, kw: dict[str, Any]) -> JobConfig:
-    if "model" in kw and kw["model"] is not None:
-        kw["model"] = model_reference(kw["model"])
+    from polytrain.memory import resolve
+
+    resolve(kw)  # model/dataset/loss objects -> names the ranks import, or files they load
     return load_config(config, kw, list(sets or []))
 
 
