@@ -43,7 +43,7 @@ def test_model_instance_dataset_and_loss_objects_equal_single(tmp_path: Path) ->
 
 
 def test_objects_that_cannot_be_sent_are_refused_before_launch(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="loss function .* module-level"):
+    with pytest.raises(ConfigError, match=r"loss function .* module-level"):
         polytrain.train(model="mlp", loss=lambda o, y: o.sum(), out=str(tmp_path / "a"))
     held = nn.Linear(2, 2)
     held.lock = threading.Lock()  # type: ignore[assignment]
