@@ -16,6 +16,7 @@ and exits 1 when a committed file differs from what the code gives (CI and a tes
 from __future__ import annotations
 
 import argparse
+import html
 import sys
 from pathlib import Path
 
@@ -35,6 +36,14 @@ def _cell(value: str) -> str:
     return value.replace("|", "\\|").replace("\n", " ").strip()
 
 
+def _code(value: str) -> str:
+    """Inline code for a table cell. A pipe inside backticks would stay escaped (``\\|``) in the
+    rendered page, so such a value is written as HTML code with the pipe as an entity."""
+    if "|" not in value:
+        return f"`{value}`"
+    return "<code>" + html.escape(value, quote=False).replace("|", "&#124;") + "</code>"
+
+
 def _table(columns: list[str], rows: list[list[str]]) -> str:
     head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
     return head + "".join("| " + " | ".join(_cell(c) for c in r) + " |\n" for r in rows)
@@ -45,7 +54,7 @@ def options_table(name: str) -> str:
     from polytrain.strategies.describe import describe_strategy
 
     d = describe_strategy(name)
-    rows = [[f"`{o}`", f"`{t}`", f"`{default}`", meaning] for o, t, default, meaning in d["options"]]
+    rows = [[_code(o), _code(t), _code(default), meaning] for o, t, default, meaning in d["options"]]
     if not rows:
         return f"`{name}` takes no options of its own (`--set KEY=VALUE`).\n"
     return _table(["option", "type", "default", "meaning"], rows)
@@ -56,7 +65,7 @@ def common_table() -> str:
     from polytrain.strategies.describe import COMMON
 
     return _table(["option", "type", "default", "meaning"],
-                  [[f"`{o}`", f"`{t}`", f"`{d}`", m] for o, t, d, m in COMMON])
+                  [[_code(o), _code(t), _code(d), m] for o, t, d, m in COMMON])
 
 
 def strategies_table() -> str:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import html
 import io
 import re
 import subprocess
@@ -95,13 +96,22 @@ def _cli_rows(name: str) -> list[list[str]]:
     return rows
 
 
+def _plain(cell: str) -> str:
+    """A generated cell's text as the terminal shows it: code marks and entities removed."""
+    if cell.startswith("`") and cell.endswith("`"):
+        return cell[1:-1]
+    if cell.startswith("<code>") and cell.endswith("</code>"):
+        return html.unescape(cell[len("<code>"):-len("</code>")])
+    return cell
+
+
 @pytest.mark.parametrize("name", sorted(registry()))
 def test_options_table_matches_what_the_cli_prints(name: str) -> None:
     table = (ROOT / docs_gen.SNIPPETS / "options" / f"{name}.md").read_text()
     doc_rows = []
     for line in table.splitlines()[2:]:
         cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
-        doc_rows.append([c[1:-1] if c.startswith("`") and c.endswith("`") else c for c in cells])
+        doc_rows.append([_plain(c) for c in cells])
     assert doc_rows == _cli_rows(name)
 
 
