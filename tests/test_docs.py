@@ -23,6 +23,7 @@ import pytest
 from rich.console import Console
 
 from polytrain import docs_gen
+from polytrain.errors import ConfigError
 from polytrain.strategies import registry
 from tests.conftest import ROOT
 
@@ -140,3 +141,15 @@ def test_tracked_results_stay_small(in_git: None) -> None:
     files = tracked("benchmarks/results")
     assert sum(p.stat().st_size for p in files if p.exists()) < 5_000_000
     assert all(p.stat().st_size <= 200_000 for p in files if p.suffix == ".json")
+
+
+def test_shipped_tsplib_instances_load_by_name_from_anywhere(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from polytrain.aco.tsp import SHIPPED, load_instance
+
+    monkeypatch.chdir(tmp_path)
+    assert sorted(p.name for p in SHIPPED.glob("*.tsp")) == ["berlin52.tsp", "eil51.tsp", "kroA100.tsp"]
+    assert load_instance("berlin52.tsp").optimum == 7542
+    (tmp_path / "berlin52.tsp").write_text("NAME: mine\n")  # a file of that name here comes first
+    with pytest.raises(ConfigError):
+        load_instance("berlin52.tsp")
