@@ -29,6 +29,8 @@ PROVENANCE = ("command", "commit", "when", "machine", "loadavg")
 def _num(v: float) -> str:
     if isinstance(v, int) and not isinstance(v, bool):
         return f"{v:,}"
+    if 0 < abs(v) < 0.1:  # small values (seconds of a fast step) keep three significant digits
+        return f"{v:.3g}"
     return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
 
 
