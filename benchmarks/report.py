@@ -4,7 +4,8 @@ Per results file: the command(s) that measured it, the commit, the date, the mac
 (at start and end), and the rows. A row value that is a list of numbers (the per-repeat values) is
 shown as ``median (min–max) ×n``; other nested values are left out and named under the table.
 Where a file states goals (``"goals": [{"what", "target", "value", "met"}]``) they are listed with
-met / missed. ``docs/results/index.md`` lists every page and the files that lack provenance (no
+met / missed. Then the notes the benchmark wrote under its own table in ``results/<name>.md``.
+``docs/results/index.md`` lists every page and the files that lack provenance (no
 command or no commit recorded). The docs quote figures only through these pages.
 
     .venv/bin/python benchmarks/report.py            # (re)write docs/results/
@@ -112,7 +113,22 @@ def page(name: str, data: dict[str, Any]) -> str:
     lines.append(table)
     if left_out:
         lines.append(f"Nested fields left out of the table (in the JSON): {', '.join(left_out)}.\n")
-    return "\n".join(lines) + _goals(data)
+    return "\n".join(lines) + _goals(data) + notes(name)
+
+
+def notes(name: str) -> str:
+    """The text the benchmark wrote under its own table in results/<name>.md (what the run was,
+    how to read it): the lines after the first table, as the script generated them."""
+    md = RESULTS / f"{name}.md"
+    if not md.exists():
+        return ""
+    lines = md.read_text().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("|")), None)
+    if start is None:
+        return ""
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    text = "\n".join(lines[end:]).strip()
+    return f"\n## Notes written by the benchmark\n\n{text}\n" if text else ""
 
 
 def lacking(data: dict[str, Any]) -> list[str]:
