@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import torch
-from harness import alternating, fmt_spread, spread, write_results
+from harness import add_common_flags, alternating, fmt_spread, hold_lock, spread, write_results
 
 from polytrain.aco.colony import Colony, Draws, Params
 from polytrain.aco.config import ACOConfig
@@ -33,7 +33,6 @@ from polytrain.aco.tsp import Instance, load_instance
 
 HERE = Path(__file__).resolve().parent
 PEER_PY = HERE.parent / ".venv-peers" / "bin" / "python"
-DATA = Path("/work/shared/data/tsplib")
 
 
 def peer(tool: str, matrix: Path, ants: int, mode: str, value: float, seed: int = 0) -> dict:
@@ -68,7 +67,7 @@ def polytrain_iters(inst: Instance, iters: int) -> float:
 def timing(args: argparse.Namespace, tmp: str) -> None:
     rows = []
     for name in args.instances.split(","):
-        inst = load_instance(str(DATA / f"{name}.tsp"))
+        inst = load_instance(str(args.data_dir / f"{name}.tsp"))
         matrix = _matrix(inst, tmp, name)
         per: dict[str, list[float]] = {"polytrain": [], "sko": [], "acopy": []}
         for _, tool in alternating(list(per), args.repeats):
@@ -105,14 +104,14 @@ def timing(args: argparse.Namespace, tmp: str) -> None:
 def quality(args: argparse.Namespace, tmp: str) -> None:
     rows = []
     for name in args.instances.split(","):
-        inst = load_instance(str(DATA / f"{name}.tsp"))
+        inst = load_instance(str(args.data_dir / f"{name}.tsp"))
         matrix = _matrix(inst, tmp, name)
         best: dict[str, list[float]] = {"polytrain": [], "sko": [], "acopy": []}
         for r, tool in alternating(list(best), args.repeats):
             if tool == "polytrain":
                 cfg = ACOConfig.from_dict(
                     {
-                        "tsp": str(DATA / f"{name}.tsp"),
+                        "tsp": str(args.data_dir / f"{name}.tsp"),
                         "time_limit": args.budget,
                         "target_gap": 0.0,
                         "seed": r,
@@ -159,7 +158,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--instances", default="berlin52,eil51,kroA100")
+    add_common_flags(ap, data=True)
     args = ap.parse_args()
+    hold_lock(args.lock)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         if args.part in ("timing", "both"):

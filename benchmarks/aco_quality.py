@@ -10,14 +10,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-from pathlib import Path
 
-from harness import write_results
+from harness import add_common_flags, hold_lock, write_results
 
 from polytrain.aco.config import ACOConfig
 from polytrain.aco.launch import run_aco
 
-DATA = Path("/work/shared/data/tsplib")
 INSTANCES = ("berlin52", "eil51", "kroA100")
 
 
@@ -25,14 +23,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--time-limit", type=float, default=60.0)
-    ap.add_argument("--data", default=str(DATA))
+    add_common_flags(ap, data=True)
     args = ap.parse_args()
+    hold_lock(args.lock)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(args.seeds):  # seeds outermost: load drift falls on every instance alike
             for name in INSTANCES:
                 s = run_aco(ACOConfig.from_dict({
-                    "tsp": f"{args.data}/{name}.tsp", "seed": seed, "time_limit": args.time_limit,
+                    "tsp": str(args.data_dir / f"{name}.tsp"), "seed": seed, "time_limit": args.time_limit,
                     "target_gap": 0.0, "out": f"{tmp}/{name}-{seed}"}), progress=False, plots=False)
                 rows.append({"instance": name, "seed": seed, "best": s["best_length"],
                              "optimum": s["optimum"], "gap_pct": 100 * s["gap"],

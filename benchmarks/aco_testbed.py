@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import alternating, fmt_spread, write_results
+from harness import add_common_flags, alternating, fmt_spread, hold_lock, write_results
 
 from polytrain.launch.testbed import Testbed
 from polytrain.launch.testbed_torchrun import run_torchrun
@@ -73,12 +73,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", default="2,4")
     ap.add_argument("--nic", default="1gbit")
-    ap.add_argument("--tsp", default="/work/shared/data/tsplib/kroA100.tsp")
+    ap.add_argument("--tsp", default="kroA100.tsp", help="a .tsp file, or a name in --data-dir")
     ap.add_argument("--exchange", type=int, default=10)
     ap.add_argument("--ants", type=int, default=24)
     ap.add_argument("--time-limit", type=float, default=120.0)
     ap.add_argument("--repeats", type=int, default=5)
+    add_common_flags(ap, data=True)
     args = ap.parse_args()
+    hold_lock(args.lock)
+    if not Path(args.tsp).exists():
+        args.tsp = str(args.data_dir / args.tsp)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r, hosts in alternating([int(h) for h in args.hosts.split(",")], args.repeats):

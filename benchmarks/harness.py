@@ -11,18 +11,25 @@ their repeats interleaved (:func:`alternating`), report the median of >= 5 repea
 
 from __future__ import annotations
 
+import argparse
+import fcntl
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# The TSPLIB instances ship inside the package (polytrain/aco/data); --data-dir points elsewhere.
+DATA_DIR = Path(__file__).resolve().parent.parent / "polytrain" / "aco" / "data"
+# One lock serialises benchmarks that share a machine, so two never time each other's load.
+DEFAULT_LOCK = Path(tempfile.gettempdir()) / "polytrain-bench.lock"
 LOAD_AT_IMPORT = os.getloadavg()  # the load when the benchmark started (scripts import this first)
 T = TypeVar("T")
 
@@ -121,3 +128,27 @@ def write_results(name: str, rows: list[dict[str, Any]], columns: list[str], not
     out.write_text(md)
     print(md)
     return out
+
+
+def add_common_flags(ap: argparse.ArgumentParser, data: bool = False) -> None:
+    """``--lock PATH`` (the benchmark lock; ``none`` runs without one) and, with ``data``,
+    ``--data-dir PATH`` (where the TSPLIB instances are read)."""
+    ap.add_argument("--lock", default=str(DEFAULT_LOCK),
+                    help=f"file locked for the whole run, so benchmarks do not overlap "
+                         f"(default {DEFAULT_LOCK}; 'none': no lock)")
+    if data:
+        ap.add_argument("--data-dir", type=Path, default=DATA_DIR,
+                        help="folder of the TSPLIB .tsp files (default: the package's own)")
+
+
+_HELD: list[Any] = []  # the open lock file: closing it (at exit) releases the lock
+
+
+def hold_lock(path: str) -> None:
+    """Wait for and hold the benchmark lock until this process ends (``none``: do nothing)."""
+    if path == "none":
+        return
+    f = open(path, "a")  # noqa: SIM115 - held open on purpose until the process exits
+    print(f"waiting for the benchmark lock {path} ...", file=sys.stderr, flush=True)
+    fcntl.flock(f, fcntl.LOCK_EX)
+    _HELD.append(f)

@@ -10,7 +10,7 @@ Reported per strategy: samples/s median (min–max) of each version and the rati
 medians plus the per-repeat ratios' median (min–max) — a ratio whose range holds 1.0 is "no
 regression measurable here".
 
-    python benchmarks/pipeline_runtime_ab.py --base-python /tmp/basevenv/bin/python --repeats 5
+    python benchmarks/pipeline_runtime_ab.py --base-python BASE_VENV/bin/python --repeats 5
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the CPU of ``long - short`` steps (start-up, imports and the final evaluation ca
 (``--base-python``, an environment whose polytrain is the tree before the change) and new (this
 interpreter) alternate; run it niced if other jobs must keep their share (CPU time is unaffected).
 
-    nice -n 19 python benchmarks/pipeline_runtime_cpu.py --base-python /tmp/basevenv/bin/python
+    nice -n 19 python benchmarks/pipeline_runtime_cpu.py --base-python BASE_VENV/bin/python
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ VGG-16 MP–DP crossover (first host count at which a hybrid, owt or mesh, beats
 predicted and measured.
 
     # as root (the testbed), in chunks that each hold the benchmark lock at most ~28 minutes:
-    flock /work/bench.lock .venv/bin/python benchmarks/plan_accuracy.py --repeats 5 \
+    .venv/bin/python benchmarks/plan_accuracy.py --repeats 5 \
         --budget-min 28 --no-analyse            # then the same with --resume, until all are done
     .venv/bin/python benchmarks/plan_accuracy.py --analyse   # recompute from the saved raw runs
 """
@@ -345,6 +345,8 @@ def analyse(raw: dict[str, Any], name: str = "plan_accuracy", profiled: dict[str
 
 
 def main() -> None:
+    from harness import add_common_flags, hold_lock
+
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=12)
     p.add_argument(
@@ -382,7 +384,9 @@ def main() -> None:
     p.add_argument("--no-analyse", action="store_true", help="measure only (a chunk); analyse later")
     p.add_argument("--budget-min", type=float, default=math.inf,
                    help="start no run that could end after this many minutes (a chunk under a lock)")
+    add_common_flags(p)
     a = p.parse_args()
+    hold_lock(a.lock)
     if a.wake and not a.hops_from:
         p.error("--wake prices the wake-up from the --hops-from record's shift cases: give --hops-from FILE")
     if a.requests_from and a.no_requests:

@@ -7,7 +7,7 @@ models, each with allreduce and two other strategies. The runs are `plan_accurac
 (`run_one`: `polytrain testbed`, 12 steps, the mean step after two), 5 repeats interleaved.
 
     # as root (the testbed), in chunks under the benchmark lock, as plan_accuracy.py:
-    flock /work/bench.lock .venv/bin/python benchmarks/plan_accuracy_blind.py --repeats 5 \\
+    .venv/bin/python benchmarks/plan_accuracy_blind.py --repeats 5 \\
         [--budget-min 28 --resume] --no-analyse
     .venv/bin/python benchmarks/plan_accuracy_blind.py --analyse   # → results/plan_accuracy_blind.md
 
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import plan_accuracy as pa
-from harness import write_results
+from harness import add_common_flags, hold_lock, write_results
 from plan_accuracy_model import (
     PIPE_PROBES,
     PS_PROBES,
@@ -364,7 +364,9 @@ def main() -> None:
     p.add_argument("--name", help="results file name of the analysis (default: the set's)")
     p.add_argument("--hops-from", type=Path, help="analyse: this set's plan_hops.py measurement "
                    "(default: the set's, HOPS_OF)")
+    add_common_flags(p)
     a = p.parse_args()
+    hold_lock(a.lock)
     scenarios, raw, name = SETS[a.set]
     if not a.analyse:
         pa.measure(a.steps, None, a.repeats, a.resume, 60 * a.budget_min, scenarios, raw)

@@ -3,7 +3,7 @@ collective after each piece of a block's compute), measured and set beside the p
 
     sudo .venv/bin/python benchmarks/plan_blocking.py [--hosts 2,4] [--nics 100mbit,1gbit]
         [--bytes 1024,524288] [--compute-ms 0,4,12] [--iterations 30] [--repeats 5]
-        [--frozen benchmarks/results/plan_accuracy_1129c_split.json] [--name plan_blocking]
+        [--frozen benchmarks/results/plan_accuracy_1129f_1130e.json] [--name plan_blocking]
 
 One process per emulated host (``polytrain.launch.testbed``, one torch thread each); per
 (hosts, nic), ``--repeats`` jobs (a fresh testbed each, the (hosts, nic) pairs interleaved), each
@@ -118,7 +118,7 @@ def main() -> None:
     p.add_argument("--compute-ms", default="0,4,12")
     p.add_argument("--iterations", type=int, default=30)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--frozen", default=str(HERE / "results" / "plan_accuracy_1129c_split.json"))
+    p.add_argument("--frozen", default=str(HERE / "results" / "plan_accuracy_1129f_1130e.json"))
     p.add_argument("--name", default="plan_blocking")
     p.add_argument("--analyse", action="store_true", help="only recompute the table from the jobs kept "
                    "in results/<name>.json")

@@ -12,8 +12,8 @@ core per emulated host that `plan_accuracy.md` fitted), the excess per pass is
 — what the planner's ``pass_overhead_s`` would have to be for this model and W. A per-pass
 overhead that is one number would come out the same for every model and W.
 
-    flock /work/bench.lock .venv/bin/python benchmarks/plan_overhead.py --repeats 3   # as root
-    flock /work/bench.lock .venv/bin/python benchmarks/plan_overhead.py --concurrency 1,2,4 --repeats 3
+    .venv/bin/python benchmarks/plan_overhead.py --repeats 3   # as root
+    .venv/bin/python benchmarks/plan_overhead.py --concurrency 1,2,4 --repeats 3
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import plan_accuracy as pa  # noqa: E402
-from harness import alternating, write_results  # noqa: E402
+from harness import add_common_flags, alternating, hold_lock, write_results  # noqa: E402
 
 FITTED = {"scale": 1.0803848264467948, "alpha": 2e-4, "per_host": 0.03}  # the fit of 5c6dea9 (before 3d0a6be)
 BATCH = {"cnn": 64, "vgg16": 64, "gpt-mini": 32}
@@ -121,7 +121,9 @@ def main() -> None:
     p.add_argument("--concurrency", default="",
                    help="instead: the same compute in n processes at once, e.g. 1,2,4 (no testbed)")
     p.add_argument("--iters", type=int, default=30, help="--concurrency: steps per process")
+    add_common_flags(p)
     a = p.parse_args()
+    hold_lock(a.lock)
     if a.concurrency:
         concurrency(a.models.split(","), [int(n) for n in a.concurrency.split(",")], a.iters, a.repeats)
         return

@@ -4,7 +4,7 @@ so a BSP step pays workers × the time per request beyond its messages and its u
 
     sudo .venv/bin/python benchmarks/plan_ps_requests.py [--models cnn,gpt-mini,vgg16] [--workers 1,2,4]
         [--nic 1gbit] [--steps 60] [--repeats 5]
-        [--frozen benchmarks/results/plan_accuracy_1129f_1130.json]
+        [--frozen benchmarks/results/plan_accuracy_1129f_1130e.json]
         [--profiles-from benchmarks/results/plan_accuracy_raw_1129f.json] [--name plan_ps_requests]
 
 Per model and worker count W: the real runtime (`polytrain testbed -- train --strategy ps --set servers=1`,
@@ -42,9 +42,10 @@ def main() -> None:
     p.add_argument("--nic", default="1gbit")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--frozen", type=Path, default=HERE / "results" / "plan_accuracy_1129f_1130.json")
+    p.add_argument("--frozen", type=Path, default=HERE / "results" / "plan_accuracy_1129f_1130e.json")
     p.add_argument("--profiles-from", type=Path, default=HERE / "results" / "plan_accuracy_raw_1129f.json",
-                   help="the raw runs whose stored profiles price the runs (the fit's pass)")
+                   help="the raw runs whose stored profiles price the runs (the fit's pass; raw files "
+                        "are not kept in git: regenerate with plan_accuracy.py --raw PATH)")
     p.add_argument("--name", default="plan_ps_requests")
     a = p.parse_args()
     from plan_accuracy_model import stored_profiles

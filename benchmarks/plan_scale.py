@@ -16,10 +16,11 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from harness import alternating, fmt_spread, spread, write_results
+from harness import add_common_flags, alternating, fmt_spread, hold_lock, spread, write_results
 
 CLUSTER = "hosts=512,procs_per_host=8,nic=100gbit,intra=300gbyte,latency=5us"
 MODELS = {
@@ -50,9 +51,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--models", default="cnn,vgg16,gpt-mini")
+    add_common_flags(ap)
     args = ap.parse_args()
+    hold_lock(args.lock)
     models = args.models.split(",")
-    out = Path("/tmp/plan_scale")
+    out = Path(tempfile.gettempdir()) / "plan_scale"
     out.mkdir(parents=True, exist_ok=True)
     profiles = {m: profile(m, out) for m in models}  # untimed
     counts = {m: plan(m, profiles[m], out / m)[1] for m in models}  # untimed warm-up

@@ -13,7 +13,7 @@ The excess of the measured step over that is the wait one blocking collective ad
 ranks time-share the cores: a rank that reaches the collective early waits for ranks that are
 not running, and the last message of each hop wakes a rank that must wait for a core.
 
-    flock /work/bench.lock .venv/bin/python benchmarks/plan_sync.py --repeats 5
+    .venv/bin/python benchmarks/plan_sync.py --repeats 5
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from harness import alternating, write_results  # noqa: E402
+from harness import add_common_flags, alternating, hold_lock, write_results  # noqa: E402
 
 CORES = float(os.cpu_count() or 1)
 
@@ -108,7 +108,9 @@ def main() -> None:
     p.add_argument("--compute-ms", default="0,1,4,16", help="compute between collectives (0 first)")
     p.add_argument("--iters", type=int, default=40)
     p.add_argument("--repeats", type=int, default=5)
+    add_common_flags(p)
     a = p.parse_args()
+    hold_lock(a.lock)
     sizes = [float(c) / 1e3 for c in a.compute_ms.split(",")]
     plan = [(c, ops_for(c)) for c in sizes]
     worlds = [int(w) for w in a.worlds.split(",")]

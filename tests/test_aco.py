@@ -21,8 +21,7 @@ from polytrain.aco.tsp import FORMATS, coord_distances, enumerate_optimum, load_
 from polytrain.cli import main
 from polytrain.errors import ConfigError
 
-TSPLIB = Path(__file__).resolve().parents[2] / "shared" / "data" / "tsplib"
-DATA = TSPLIB if TSPLIB.is_dir() else Path("/work/shared/data/tsplib")
+DATA = Path(__file__).resolve().parents[1] / "polytrain" / "aco" / "data"  # the shipped TSPLIB files
 
 
 def _is_perm(tours: torch.Tensor, n: int) -> bool:

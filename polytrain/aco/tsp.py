@@ -263,8 +263,13 @@ def random_instance(n: int, seed: int = 0) -> Instance:
     return Instance(f"random{n}-s{seed}", dist, xy, opt, f"random:{n}:{seed}")
 
 
+# TSPLIB instances shipped with the package (berlin52, eil51, kroA100): ``--tsp berlin52.tsp``
+# finds them when no such file exists where the user runs.
+SHIPPED = Path(__file__).resolve().parent / "data"
+
+
 def load_instance(spec: str) -> Instance:
-    """``FILE.tsp`` or ``random:N[:SEED]`` (instance seed, default 0)."""
+    """``FILE.tsp`` (a bare name not found here: a shipped instance) or ``random:N[:SEED]``."""
     if spec.startswith("random:"):
         parts = spec.split(":")
         try:
@@ -276,4 +281,7 @@ def load_instance(spec: str) -> Instance:
             raise ConfigError(f"--tsp {spec}: expected random:N or random:N:SEED with integers, "
                               "e.g. random:100.") from None
         return random_instance(n, seed)
-    return read_tsplib(Path(spec))
+    path = Path(spec)
+    if not path.exists() and path.parent == Path() and (SHIPPED / path.name).is_file():
+        path = SHIPPED / path.name
+    return read_tsplib(path)
