@@ -48,4 +48,5 @@ def task_loss(spec: DataSpec, out: torch.Tensor, y: torch.Tensor) -> torch.Tenso
 def task_correct(spec: DataSpec, out: torch.Tensor, y: torch.Tensor) -> tuple[int, int]:
     """(correct, counted): samples for classify, suffix tokens for lm."""
     logits, target = _scored(spec, out, y)
-    return int((logits.argmax(dim=-1) == target).sum()), int(target.numel())
+    kept = target != -100  # positions a dataset marks ignored (Hugging Face's convention)
+    return int((logits.argmax(dim=-1) == target)[kept].sum()), int(kept.sum())

@@ -6,6 +6,8 @@ options. It returns one of
 * a map-style ``torch.utils.data.Dataset`` of ``(x, y)`` samples (the training split), or a
   tuple ``(train, test)`` of them;
 * tensors: ``(x, y)`` or ``(x_train, y_train, x_test, y_test)``;
+* samples may be Hugging Face style dicts (``input_ids``, ``labels``, an all-ones
+  ``attention_mask``): see :func:`hf_sample` for how they become ``(x, y)``;
 * a dict with ``train`` (and ``test``) datasets or ``x_train``/``y_train``/``x_test``/``y_test``
   tensors, and optionally ``task`` ("classify" | "lm") and ``num_classes`` where the sample
   cannot tell them.
@@ -53,6 +55,8 @@ def _stack(ds: Any, target: str, split: str) -> tuple[torch.Tensor, torch.Tensor
     xs, ys = [], []
     for i in range(n):
         item = ds[i]
+        if isinstance(item, Mapping):
+            item = hf_sample(item, f"Dataset '{target}': {split}[{i}]")
         if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise ConfigError(f"Dataset '{target}': {split}[{i}] is a {type(item).__name__}, "
                               "not an (x, y) pair. Return (input, label) from __getitem__.")
@@ -63,6 +67,31 @@ def _stack(ds: Any, target: str, split: str) -> tuple[torch.Tensor, torch.Tensor
     except RuntimeError as exc:
         raise ConfigError(f"Dataset '{target}': {split} samples differ in shape ({exc}); every "
                           "x must have one shape, and every y.") from None
+
+
+IGNORE = -100  # F.cross_entropy's default ignore_index, and Hugging Face's
+
+
+def hf_sample(item: Mapping[str, Any], where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Hugging Face style sample ``{"input_ids", "labels" (or "label"), "attention_mask"}`` as
+    the model-call contract's ``(x, y)``: x = input_ids; token labels of x's shape are Hugging
+    Face's unshifted causal-LM labels, so y[t] = labels[t + 1] with the last position ignored
+    (the loss Hugging Face computes); a class label is y as it is. Padding is not supported."""
+    if "input_ids" not in item:
+        raise ConfigError(f"{where} is a dict without 'input_ids' (keys: {', '.join(item)}); "
+                          "return (input, label) pairs or Hugging Face style dicts.")
+    x = torch.as_tensor(item["input_ids"])
+    mask = item.get("attention_mask")
+    if mask is not None and not bool(torch.as_tensor(mask).all()):
+        raise ConfigError(f"{where} has padding (attention_mask zeros); polytrain feeds "
+                          "input_ids alone, so give samples of one length without padding.")
+    labels = item.get("labels", item.get("label"))
+    if labels is None:
+        raise ConfigError(f"{where} has no 'labels' (or 'label'); a training sample needs one.")
+    y = torch.as_tensor(labels)
+    if y.shape == x.shape and x.dim() == 1:
+        y = torch.cat([y[1:], y.new_full((1,), IGNORE)])
+    return x, y
 
 
 def _tensors(obj: Any, target: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:

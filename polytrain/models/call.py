@@ -19,6 +19,10 @@ cross-entropy over all T positions. A Hugging Face causal LM is therefore never 
 nanoGPT-style model gets ``targets`` on every call, training and evaluation alike, because without
 them it returns the logits of the last position only.
 
+A user dataset may give Hugging Face style dict samples; :func:`polytrain.data.user.hf_sample`
+turns them into this ``(x, y)`` form (``labels`` shifted, the last position ignored), so the loss
+equals the one the model would compute from ``labels`` itself.
+
 When a pipeline or tensor-parallel strategy cuts the model by tracing, the traced root calls the
 model the same way (:meth:`ModelCall.logits`) and keeps the logits of every position; the job's
 loss is then taken on the last stage. A ``targets`` model's own loss and the job's task loss are the

@@ -89,7 +89,8 @@ def validate_model(name: str, spec: DataSpec, options: Mapping[str, Any] | BaseM
     if is_user_model(name):
         from polytrain.models.user import split_target
 
-        split_target(name)
+        if not name.startswith("hf:"):  # hf:TYPE or hf:DIRECTORY, checked when built
+            split_target(name)
         if isinstance(options, BaseModel):
             options = options.model_dump()
         return UserModelOptions(**dict(options or {}))
