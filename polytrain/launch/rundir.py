@@ -148,7 +148,7 @@ def write_results(
     if model_state is not None:  # the user's own key names: MyModel(...).load_state_dict(...)
         from polytrain.models.export import user_state_dict
 
-        torch.save(user_state_dict(model_state, job.form), run_dir / "model.pt")
+        torch.save(user_state_dict(model_state, job.form, job.user_keys), run_dir / "model.pt")
     atomic_json(run_dir / "summary.json", build_summary(job, ctx, records, events))
 
 

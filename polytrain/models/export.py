@@ -35,10 +35,14 @@ def user_key(key: str, form: Form) -> str:
     return key
 
 
-def user_state_dict(state: dict[str, torch.Tensor], form: Form) -> dict[str, torch.Tensor]:
+def user_state_dict(state: dict[str, torch.Tensor], form: Form,
+                    keys: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
     """``state`` under the user's own key names (see the module doc); the same tensor named
-    twice (a tied weight seen by two segments) is kept once per user name."""
+    twice (a tied weight seen by two segments) is kept once per user name. ``keys``: the user
+    module's own keys, in its order (a traced model's segments may hold more)."""
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
         out.setdefault(user_key(key, form), value)
+    if keys is not None:
+        out = {k: out[k] for k in keys if k in out}
     return out

@@ -355,4 +355,7 @@ def _tag(seq: nn.Sequential, tracer: str, fallback: str | None, model: nn.Module
     seq.tracer = tracer  # type: ignore[assignment]
     seq.tracer_fallback = fallback  # type: ignore[assignment]
     seq.__dict__["model_call"] = ModelCall.of(model)  # how the traced root called the module
+    # the module's own state-dict keys: a segment may hold a non-persistent buffer of the module
+    # (BERT's position_ids) as a persistent one, which model.pt leaves out
+    seq.__dict__["user_keys"] = tuple(model.state_dict().keys())
     return seq

@@ -52,6 +52,7 @@ class Job:
     model_call: str = field(default="", init=False)
     # How the model's state dict names the user's tensors (polytrain.models.export), for model.pt.
     form: Form = field(default="layers", init=False)
+    user_keys: tuple[str, ...] | None = field(default=None, init=False)
     # Set by build_model for a model cut by split=: which tracer made the stages (and why not
     # torch.export, when it fell back); the worker adds it to the run's strategy metrics.
     split_tracer: dict[str, str] = field(default_factory=dict, init=False)
@@ -84,6 +85,7 @@ class Job:
                 self.split_tracer["split_tracer_fallback"] = str(fallback)
         self.call = call_of(model)
         self.form = "traced" if tracer else ("whole" if isinstance(model, UserModule) else "layers")
+        self.user_keys = model.__dict__.get("user_keys")
         traced = model.__dict__.get("model_call")
         self.model_call = (f"{traced.describe()}; traced into {len(model)} segments that return "
                            "every position's logits, scored on the last stage" if traced is not None

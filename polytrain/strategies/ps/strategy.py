@@ -87,10 +87,16 @@ def model_plan(cfg: JobConfig, kind: str, servers: int) -> ShardPlan:
 def check_no_buffers(cfg: JobConfig, name: str) -> None:
     """Parameter servers hold parameters only: a model's buffers (BatchNorm's running statistics)
     would never reach the model the servers evaluate and save. Refused before launch."""
+    from torch.nn.modules.batchnorm import _NormBase
+
     from polytrain.strategies.pipeline.options import meta_model
 
     model = meta_model(cfg)  # None: a factory that cannot build on meta (not checked here)
-    names = [n for n, _ in model.named_buffers()] if model is not None else []
+    # buffers that training changes: running statistics; constants (rotary frequencies, position
+    # ids) are rebuilt the same by every model the servers and workers make
+    names = [f"{m}.{b}" if m else b for m, mod in (model.named_modules() if model is not None else [])
+             if isinstance(mod, _NormBase) and mod.track_running_stats
+             for b, _ in mod.named_buffers(recurse=False)]
     if names:
         raise ConfigError(
             f"Strategy '{name}' keeps the model's parameters on its servers but not its buffers, "
