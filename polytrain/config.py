@@ -67,6 +67,10 @@ class JobConfig(BaseModel):
     slow_factor: float = 1.0
     timeout_s: float = 60.0
     on_nonfinite: Literal["stop", "skip"] = "stop"
+    on_divergence: Literal["stop", "skip", "warn"] = "stop"  # finite divergence (runtime/divergence.py)
+    divergence_factor: float = 1e3
+    divergence_window: int = 10
+    max_param: float = 1e6
     out: str | None = None
     debug: bool = False
 
@@ -133,6 +137,29 @@ class JobConfig(BaseModel):
     def _slow(cls, v: float) -> float:
         if not v >= 1.0 or not math.isfinite(v):
             raise ValueError(f"a straggler's slow-down factor must be a finite number >= 1 (got {v})")
+        return v
+
+    @field_validator("divergence_factor")
+    @classmethod
+    def _factor(cls, v: float) -> float:
+        if not (v == 0 or (v > 1 and math.isfinite(v))):
+            raise ValueError(f"the loss bound is a factor over its running minimum: a finite "
+                             f"number > 1, or 0 to turn the loss check off (got {v}); default 1000")
+        return v
+
+    @field_validator("divergence_window")
+    @classmethod
+    def _window(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"the divergence window is a number of steps >= 1 (got {v}); default 10")
+        return v
+
+    @field_validator("max_param")
+    @classmethod
+    def _max_param(cls, v: float) -> float:
+        if not (v == 0 or (v > 0 and math.isfinite(v))):
+            raise ValueError(f"the parameter bound is a finite positive magnitude, or 0 to turn it "
+                             f"off (got {v}); default 1e6")
         return v
 
     @field_validator("keep_checkpoints")

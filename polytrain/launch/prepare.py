@@ -11,7 +11,7 @@ from polytrain.data import DataSpec, dataset_spec, validate_dataset_options
 from polytrain.errors import ConfigError
 from polytrain.models import is_user_model, validate_model
 from polytrain.models.contract import check_job
-from polytrain.runtime.divergence import check_on_nonfinite
+from polytrain.runtime.divergence import check_on_divergence, check_on_nonfinite
 from polytrain.runtime.supports import Request, refusal, requested
 from polytrain.strategies import Strategy, get_strategy_class, make_strategy, registry
 
@@ -26,6 +26,10 @@ RESUMABLE_CHANGES = {
     "keep_checkpoints",
     "out",
     "on_nonfinite",
+    "on_divergence",
+    "divergence_factor",
+    "divergence_window",
+    "max_param",
 }
 
 
@@ -79,6 +83,7 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
         )
     strategy.check(cfg, cfg.procs)
     check_on_nonfinite(cfg)
+    check_on_divergence(cfg)
     steps = total_steps(cfg, spec.train_size)
     return Prepared(cfg, strategy, spec, steps)
 

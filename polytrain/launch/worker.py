@@ -170,6 +170,7 @@ def _rank_record(ctx: RankContext, result: RankResult) -> dict[str, Any]:
         "peak_rss_bytes": peak_rss_bytes(),
         "busy_s": ctx.recorder.busy_s(),
         "resumed": ctx.recorder.resumed,
+        "bytes_sent_run": ctx.recorder.base_bytes + ctx.comm.bytes_sent,  # earlier launches too
         "strategy_metrics": result.strategy_metrics,
         **ctx.comm.summary(),
     }
