@@ -210,7 +210,7 @@ def _resolve_auto(args: argparse.Namespace) -> None:
     from polytrain.plan.commands import auto_strategy
 
     if args.strategy != "auto":
-        if args.cluster:
+        if args.cluster is not None:
             raise ConfigError("--cluster is read by --strategy auto only. Fix: add --strategy auto, "
                               "or drop --cluster.")
         return

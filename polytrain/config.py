@@ -37,6 +37,7 @@ STRAGGLER_KEYS = ("slow_rank", "slow_factor")
 # Options of the model whatever the strategy: --set split=PATHS|auto cuts a user's module into
 # traced stages (polytrain/models/trace.py), so it goes to model_options.
 MODEL_KEYS = ("split",)
+MAX_STEPS = 10**12  # far past any real run; above it a number is a typo (--steps 1e20)
 
 
 class JobConfig(BaseModel):
@@ -86,6 +87,21 @@ class JobConfig(BaseModel):
     def _positive(cls, v: int) -> int:
         if v < 1:
             raise ValueError(f"must be at least 1 (got {v})")
+        return v
+
+    @field_validator("steps")
+    @classmethod
+    def _steps_bound(cls, v: int) -> int:
+        if v > MAX_STEPS:
+            raise ValueError(f"at most {MAX_STEPS:.0e} steps (got {v}); use --epochs for long runs")
+        return v
+
+    @field_validator("out")
+    @classmethod
+    def _out(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("--out is empty; name a run directory, or leave --out out for "
+                             "runs/<time>-<strategy>")
         return v
 
     @field_validator("lr", "timeout_s")
@@ -204,6 +220,9 @@ def read_toml(path: str | Path) -> dict[str, Any]:
             f"Cannot read config file '{p}': {e.strerror or e}. "
             "Pass the path of a readable TOML file to --config."
         ) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"Config file '{p}' is not text (not UTF-8): a TOML job file is plain "
+                          "text. Pass the path of a TOML file to --config.") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -95,7 +96,7 @@ def _holder_pid(run: Path) -> int | None:
 def test_two_resumes_of_one_run_at_once_one_is_refused(tmp_path: Path) -> None:
     run = tmp_path / "run"
     r = run_cli("train", *JOBS["single"], "--steps", "4", "--checkpoint-every", "2", "--out", str(run))
-    more = ["--steps", "2000", "--checkpoint-every", "1000", "--no-report"]
+    more = ["--steps", "40", "--checkpoint-every", "20", "--no-report"]
     assert r.returncode == 0, r.stderr
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160"}
     args = [sys.executable, "-m", "polytrain", "train", "--resume", str(run), *more]
@@ -105,7 +106,11 @@ def test_two_resumes_of_one_run_at_once_one_is_refused(tmp_path: Path) -> None:
         while _holder_pid(run) != first.pid:
             assert time.monotonic() < deadline and first.poll() is None, first.communicate()
             time.sleep(0.05)
-        second = run_cli("train", "--resume", str(run), *more)
+        first.send_signal(signal.SIGSTOP)  # hold the first launcher (and its lock) still
+        try:
+            second = run_cli("train", "--resume", str(run), *more)
+        finally:
+            first.send_signal(signal.SIGCONT)
         assert second.returncode != 0
         line = [x for x in second.stderr.splitlines() if "in use by" in x]
         assert line and f"pid {first.pid}" in line[0], second.stderr
@@ -117,4 +122,4 @@ def test_two_resumes_of_one_run_at_once_one_is_refused(tmp_path: Path) -> None:
             first.kill()
             first.wait()
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps_run"] == 2000 and list(step_losses(run)) == list(range(1, 2001))
+    assert summary["steps_run"] == 40 and list(step_losses(run)) == list(range(1, 41))
