@@ -159,7 +159,12 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
         nproc_per_node=cfg.procs,
         run_id=uuid.uuid4().hex[:12],
         rdzv_backend="c10d",
-        rdzv_endpoint=f"{bind}:{free_port()}",
+        rdzv_endpoint=f"{bind}:{free_port(bind)}",
+        # one node: this launcher hosts the rendezvous store, on whatever address --bind names.
+        # torch guesses by matching the endpoint against the hostname's addresses, and where
+        # /etc/hosts maps the hostname to 127.0.0.1 it took this host's own interface address
+        # for another host's, waited 2.5 min as a client and failed (issue 50, item 6)
+        rdzv_configs={"is_host": True},
         max_restarts=0,
         monitor_interval=0.1,
         local_addr=bind,
