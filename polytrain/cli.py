@@ -36,6 +36,14 @@ JOB_FLAGS: list[tuple[str, str, Any, str]] = [
     ("timeout_s", "--timeout", float, "seconds a rank waits for its peers before failing; default 60"),
     ("on_nonfinite", "--on-nonfinite", str, "stop | skip: a non-finite loss, gradient or parameter "
      "stops the run (default), or a step with a non-finite gradient is skipped (single, allreduce)"),
+    ("on_divergence", "--on-divergence", str, "stop | skip | warn: a finite loss past "
+     "--divergence-factor x its running minimum stops the run (default), skips the update "
+     "(single, allreduce) or is noted"),
+    ("divergence_factor", "--divergence-factor", float, "loss bound over its running minimum; "
+     "default 1000 (0: off)"),
+    ("divergence_window", "--divergence-window", int, "steps a divergence may have been building: "
+     "checkpoints that close to it are set aside; default 10"),
+    ("max_param", "--max-param", float, "largest |parameter| a checkpoint may hold; default 1e6 (0: off)"),
     ("out", "--out", str, "run directory; default runs/<time>-<strategy>"),
 ]
 
@@ -202,7 +210,7 @@ def _resolve_auto(args: argparse.Namespace) -> None:
     from polytrain.plan.commands import auto_strategy
 
     if args.strategy != "auto":
-        if args.cluster:
+        if args.cluster is not None:
             raise ConfigError("--cluster is read by --strategy auto only. Fix: add --strategy auto, "
                               "or drop --cluster.")
         return

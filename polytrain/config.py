@@ -37,6 +37,7 @@ STRAGGLER_KEYS = ("slow_rank", "slow_factor")
 # Options of the model whatever the strategy: --set split=PATHS|auto cuts a user's module into
 # traced stages (polytrain/models/trace.py), so it goes to model_options.
 MODEL_KEYS = ("split",)
+MAX_STEPS = 10**12  # far past any real run; above it a number is a typo (--steps 1e20)
 
 
 class JobConfig(BaseModel):
@@ -67,6 +68,10 @@ class JobConfig(BaseModel):
     slow_factor: float = 1.0
     timeout_s: float = 60.0
     on_nonfinite: Literal["stop", "skip"] = "stop"
+    on_divergence: Literal["stop", "skip", "warn"] = "stop"  # finite divergence (runtime/divergence.py)
+    divergence_factor: float = 1e3
+    divergence_window: int = 10
+    max_param: float = 1e6
     out: str | None = None
     debug: bool = False
 
@@ -82,6 +87,21 @@ class JobConfig(BaseModel):
     def _positive(cls, v: int) -> int:
         if v < 1:
             raise ValueError(f"must be at least 1 (got {v})")
+        return v
+
+    @field_validator("steps")
+    @classmethod
+    def _steps_bound(cls, v: int) -> int:
+        if v > MAX_STEPS:
+            raise ValueError(f"at most {MAX_STEPS:.0e} steps (got {v}); use --epochs for long runs")
+        return v
+
+    @field_validator("out")
+    @classmethod
+    def _out(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("--out is empty; name a run directory, or leave --out out for "
+                             "runs/<time>-<strategy>")
         return v
 
     @field_validator("lr", "timeout_s")
@@ -135,6 +155,29 @@ class JobConfig(BaseModel):
             raise ValueError(f"a straggler's slow-down factor must be a finite number >= 1 (got {v})")
         return v
 
+    @field_validator("divergence_factor")
+    @classmethod
+    def _factor(cls, v: float) -> float:
+        if not (v == 0 or (v > 1 and math.isfinite(v))):
+            raise ValueError(f"the loss bound is a factor over its running minimum: a finite "
+                             f"number > 1, or 0 to turn the loss check off (got {v}); default 1000")
+        return v
+
+    @field_validator("divergence_window")
+    @classmethod
+    def _window(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"the divergence window is a number of steps >= 1 (got {v}); default 10")
+        return v
+
+    @field_validator("max_param")
+    @classmethod
+    def _max_param(cls, v: float) -> float:
+        if not (v == 0 or (v > 0 and math.isfinite(v))):
+            raise ValueError(f"the parameter bound is a finite positive magnitude, or 0 to turn it "
+                             f"off (got {v}); default 1e6")
+        return v
+
     @field_validator("keep_checkpoints")
     @classmethod
     def _keep(cls, v: int) -> int:
@@ -177,6 +220,9 @@ def read_toml(path: str | Path) -> dict[str, Any]:
             f"Cannot read config file '{p}': {e.strerror or e}. "
             "Pass the path of a readable TOML file to --config."
         ) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"Config file '{p}' is not text (not UTF-8): a TOML job file is plain "
+                          "text. Pass the path of a TOML file to --config.") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

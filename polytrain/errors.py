@@ -18,7 +18,14 @@ class RankFailure(PolytrainError):
 
 
 class DivergedError(PolytrainError):
-    """Training produced a non-finite loss or non-finite parameters; the job stops."""
+    """Training diverged (a non-finite loss or parameter, or a finite loss or parameter past its
+    bound); the job stops. ``step``: where it was seen; ``since``: the first step the divergence
+    may have begun at (the detector's window), so checkpoints after ``since - 1`` are not good."""
+
+    def __init__(self, message: str, step: int | None = None, since: int | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.since = since if since is not None else step
 
 
 class Interrupted(PolytrainError):

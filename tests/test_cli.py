@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,12 +48,28 @@ BAD = [
     (["--config", "/nonexistent/job.toml"], "Cannot read config file"),
     (["--set", "bucket=1"], "unknown option 'bucket'.*bucket_mb"),
     (["--set", "model.widht=3"], "widht"),
+    # issue 50 item 11: each refused before any process starts, in one line
+    (["--config", sys.executable], "is not text"),
+    (["--steps", "100000000000000000000"], "at most 1e\\+12 steps"),
+    (["--out", ""], "--out is empty"),
+    (["--cluster", ""], "--cluster is read by --strategy auto only"),
+    (["--dataset", "tests.bad_data:empty"], "inputs but 0 labels|train split is empty"),
+    (["--dataset", "tests.bad_data:negative"], "labels include -1"),
+    (["--dataset", "tests.bad_data:mismatch"], "32 inputs but 30 labels"),
+    (["--dataset", "tests.bad_data:floats"], "train labels are torch.float"),
+    (["--dataset", "tests.bad_data:tiny", "--model", "mlp"], "larger than the 3 training samples"),
+    (["plan", "--cluster", ""], "--cluster is empty"),
+    (["plan", "--cluster", "hosts=2,hosts=3"], "gives 'hosts' twice"),
+    (["plan", "--cluster", "nic=1e400gbit"], "not a finite rate"),
+    (["plan", "--cluster", "hosts=1000000000"], "the planner models at most 131,072"),
 ]
+COMMANDS = ("plan",)
 
 
 @pytest.mark.parametrize("args,message", BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_bad_input_is_refused_before_any_process(tmp_path: Path, args: list[str], message: str) -> None:
-    r = run_cli("train", *args, cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
+    cmd = [] if args and args[0] in COMMANDS else ["train"]
+    r = run_cli(*cmd, *args, cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr
     import re

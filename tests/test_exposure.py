@@ -136,3 +136,35 @@ def test_listening_fd_is_bound_where_asked() -> None:
     fd = listening_fd("127.0.0.1", 0)
     with socket.socket(fileno=fd) as s:
         assert s.getsockname()[0] == "127.0.0.1"
+
+
+def _own_address() -> str | None:
+    """A non-loopback IPv4 address of one of this host's interfaces (None: there is none)."""
+    import fcntl
+    import struct
+
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:  # SIOCGIFADDR
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue
+        addr = socket.inet_ntoa(packed[20:24])
+        if not ipaddress.ip_address(addr).is_loopback:
+            return addr
+    return None
+
+
+@pytest.mark.slow
+def test_bind_to_this_host_s_own_address_hosts_the_store_there(tmp_path: Path) -> None:
+    """Issue 50 item 6: with the hostname mapped to 127.0.0.1 (/etc/hosts here), torch took this
+    host's own interface address for another host's and waited as a store client; the launcher
+    now hosts its rendezvous store on the --bind address itself."""
+    addr = _own_address()
+    if addr is None:
+        pytest.skip("this host has no non-loopback IPv4 address")
+    seen, exposed = _exposed_while_running(
+        [sys.executable, "-m", "polytrain", "train", "--bind", addr, "--procs", "2", "--steps", "60",
+         "--no-report", "--out", str(tmp_path / "run")], tmp_path)
+    assert addr in {a for a, _ in exposed}, f"no store listened on {addr}: {sorted(seen)}"
+    assert {a for a, _ in exposed} <= {addr}, f"listening beyond {addr}: {sorted(exposed)}"

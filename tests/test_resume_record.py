@@ -38,7 +38,7 @@ def test_rewind_drops_later_steps_and_continues_the_clock(tmp_path: Path) -> Non
     assert [e["pid"] for e in evs if e["event"] == "process"] == [1, 2]
     assert [e["from_step"] for e in evs if e["event"] == "resume"] == [3]
     assert all(e["t"] >= 100.0 for e in evs if e["event"] == "step" and e["step"] > 3)
-    assert again.resumed == {"from_step": 3, "t": 100.0, "samples": 24}
+    assert again.resumed == {"from_step": 3, "t": 100.0, "samples": 24, "bytes_sent": 0}
 
 
 def test_a_fresh_record_starts_empty_and_a_half_line_is_dropped(tmp_path: Path) -> None:

@@ -49,6 +49,22 @@ def _wait_for_steps(path: Path, steps: int = 120, timeout: float = 120) -> int:
     raise AssertionError(f"{path} never finished an episode after {steps} env steps")
 
 
+def test_a_stalled_actor_is_lost_and_the_run_ends(tmp_path: Path) -> None:
+    """Issue 50 item 10: an actor SIGSTOPped mid-run neither exits nor speaks; it is in
+    ``lost_actors`` and the launcher ends the run once the learner and replay are done."""
+    run = tmp_path / "run"
+    proc = _rl("apex", "--actors", "2", "--out", str(run), "--actor-timeout", "2", *SHORT)
+    try:
+        pid = _wait_for_steps(run / "ranks" / "rank3.jsonl")  # actor 1
+        os.kill(pid, signal.SIGSTOP)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    s = json.loads((run / "summary.json").read_text())
+    assert [x["rank"] for x in s["lost_actors"]] == [3], s["lost_actors"]
+
+
 def test_apex_flow_and_a_killed_actor(tmp_path: Path) -> None:
     """Experience flows, priorities update, parameters are published and fetched, bytes are
     counted — and an actor SIGKILLed mid-run is reported while the learner keeps learning."""

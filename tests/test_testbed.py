@@ -234,17 +234,44 @@ def test_concurrent_processes_get_distinct_testbeds() -> None:
     assert all(_ours(i["id"]) == [] for i in infos)
 
 
+HOLD_BUSY = """
+import json, sys, time
+from polytrain.launch import netns
+from polytrain.launch.testbed import Testbed as Bed
+with Bed(2, "100mbit") as tb:
+    tb.popen(0, ["sleep", "600"])
+    tb.popen(1, ["setsid", "sleep", "600"])  # forks out of our process group
+    time.sleep(0.3)
+    pids = netns.netns_pids(tb.host_ns(0)) + netns.netns_pids(tb.host_ns(1))
+    print(json.dumps({"id": tb.id, "ns": tb.namespaces, "pids": pids}), flush=True)
+    time.sleep(600)
+"""
+
+
 @needs_net
-def test_testbed_of_a_killed_owner_is_removed_by_the_next_start() -> None:
-    child = _hold()
+def test_a_testbed_whose_owner_is_killed_is_reaped_within_5_s() -> None:
+    """Issue 50 item 7: SIGKILL runs no teardown; the testbed's reaper (its own session) kills
+    the processes inside and deletes the namespaces."""
+    child = subprocess.Popen([sys.executable, "-c", HOLD_BUSY], cwd=REPO, text=True,
+                             stdout=subprocess.PIPE)
     assert child.stdout is not None
     info = json.loads(child.stdout.readline())
+    assert sorted(_ours(info["id"])) == sorted(info["ns"]) and len(info["pids"]) >= 2
     child.kill()  # SIGKILL: no teardown runs
     child.wait()
-    assert sorted(_ours(info["id"])) == sorted(info["ns"])
-    with Bed(1, "100mbit") as tb:  # every start first removes testbeds of dead owners
-        assert tb.id == info["id"] or _ours(info["id"]) == []
-    assert _ours(info["id"]) == []
+    end = time.monotonic() + 5
+    while (_ours(info["id"]) or any(_alive(p) for p in info["pids"])) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert _ours(info["id"]) == [], "namespaces left 5 s after the owner's SIGKILL"
+    assert not [p for p in info["pids"] if _alive(p)], "processes left inside"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 CHILD = """

@@ -124,9 +124,12 @@ class _Reader:
                 break
             for tok in text.split():
                 try:
-                    out.append((float(tok), i + 1))
+                    value = float(tok)
                 except ValueError:
                     raise self.fail(i + 1, f"{field_}: '{tok}' is not a number.") from None
+                if not math.isfinite(value):
+                    raise self.fail(i + 1, f"{field_}: '{tok}' is not a finite number.")
+                out.append((value, i + 1))
             i += 1
         if len(out) < count:
             raise self.fail(i + 1 if i < len(self.lines) else len(self.lines),
@@ -190,7 +193,12 @@ def _explicit(r: _Reader, keys: dict[str, tuple[str, int]], sections: dict[str, 
 def _coords(r: _Reader, sections: dict[str, int], n: int, section: str) -> torch.Tensor:
     if section not in sections:
         raise ConfigError(f"{r.path}: {section} is missing (needed by the coordinates' weight type).")
-    nums, _ = r.numbers(sections[section], 3 * n, section)
+    nums, end = r.numbers(sections[section], 3 * n, section)
+    more = end < len(r.lines) and re.match(r"^[-+.\d]", r.lines[end].strip())
+    if len(nums) > 3 * n or more:
+        raise r.fail(end + 1 if more else nums[3 * n][1],
+                     f"{section}: DIMENSION says {n} cities but the section lists more. Fix: make "
+                     "DIMENSION the number of cities listed.")
     xy = torch.zeros(n, 2, dtype=torch.float64)
     seen: set[int] = set()
     for k in range(n):
@@ -223,6 +231,10 @@ def read_tsplib(path: Path) -> Instance:
         where = f"{path}:{wline}: EDGE_WEIGHT_TYPE" if wline else f"{path}: EDGE_WEIGHT_TYPE"
         raise ConfigError(f"{where} '{wtype}' is not supported; use one of "
                           f"{', '.join(COORD_TYPES)}, EXPLICIT.")
+    off = dist[~torch.eye(n, dtype=torch.bool)]
+    if n > 1 and not bool((off > 0).any()):
+        raise ConfigError(f"{path}: every city is at the same place (all distances 0): no tour is "
+                          "shorter than another. Fix: give the cities' real coordinates.")
     name = keys.get("NAME", (path.stem, 0))[0] or path.stem
     return Instance(name, dist, coords, _optimum(name, keys, dist), str(path),
                     {k: v for k, (v, _) in keys.items()})

@@ -128,6 +128,26 @@ def _splits(result: Any, target: str) -> tuple[tuple[torch.Tensor, ...], dict[st
     return (x, y, xt, yt), meta
 
 
+def _check_pairs(name: str, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor,
+                 yt: torch.Tensor) -> None:
+    """Refuse, before any process starts, data a rank would fail on with a bare IndexError:
+    no samples, inputs and labels of different lengths, float or negative labels."""
+    for split, (a, b) in (("train", (x, y)), ("test", (xt, yt))):
+        if a.dim() == 0 or b.dim() == 0 or a.shape[0] != b.shape[0]:
+            raise ConfigError(f"Dataset '{name}': the {split} split has {len(a) if a.dim() else 0} "
+                              f"inputs but {len(b) if b.dim() else 0} labels; return one label per "
+                              "input (x and y of the same length).")
+        if b.numel() and b.is_floating_point():
+            raise ConfigError(f"Dataset '{name}': {split} labels are {b.dtype}; polytrain's tasks "
+                              "take integer class ids (classify) or next-token ids (lm). Return "
+                              "y as torch.long.")
+        if b.numel() and int(b.min()) < 0:
+            raise ConfigError(f"Dataset '{name}': {split} labels include {int(b.min())}; class ids "
+                              "are 0..C-1. Map the labels to non-negative ids.")
+    if x.shape[0] == 0:
+        raise ConfigError(f"Dataset '{name}': the train split is empty.")
+
+
 def _spec(name: str, x: torch.Tensor, y: torch.Tensor, xt: torch.Tensor, yt: torch.Tensor,
           meta: dict[str, Any]) -> DataSpec:
     floating = x.is_floating_point()
@@ -175,6 +195,7 @@ def _load(target: str, options_json: str, seed: int) -> Dataset:
         raise ConfigError(f"Dataset factory '{target}' raised {type(exc).__name__}: {exc} "
                           f"(called with {kwargs}).") from exc
     (x, y, xt, yt), meta = _splits(result, target)
+    _check_pairs(target, x, y, xt, yt)
     if x.is_floating_point():
         x, xt = x.float(), xt.float()
     else:

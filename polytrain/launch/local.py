@@ -26,10 +26,17 @@ from rich.console import Console
 from polytrain.config import JobConfig
 from polytrain.errors import Interrupted, RankFailure
 from polytrain.launch.agent import is_timeout, prompt_stop, unresponsive
-from polytrain.launch.prepare import check_resume_steps, prepare
+from polytrain.launch.lock import hold_run_dir
+from polytrain.launch.prepare import Prepared, check_resume_steps, prepare
 from polytrain.launch.reaper import AGENT_LOGS_ENV
-from polytrain.launch.records import LAUNCHER_PID_ENV, free_port, read_error_record
-from polytrain.launch.rundir import new_run_dir, read_summary, write_config, write_interrupted
+from polytrain.launch.records import LAUNCHER_PID_ENV, free_port, oom_kills, read_error_record
+from polytrain.launch.rundir import (
+    new_run_dir,
+    read_summary,
+    record_failure,
+    write_config,
+    write_interrupted,
+)
 from polytrain.launch.stores import BIND_ENV, LOOPBACK, stores_bound_to
 from polytrain.runtime.progress import FollowProgress
 
@@ -110,16 +117,22 @@ def launch(
     cfg: JobConfig, *, resume: bool = False, run_dir: Path | None = None, console: Console | None = None
 ) -> dict[str, Any]:
     """Validate, run the job on ``cfg.procs`` local processes, and return its summary."""
+    started = time.time()
+    prepared = prepare(cfg, resume=resume)
+    if run_dir is None:
+        run_dir = new_run_dir(cfg)
+    with hold_run_dir(run_dir):  # one job at a time writes a run directory
+        if resume:
+            check_resume_steps(run_dir, cfg, prepared.steps)
+        return _launch(cfg, prepared, resume, run_dir, console, started)
+
+
+def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
+            console: Console | None, started: float) -> dict[str, Any]:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    started = time.time()
-    prepared = prepare(cfg, resume=resume)
-    if resume and run_dir is not None:
-        check_resume_steps(run_dir, cfg, prepared.steps)
-    if run_dir is None:
-        run_dir = new_run_dir(cfg)
     cfg = cfg.model_copy(update={"out": str(run_dir)})
     if not resume:
         write_config(run_dir, cfg)
@@ -146,7 +159,12 @@ def launch(
         nproc_per_node=cfg.procs,
         run_id=uuid.uuid4().hex[:12],
         rdzv_backend="c10d",
-        rdzv_endpoint=f"{bind}:{free_port()}",
+        rdzv_endpoint=f"{bind}:{free_port(bind)}",
+        # one node: this launcher hosts the rendezvous store, on whatever address --bind names.
+        # torch guesses by matching the endpoint against the hostname's addresses, and where
+        # /etc/hosts maps the hostname to 127.0.0.1 it took this host's own interface address
+        # for another host's, waited 2.5 min as a client and failed (issue 50, item 6)
+        rdzv_configs={"is_host": True},
         max_restarts=0,
         monitor_interval=0.1,
         local_addr=bind,
@@ -159,13 +177,16 @@ def launch(
     rank0 = run_dir / "ranks" / "rank0.jsonl"
     label = f"{cfg.strategy} ×{cfg.procs}"
     states: dict[int, str] = {}  # the live ranks' process states when a failure stopped them
+    ooms = oom_kills()  # the kernel's OOM kills so far: a rise names a SIGKILLed rank's cause
     try:
         with FollowProgress(rank0, prepared.steps, label, console), \
                 rank_environment(cfg.procs, agent_dir), stores_bound_to(bind), \
                 prompt_stop(states, SHUTDOWN_TIMEOUT_S):
             elastic_launch(lc, sys.executable)("-m", "polytrain.launch.rank_main", str(payload_path))
     except ChildFailedError as err:
-        raise RankFailure(describe_failure(run_dir, err, cfg.debug, states)) from None
+        oom = (oom_kills() or 0) > (ooms or 0)
+        message = describe_failure(run_dir, err, cfg.debug, states, oom=oom)
+        raise RankFailure(message + record_failure(run_dir, cfg, err.get_first_failure()[0])) from None
     except SignalException as exc:
         raise Interrupted(_interrupted(run_dir, cfg, exc.sigval, started),
                           128 + int(exc.sigval)) from None
@@ -211,7 +232,8 @@ def _last_step(run_dir: Path, rank: int) -> int:
     return last
 
 
-def describe_failure(run_dir: Path, err: Any, debug: bool, states: dict[int, str] | None = None) -> str:
+def describe_failure(run_dir: Path, err: Any, debug: bool, states: dict[int, str] | None = None,
+                     oom: bool = False) -> str:
     """One paragraph per failed rank, the first failure first. When the first failure is a
     rank that timed out waiting and another rank was alive but not answering (``states``: the
     live ranks' process states), that rank is named first: it is the cause."""
@@ -240,6 +262,10 @@ def describe_failure(run_dir: Path, err: Any, debug: bool, states: dict[int, str
                     f"died ({sig}) while its process was starting, before polytrain's rank code "
                     "ran (its Python error, if any, is printed above)"
                 )
+            elif oom and failure.exitcode == -signal.SIGKILL:
+                what = (f"was killed by the kernel's out-of-memory killer after step "
+                        f"{_last_step(run_dir, rank)} (its memory cgroup counted an OOM kill); "
+                        "use a smaller --batch-size or model, or fewer --procs")
             else:
                 what = (
                     f"died ({sig}) after step {_last_step(run_dir, rank)} without an error "

@@ -15,6 +15,8 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from contextlib import suppress
@@ -351,6 +353,40 @@ def claim_id() -> str | None:
 
 def release_id(tb_id: str) -> None:
     (OWNER_DIR / f"{tb_id}.pid").unlink(missing_ok=True)
+
+
+# The reaper: a small process in its own session (a SIGKILL or Ctrl-C of the testbed's group
+# does not reach it) that waits while the testbed's owner lives and holds its claim; when the
+# owner dies without tearing down (SIGKILL), it kills every process left in the namespaces and
+# deletes them at once. Before, six ranks went on training inside for as long as nobody started
+# another testbed (issue 50, item 7). A testbed torn down normally releases its claim, and its
+# reaper then ends.
+REAP = "import sys; from polytrain.launch.netns import reap; reap(int(sys.argv[1]), sys.argv[2])"
+REAP_POLL_S = 0.1
+
+
+def _live(pid: int) -> bool:
+    """``pid`` runs (a zombie, dead but not yet waited for, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def start_reaper(tb_id: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", REAP, str(os.getpid()), tb_id],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+
+
+def reap(owner: int, tb_id: str) -> None:
+    claim = OWNER_DIR / f"{tb_id}.pid"
+    while _live(owner) and _owner_alive(claim):
+        time.sleep(REAP_POLL_S)
+    if claim.exists() and not _owner_alive(claim):  # died holding it: nobody tore it down
+        cleanup_stale()
+        for logs in Path(tempfile.gettempdir()).glob(f"polytrain-tb{tb_id}-*"):
+            shutil.rmtree(logs, ignore_errors=True)
 
 
 def cleanup_stale() -> list[str]:

@@ -11,7 +11,7 @@ from polytrain.data import DataSpec, dataset_spec, validate_dataset_options
 from polytrain.errors import ConfigError
 from polytrain.models import is_user_model, validate_model
 from polytrain.models.contract import check_job
-from polytrain.runtime.divergence import check_on_nonfinite
+from polytrain.runtime.divergence import check_on_divergence, check_on_nonfinite
 from polytrain.runtime.supports import Request, refusal, requested
 from polytrain.strategies import Strategy, get_strategy_class, make_strategy, registry
 
@@ -26,6 +26,10 @@ RESUMABLE_CHANGES = {
     "keep_checkpoints",
     "out",
     "on_nonfinite",
+    "on_divergence",
+    "divergence_factor",
+    "divergence_window",
+    "max_param",
 }
 
 
@@ -79,8 +83,19 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
         )
     strategy.check(cfg, cfg.procs)
     check_on_nonfinite(cfg)
+    check_on_divergence(cfg)
+    check_data_size(cfg, spec)
     steps = total_steps(cfg, spec.train_size)
     return Prepared(cfg, strategy, spec, steps)
+
+
+def check_data_size(cfg: JobConfig, spec: DataSpec) -> None:
+    """A global batch larger than the training set would repeat samples within one step."""
+    if 0 < spec.train_size < cfg.batch_size:
+        raise ConfigError(
+            f"--batch-size {cfg.batch_size} is larger than the {spec.train_size} training samples "
+            f"of dataset '{cfg.dataset}': a batch would hold samples twice. Use --batch-size "
+            f"{spec.train_size} or less, or more data.")
 
 
 def check_resume_steps(run_dir: Path, cfg: JobConfig, steps: int) -> int:

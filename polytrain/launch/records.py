@@ -91,29 +91,85 @@ def _error_path(run_dir: Path, rank: int) -> Path:
     return run_dir / "ranks" / f"rank{rank}.error.json"
 
 
+SPARE_DIR = Path("/dev/shm")  # memory-backed: a record fits there when the run's disk is full
+
+
+def _spare_path(run_dir: Path, rank: int) -> Path:
+    """Where a rank puts its record when the run directory cannot take it (disk full, read-only):
+    named by the run directory, so its launcher finds it."""
+    import hashlib
+
+    key = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
+    return SPARE_DIR / f"polytrain-{key}-rank{rank}.error.json"
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Write by rename: the file is whole or absent, never empty (a full disk fails the write)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_error_record(run_dir: Path, rank: int, exc: BaseException, step: int | None = None) -> None:
-    """Best effort: a rank that cannot write its record still fails, and its launcher says so."""
+    """Best effort: a rank that cannot write its record still fails, and its launcher says so.
+    The record goes to ``ranks/`` or, when that write fails, to :func:`_spare_path`."""
     record: dict[str, Any] = {"rank": rank, "error": f"{type(exc).__name__}: {exc}",
                               "traceback": "".join(traceback.format_exception(exc))}
     if step is not None:
         record["step"] = step
+    if getattr(exc, "since", None) is not None:  # DivergedError: where the divergence may begin
+        record["diverged"] = {"step": exc.step, "since": exc.since}  # type: ignore[attr-defined]
+    text = json.dumps(record, indent=1)
+    path = _error_path(run_dir, rank)
     try:
-        path = _error_path(run_dir, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1))
+        _write_whole(path, text)
     except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            _write_whole(_spare_path(run_dir, rank), text)
 
 
 def clear_error_record(run_dir: Path, rank: int) -> None:
     """Remove ``rank``'s record of an earlier failure (a restarted or resumed rank's)."""
-    with contextlib.suppress(OSError):
-        _error_path(run_dir, rank).unlink(missing_ok=True)
+    for path in (_error_path(run_dir, rank), _spare_path(run_dir, rank)):
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
 
 
 def read_error_record(run_dir: Path, rank: int) -> dict[str, Any] | None:
+    for path in (_error_path(run_dir, rank), _spare_path(run_dir, rank)):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and "error" in record:
+            return record
+    return None
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's out-of-memory killer has killed in this process's memory
+    cgroup (v2 ``memory.events``, v1 ``memory.oom_control``); None where neither is readable.
+    A rank killed by SIGKILL while this count rose was killed for memory."""
     try:
-        record = json.loads(_error_path(run_dir, rank).read_text())
-    except (OSError, ValueError):
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
         return None
-    return record if isinstance(record, dict) and "error" in record else None
+    paths = []
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        if controllers == "":
+            paths.append(Path("/sys/fs/cgroup") / rel.lstrip("/") / "memory.events")
+        elif "memory" in controllers.split(","):
+            paths.append(Path("/sys/fs/cgroup/memory") / rel.lstrip("/") / "memory.oom_control")
+    for path in paths:
+        with contextlib.suppress(OSError, ValueError):
+            for entry in path.read_text().splitlines():
+                key, _, value = entry.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    return None

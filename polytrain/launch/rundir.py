@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -29,12 +30,13 @@ def write_config(run_dir: Path, cfg: JobConfig) -> None:
 
 
 def _whole_run(records: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, Any]:
-    """Steps, samples and training time of the whole run: this launch's, plus, after a resume
-    or a restart, what the run had done up to its checkpoint (the kept events say)."""
+    """Steps, samples, training time and bytes of the whole run: this launch's, plus, after a
+    resume or a restart, what the run had done up to its checkpoint (the kept events say)."""
     working = [r for r in records if r["steps"] > 0]
     out = {"steps_run": max((r["steps"] for r in working), default=0),
            "samples": max((r["samples"] for r in working), default=0),
-           "wall_s": max((r["wall_s"] for r in working), default=0.0)}
+           "wall_s": max((r["wall_s"] for r in working), default=0.0),
+           "bytes_sent": sum(int(r.get("bytes_sent_run", r["bytes_sent"])) for r in records)}
     resumed = [r["resumed"] for r in records if r.get("resumed")]
     if not resumed:
         return out
@@ -42,6 +44,35 @@ def _whole_run(records: list[dict[str, Any]], events: list[dict[str, Any]]) -> d
     out["steps_run"] = max((int(e["step"]) for e in steps), default=out["steps_run"])
     out["samples"] = max((int(e.get("samples") or 0) for e in steps), default=out["samples"])
     out["wall_s"] += max(float(r["t"]) for r in resumed)
+    return out
+
+
+def _segments(events: list[dict[str, Any]], whole: dict[str, Any]) -> list[dict[str, Any]]:
+    """One entry per launch of the run (a fresh start, then each resume or restart): the steps
+    it contributed, its training time, samples, bytes and throughput. A launch that was killed
+    counts up to the checkpoint the next one resumed from (later work was done again)."""
+    starts = sorted({int(e["from_step"]) for e in events  # 0: a restart from scratch
+                     if e["event"] == "resume" and e["rank"] == 0 and int(e["from_step"]) > 0})
+    t_at = {int(e["from_step"]): float(e["t_base"]) for e in events
+            if e["event"] == "resume" and e["rank"] == 0}
+    samples_at: dict[int, int] = {}
+    bytes_at: dict[int, int] = {}
+    for e in events:
+        if e["event"] == "step":
+            samples_at[int(e["step"])] = max(samples_at.get(int(e["step"]), 0), int(e.get("samples") or 0))
+        elif e["event"] == "tally":
+            bytes_at[int(e["step"])] = bytes_at.get(int(e["step"]), 0) + int(e["bytes_sent"])
+    bounds = [0, *starts, int(whole["steps_run"])]
+    marks = {0: (0.0, 0, 0), bounds[-1]: (whole["wall_s"], whole["samples"], whole["bytes_sent"])}
+    for b in starts:
+        marks.setdefault(b, (t_at[b], samples_at.get(b, 0), bytes_at.get(b, 0)))
+    out = []
+    for a, b in itertools.pairwise(bounds):
+        (t0, s0, b0), (t1, s1, b1) = marks[a], marks[b]
+        wall = max(0.0, t1 - t0)
+        out.append({"from_step": a + 1, "to_step": b, "wall_s": wall, "samples": s1 - s0,
+                    "bytes_sent": b1 - b0,
+                    "throughput_samples_per_s": (s1 - s0) / wall if wall > 0 else 0.0})
     return out
 
 
@@ -57,7 +88,7 @@ def build_summary(job: Job, ctx: RankContext, records: list[dict[str, Any]],
                if e["event"] == "resume" and e["rank"] == 0]
     losses = [r["final_loss"] for r in records if r["final_loss"] is not None]
     evals = [r["eval"] for r in records if r["eval"]]
-    sent = sum(r["bytes_sent"] for r in records)
+    sent = whole["bytes_sent"]
     metrics: dict[str, Any] = {}
     for r in records:
         for k, v in r["strategy_metrics"].items():
@@ -69,8 +100,11 @@ def build_summary(job: Job, ctx: RankContext, records: list[dict[str, Any]],
         "steps": job.steps,
         "steps_run": whole["steps_run"],
         "interrupted": _interrupted(job.steps),
+        "stopped": _stopped(job.steps),
         "skipped_steps": sorted({e["step"] for e in events or [] if e["event"] == "skipped"}),
+        "divergence_warnings": _warned(events or []),
         "resumes": resumes,
+        "segments": _segments(events or [], whole),
         "samples": samples,
         "wall_s": wall,
         "throughput_samples_per_s": samples / wall if wall > 0 else 0.0,
@@ -92,6 +126,13 @@ def build_summary(job: Job, ctx: RankContext, records: list[dict[str, Any]],
     }
 
 
+def _stopped(steps: int) -> dict[str, Any]:
+    """Why the run ended, as rank 0 saw it: completed, or interrupted (SIGTERM, Ctrl-C). A run
+    that failed or diverged gets its summary from the launcher (``write_stopped``)."""
+    stop = _interrupted(steps)
+    return {"reason": "interrupted", **stop} if stop else {"reason": "completed"}
+
+
 def _interrupted(steps: int) -> dict[str, Any] | None:
     """How this run was stopped on request (SIGTERM, Ctrl-C), None when it was not."""
     from polytrain.runtime import interrupt
@@ -103,6 +144,14 @@ def _interrupted(steps: int) -> dict[str, Any] | None:
 def write_interrupted(run_dir: Path, cfg: JobConfig, signal_name: str) -> dict[str, Any]:
     """The launcher's summary of a run stopped on request whose rank 0 could not write one
     (killed after the grace period): what the ranks' event files hold, marked interrupted."""
+    return write_stopped(run_dir, cfg, {"reason": "interrupted", "signal": signal_name},
+                         interrupted=True)
+
+
+def write_stopped(run_dir: Path, cfg: JobConfig, stopped: dict[str, Any], *,
+                  interrupted: bool = False) -> dict[str, Any]:
+    """The launcher's summary of a run whose rank 0 wrote none (a rank failed or diverged, or
+    the ranks were killed): what the ranks' event files hold, and ``stopped``: why it ended."""
     events = []
     for path in sorted((run_dir / "ranks").glob("rank*.jsonl")):
         for line in path.read_text().splitlines():
@@ -117,13 +166,51 @@ def write_interrupted(run_dir: Path, cfg: JobConfig, signal_name: str) -> dict[s
     steps = [e for e in events if e.get("event") == "step"]
     last = max((int(e["step"]) for e in steps), default=0)
     losses = [e["loss"] for e in steps if e["step"] == last and e.get("loss") is not None]
-    summary = {"strategy": cfg.strategy, "world_size": cfg.procs, "steps_run": last,
+    summary = {"strategy": cfg.strategy, "world_size": cfg.procs, "steps": cfg.steps,
+               "steps_run": last,
                "samples": max((int(e.get("samples") or 0) for e in steps), default=0),
                "final_loss": sum(losses) / len(losses) if losses else None,
-               "interrupted": {"signal": signal_name, "step": last, "by": "launcher"},
+               "interrupted": ({"signal": stopped["signal"], "step": last, "by": "launcher"}
+                               if interrupted else None),
+               "stopped": {**stopped, "after_step": last},
+               "divergence_warnings": _warned(events),
                "config": cfg.model_dump(mode="json")}
     atomic_json(run_dir / "summary.json", summary)
     return summary
+
+
+def record_failure(run_dir: Path, cfg: JobConfig, rank: int) -> str:
+    """After a failed run (every rank stopped): set aside the checkpoints a divergence may have
+    touched, write summary.json saying why the run stopped, and return a sentence for the
+    launcher's message (empty when there is nothing to add)."""
+    from polytrain.launch.records import read_error_record
+    from polytrain.runtime.checkpoint import CheckpointStore
+
+    record = read_error_record(run_dir, rank) or {}
+    stopped: dict[str, Any] = {"reason": "failed", "rank": rank, "error": record.get("error")}
+    note = ""
+    diverged = record.get("diverged")
+    if isinstance(diverged, dict) and isinstance(diverged.get("since"), int):
+        stopped |= {"reason": "diverged", "step": diverged.get("step"), "since": diverged["since"]}
+        store = CheckpointStore(run_dir / "checkpoints", "")
+        moved, good = (store.set_aside_after(diverged["since"] - 1) if store.root.is_dir()
+                       else ([], None))
+        stopped |= {"set_aside": moved, "last_good_checkpoint": good}
+        if good:
+            note = (f"\nLast good checkpoint: {good} (before the divergence window); continue "
+                    f"with: polytrain train --resume {run_dir} --lr <lower>")
+        if moved:
+            note += f"\nSet aside as diverged-*: {', '.join(moved)}"
+    try:
+        write_stopped(run_dir, cfg, stopped)
+    except OSError as exc:  # e.g. the disk that failed the run is still full
+        return note + f"\n(summary.json could not be written: {exc.strerror})"
+    return note
+
+
+def _warned(events: list[dict[str, Any]]) -> list[int]:
+    """Steps where --on-divergence warn noted a loss over its bound (any rank)."""
+    return sorted({int(e["step"]) for e in events if e.get("event") == "divergence"})
 
 
 def _prediction(job: Job, ctx: RankContext, testbed: dict[str, Any] | None) -> dict[str, Any]:

@@ -174,6 +174,7 @@ class Testbed:
             )
         self.id = tb_id
         self._namespaces.append(self.switch_ns)
+        netns.start_reaper(tb_id)  # removes it all if this process dies without tearing down
 
     def _shaping(self, *, host_side: bool) -> Shaping:
         rate_bytes = self.rate_bits_per_s / 8

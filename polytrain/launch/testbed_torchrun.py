@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -127,6 +128,8 @@ def run_torchrun(
         finally:
             netns.stop_processes(list(procs.values()), grace_s=3.0)
     _report_failures(tb, procs)
+    if code == 0 and not log_dir:  # a run that succeeded leaves no temporary directory
+        shutil.rmtree(logs, ignore_errors=True)
     return code
 
 

@@ -30,6 +30,7 @@ from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.progress import RankProgress
 from polytrain.runtime.recorder import Recorder
+from polytrain.runtime.same_data import check_same_data
 from polytrain.strategies import make_strategy
 from polytrain.strategies.base import job_fingerprint
 
@@ -143,6 +144,7 @@ def run_rank(payload: dict[str, Any]) -> None:
         )
         if not ctx.resume and not fresh:
             recorder.rewind(0)  # a restart from scratch: the steps run again
+        check_same_data(job, ctx)  # a dataset factory that ignores its seed: caught here
         role = strategy.roles(world)[rank]
         result = strategy.run(job, ctx)
         result.role = role
@@ -170,6 +172,7 @@ def _rank_record(ctx: RankContext, result: RankResult) -> dict[str, Any]:
         "peak_rss_bytes": peak_rss_bytes(),
         "busy_s": ctx.recorder.busy_s(),
         "resumed": ctx.recorder.resumed,
+        "bytes_sent_run": ctx.recorder.base_bytes + ctx.comm.bytes_sent,  # earlier launches too
         "strategy_metrics": result.strategy_metrics,
         **ctx.comm.summary(),
     }

@@ -35,6 +35,7 @@ Errors name the field, the value and the fix.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 from typing import Any
@@ -51,6 +52,7 @@ FIELDS = (
     "direct_hop", "wake", "collectives",
 )
 COLLECTIVES = ("auto", "ring")
+MAX_WORLD = 1 << 17  # 131,072 processes: beyond today's largest jobs; 1e9 hosts hung the planner
 EXAMPLE = "hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,latency=5us"
 
 
@@ -64,7 +66,11 @@ def parse_rate(text: str, field: str) -> float:
             f"{field}=100gbit or {field}=300gbyte."
         )
     per_unit = 1 / 8 if m[3].lower() == "bit" else 1.0  # 'b' alone reads as bytes (GB/s)
-    return float(m[1]) * _SCALE[m[2].lower()] * per_unit
+    rate = float(m[1]) * _SCALE[m[2].lower()] * per_unit
+    if not math.isfinite(rate):
+        raise ConfigError(f"--cluster field '{field}' is '{text}', which is not a finite rate. "
+                          f"Fix: e.g. {field}=100gbit.")
+    return rate
 
 
 def parse_seconds(text: str, field: str) -> float:
@@ -178,6 +184,9 @@ class Cluster:
     def parse(cls, text: str) -> Cluster:
         """Read ``key=value,...`` (fields in the module docstring); unknown or bad fields raise."""
         values: dict[str, Any] = {}
+        if not text.strip():
+            raise ConfigError(f'--cluster is empty. Fix: describe the cluster, e.g. --cluster "{EXAMPLE}", '
+                              "or leave --cluster out.")
         for item in (t for t in text.split(",") if t.strip()):
             key, eq, value = item.partition("=")
             key = key.strip().replace("-", "_")
@@ -186,6 +195,9 @@ class Cluster:
                     f"--cluster item '{item.strip()}' is not one of the fields "
                     f'{", ".join(FIELDS)} written as key=value. Fix: e.g. --cluster "{EXAMPLE}".'
                 )
+            if key in values:
+                raise ConfigError(f"--cluster gives '{key}' twice ({values[key]} and {value.strip()}). "
+                                  f"Fix: give each field once.")
             values[key] = value.strip()
         out: dict[str, Any] = {}
         for key in ("hosts", "procs_per_host", "cores"):
@@ -211,6 +223,11 @@ class Cluster:
             out["direct_hop_s"] = parse_seconds(values["direct_hop"], "direct_hop")
         if "collectives" in values:
             out["collectives"] = values["collectives"].lower()
+        world = out.get("hosts", 1) * out.get("procs_per_host", 1)
+        if world > MAX_WORLD:
+            raise ConfigError(f"--cluster describes {world:,} processes; the planner models at most "
+                              f"{MAX_WORLD:,} (it simulates collectives per rank). Fix: fewer "
+                              "hosts or procs_per_host.")
         return cls(**out)
 
 

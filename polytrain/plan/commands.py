@@ -20,7 +20,7 @@ from rich.console import Console
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.plan import show
-from polytrain.plan.cluster import Cluster, parse_bytes
+from polytrain.plan.cluster import MAX_WORLD, Cluster, parse_bytes
 from polytrain.plan.estimate import Scene
 from polytrain.plan.predict import local_collectives
 from polytrain.plan.profile import Profile, measure_profile, median_of
@@ -198,7 +198,7 @@ def run_plan(cfg: JobConfig, a: PlanArgs, console: Console) -> int:
     limit = parse_bytes(a.memory_limit) if a.memory_limit else None
     prof = get_profile(cfg, a.profile, None if a.as_json else console, a.model_given)
     batch = a.batch or prof.batch_size
-    cluster = Cluster.parse(a.cluster) if a.cluster else local_cluster(a.procs, prof)
+    cluster = Cluster.parse(a.cluster) if a.cluster is not None else local_cluster(a.procs, prof)
     if a.sweep:
         return run_sweep(prof, cluster, batch, a, console)
     ranked = plan_candidates(prof, cluster, batch, a.compute_scale, limit)
@@ -231,9 +231,10 @@ def run_plan(cfg: JobConfig, a: PlanArgs, console: Console) -> int:
 
 def parse_sweep(text: str) -> tuple[int, int]:
     m = re.fullmatch(r"\s*hosts\s*=\s*(\d+)\s*\.\.\s*(\d+)\s*", text)
-    if m is None or not 1 <= int(m[1]) <= int(m[2]):
+    if m is None or not 1 <= int(m[1]) <= int(m[2]) <= MAX_WORLD:
         raise ConfigError(
-            f"--sweep '{text}'. Rule: hosts=LO..HI with 1 <= LO <= HI. Fix: --sweep hosts=2..1024."
+            f"--sweep '{text}'. Rule: hosts=LO..HI with 1 <= LO <= HI <= {MAX_WORLD:,}. Fix: "
+            "--sweep hosts=2..1024."
         )
     return int(m[1]), int(m[2])
 
@@ -305,7 +306,7 @@ def auto_strategy(cfg: JobConfig, cluster_text: str | None, testbed: dict[str, A
     world size), else on the testbed this runs on or this machine with ``cfg.procs`` processes."""
     from polytrain.plan.predict import cached_profile, run_cluster
 
-    prof = cached_profile(cfg)
-    cluster = Cluster.parse(cluster_text) if cluster_text else run_cluster(cfg.procs, testbed)
+    cluster = Cluster.parse(cluster_text) if cluster_text is not None else run_cluster(cfg.procs, testbed)
+    prof = cached_profile(cfg)  # after the cheap checks: it measures the model
     ranked = plan_candidates(prof, cluster, cfg.batch_size, 1.0, None)
     return first_choice(ranked, cfg, procs=cluster.world if cluster_text else cfg.procs)

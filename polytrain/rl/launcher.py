@@ -37,6 +37,7 @@ from polytrain.runtime.layout import Layout
 
 POLL_S = 0.05
 GRACE_S = 15.0  # after the lead learner finished: how long the others may take to leave
+ACTOR_GRACE_S = 3.0  # after every learner and server ended: how long a halted actor may take
 
 
 @dataclass
@@ -161,10 +162,13 @@ def supervise(cfg: RLConfig, run_dir: Path, procs: dict[int, Any], started: floa
                 else:
                     raise _failure(run_dir, ranks, ex, cfg.debug)
             late = lead_done_at is not None and now - lead_done_at > GRACE_S + cfg.actor_timeout_s
-            if late or now > deadline:
+            if late or now > deadline or _only_stalled_actors(sup, ranks, procs, now - started):
                 for rank in procs:
                     if rank not in sup.exits:
-                        sup.exits[rank] = Exit(rank, describe(ranks, rank), None, now - started)
+                        ex = Exit(rank, describe(ranks, rank), None, now - started)
+                        sup.exits[rank] = ex
+                        if rank in ranks.actor_ranks and not stop.signum:  # stalled: lost
+                            sup.lost_actors.append(ex)
                 break
             time.sleep(POLL_S)
     finally:
@@ -175,6 +179,17 @@ def supervise(cfg: RLConfig, run_dir: Path, procs: dict[int, Any], started: floa
     if sup.stop_signal is None and ranks.lead in sup.exits and sup.exits[ranks.lead].code != 0:
         raise _failure(run_dir, ranks, sup.exits[ranks.lead], cfg.debug)
     return sup
+
+
+def _only_stalled_actors(sup: Supervision, ranks: Layout, procs: dict[int, Any], at_s: float) -> bool:
+    """Every learner and server has ended well and only actors still run, ACTOR_GRACE_S after
+    the last of them ended (``at_s``: now, in seconds since launch). An actor leaves when its
+    server halts it, so one still running then is stalled (e.g. SIGSTOPped): nothing is left to
+    talk to, and waiting out GRACE_S + --actor-timeout made a 25 s run take 58 s (issue 50)."""
+    essential = [r for r in procs if r not in ranks.actor_ranks]
+    if not all(r in sup.exits and sup.exits[r].code == 0 for r in essential):
+        return False
+    return at_s - max(sup.exits[r].at_s for r in essential) > ACTOR_GRACE_S
 
 
 def start_processes(cfg: RLConfig, run_dir: Path, port: int, resume: bool = False) -> dict[int, Any]:

@@ -65,12 +65,44 @@ def _load_problem(e: BaseException) -> str:
     return f"cannot be read as a checkpoint ({type(e).__name__})"
 
 
-def _unloadable(path: Path) -> str | None:
-    """None when ``path`` loads as tensors only (mapped, not read), else what is wrong."""
+def _load_mapped(path: Path) -> tuple[Any, str | None]:
+    """(the content, None) when ``path`` loads as tensors only (mapped, not read), else
+    (None, what is wrong)."""
     try:
-        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True), None
     except Exception as e:
-        return _load_problem(e)
+        return None, _load_problem(e)
+
+
+def schema(state: Any, prefix: str = "") -> dict[str, list[int] | str]:
+    """Every entry of a rank file by its dotted key: a tensor's shape, else its type's name.
+    Kept in meta.json at commit and compared on load: a file whose hash was made to match but
+    whose content changed (a wrong shape, a missing ``optimizer``) is refused before launch."""
+    if isinstance(state, torch.Tensor):
+        return {prefix: list(state.shape)}
+    if isinstance(state, dict):
+        out: dict[str, list[int] | str] = {}
+        for k, v in state.items():
+            out |= schema(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    if isinstance(state, list | tuple):
+        out = {}
+        for i, v in enumerate(state):
+            out |= schema(v, f"{prefix}.{i}" if prefix else str(i))
+        return out or {prefix: type(state).__name__}
+    return {prefix: type(state).__name__}
+
+
+def _schema_problem(name: str, found: dict[str, Any], kept: dict[str, Any]) -> str | None:
+    missing = sorted(set(kept) - set(found))
+    if missing:
+        return f"file {name} lacks {', '.join(missing[:3])}{' …' if len(missing) > 3 else ''}"
+    extra = sorted(set(found) - set(kept))
+    if extra:
+        return f"file {name} holds entries its checkpoint never wrote ({', '.join(extra[:3])})"
+    for key in sorted(kept):
+        if found[key] != kept[key]:
+            return f"file {name}: {key} is {found[key]}, but {kept[key]} was written"
     return None
 
 
@@ -99,19 +131,56 @@ class CheckpointStore:
         return tmp
 
     def write_rank(self, step: int, rank: int, state: dict[str, Any]) -> None:
-        path = self.stage(step) / f"rank{rank}.pt"
-        tmp = path.with_suffix(".part")
-        torch.save(state, tmp)
-        with tmp.open("rb+") as f:
-            os.fsync(f.fileno())
-        tmp.rename(path)
+        tmp = None
+        try:
+            path = self.stage(step) / f"rank{rank}.pt"
+            tmp = path.with_suffix(".part")
+            torch.save(state, tmp)
+            with tmp.open("rb+") as f:
+                os.fsync(f.fileno())
+            tmp.rename(path)
+        except (OSError, RuntimeError) as e:  # torch's writer reports a full disk as RuntimeError
+            raise CheckpointError(
+                f"rank {rank} could not write {step_dir_name(step)}: {self._write_problem(e, tmp)} "
+                f"({self.root}). The previous checkpoint is kept; free space or fix the "
+                "permissions, then --resume the run") from None
 
-    def commit(self, step: int, keep: int) -> Path:
+    @staticmethod
+    def _write_problem(e: BaseException, path: Path | None = None) -> str:
+        """What made a write fail, in words: the OS's reason (no space left on device,
+        permission denied, ...). Torch's writer gives none ("unexpected pos 704 vs 598"), so
+        one plain write of 64 KiB to the same ``path`` asks the OS for it."""
+        if isinstance(e, OSError) and e.strerror:
+            return e.strerror.lower()
+        if path is not None:
+            try:
+                with path.open("wb") as f:
+                    f.write(bytes(1 << 16))
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as probe:
+                if probe.strerror:
+                    return probe.strerror.lower()
+            finally:
+                path.unlink(missing_ok=True)
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+    def commit(self, step: int, keep: int, window: int = 0) -> Path:
         """Seal the staged directory: manifest, rename into place, move LATEST, prune old ones."""
+        try:
+            return self._commit(step, keep, window)
+        except OSError as e:
+            raise CheckpointError(
+                f"rank 0 could not write {step_dir_name(step)}: {self._write_problem(e)} "
+                f"({self.root}). The previous checkpoint is kept; free space or fix the "
+                "permissions, then --resume the run") from None
+
+    def _commit(self, step: int, keep: int, window: int) -> Path:
         tmp = self.stage(step)
         files = {p.name: _sha256(p) for p in sorted(tmp.glob("rank*.pt"))}
         meta: dict[str, Any] = {"step": step, "job_fingerprint": self.fingerprint,
-                                "files": sorted(files)}
+                                "files": sorted(files),
+                                "schema": {n: schema(_load_mapped(tmp / n)[0]) for n in files}}
         if self.clock is not None:
             meta["t"] = round(self.clock(), 6)
         if self.plans:
@@ -129,13 +198,46 @@ class CheckpointStore:
         pointer.rename(self.root / "LATEST")
         _fsync_dir(self.root)
         self.remove_stale(upto=step)  # a killed run's half-written ones
-        self._prune(keep)
+        self._prune(keep, step - window)
         return final
 
-    def _prune(self, keep: int) -> None:
+    def _prune(self, keep: int, before: int | None = None) -> None:
+        """Keep the newest ``keep``; with ``before`` (the divergence window's start) also every
+        one after it and the newest at or before it: a run that diverges must still have a
+        checkpoint from before the divergence began, however often it checkpoints, and as the
+        run goes on the window's ones become that checkpoint."""
         done = sorted(p for p in self.root.glob("step-*") if not p.name.endswith(".tmp"))
-        for old in done[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        old = done[:-keep]
+        if before is not None:
+            early = [p for p in old if self._step_name(p) <= before]
+            old = early[:-1]
+        for path in old:
+            shutil.rmtree(path, ignore_errors=True)
+
+    @staticmethod
+    def _step_name(path: Path) -> int:
+        try:
+            return int(path.name[len("step-"):])
+        except ValueError:
+            return -1
+
+    def set_aside_after(self, step: int) -> tuple[list[str], str | None]:
+        """Rename every checkpoint after ``step`` to ``diverged-step-…`` (kept for a post-mortem,
+        never resumed from) and point LATEST at the newest one left. Returns the names set aside
+        and the last good one (None: none left). Run by the launcher once every rank stopped."""
+        moved = []
+        for path in sorted(self.root.glob("step-*")):
+            if not path.name.endswith(".tmp") and self._step_name(path) > step:
+                path.rename(self.root / f"diverged-{path.name}")
+                moved.append(path.name)
+        left = [p for p in self.candidates() if self._step_name(p) <= step]
+        good = max(left, key=self._step_name).name if left else None
+        if moved and good is not None:
+            _fsync_write(self.root / "LATEST.tmp", good.encode())
+            (self.root / "LATEST.tmp").rename(self.root / "LATEST")
+        elif moved:
+            (self.root / "LATEST").unlink(missing_ok=True)
+        return moved, good
 
     # ---- reading ---------------------------------------------------------------------------
     def verify(self, ckpt: Path) -> str | None:
@@ -153,16 +255,32 @@ class CheckpointStore:
                 return f"file {name} does not match its SHA-256 in the manifest"
         try:
             meta = json.loads((ckpt / "meta.json").read_text())
-            int(meta["step"])
+            step = int(meta["step"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             return f"its meta.json is missing or unreadable ({type(e).__name__})"
+        if step != self._step_name(ckpt) or step < 1:
+            return f"its meta.json says step {meta['step']}, not the {self._step_name(ckpt)} of its name"
         if meta.get("job_fingerprint") != self.fingerprint:
             return "it belongs to a different job (model, data or strategy differ)"
-        for name, _ in names:
-            if str(name).endswith(".pt"):
-                problem = _unloadable(ckpt / str(name))
+        return self._verify_files(ckpt, meta, {str(n) for n, _ in names})
+
+    def _verify_files(self, ckpt: Path, meta: dict[str, Any], listed: set[str]) -> str | None:
+        """Every rank file is in the manifest and meta.json, loads as tensors only, and holds
+        what was written (meta.json's schema; checkpoints older than the schema: loadable)."""
+        present = {p.name for p in ckpt.glob("rank*.pt")}
+        unlisted = sorted(present - listed) or sorted(set(meta.get("files", present)) ^ present)
+        if unlisted:
+            return f"file {unlisted[0]} is not in its manifest and meta.json"
+        kept: dict[str, Any] = meta["schema"] if isinstance(meta.get("schema"), dict) else {}
+        for name in sorted(present):
+            state, problem = _load_mapped(ckpt / name)
+            if problem:
+                return f"file {name} {problem}"
+            if name in kept:
+                found = {k: list(v) if isinstance(v, list) else v for k, v in schema(state).items()}
+                problem = _schema_problem(name, found, kept[name])
                 if problem:
-                    return f"file {name} {problem}"
+                    return problem
         return None
 
     def candidates(self) -> list[Path]:

@@ -76,4 +76,95 @@ def check_finite(step: int, loss: float, model: nn.Module, skipping: bool = Fals
         raise DivergedError(
             f"training diverged at step {step}: {what} (loss {loss}). The "
             "newest checkpoint is the last good state; lower --lr (or check the data and "
-            "--momentum/--weight-decay) and run again, or --resume from it with a lower --lr")
+            "--momentum/--weight-decay) and run again, or --resume from it with a lower --lr",
+            step=step)
+
+
+# ---- finite divergence -------------------------------------------------------------------------
+# A loss can blow up and stay finite (Adam at --lr 1e6: 2.3 -> 2.9e29 -> 6.2e5), so NaN checks
+# alone miss it. The watch below compares each step's loss with the run's own history: diverged
+# when the loss is above ``factor`` x its running minimum AND above its first value (so a loss
+# that fell to ~0 on memorised data is not "diverged" by a normal batch). Losses <= 0 (a custom
+# loss may be negative) give no ratio: the check waits for a positive minimum. The parameter
+# bound catches what the loss cannot see (ranks without a loss: servers, early pipeline stages):
+# it is checked before every checkpoint and at the end, so no blown-up state is ever saved.
+SKIP_DIVERGENCE = SKIPS  # the same reason: one synchronised gradient, every rank skips alike
+
+
+def check_on_divergence(cfg: JobConfig) -> None:
+    if cfg.on_divergence == "skip" and cfg.strategy not in SKIP_DIVERGENCE:
+        raise ConfigError(
+            f"--on-divergence skip is honoured by {', '.join(SKIP_DIVERGENCE)} (one synchronised "
+            f"gradient, so every rank skips the same updates), not by {cfg.strategy}. Use "
+            "--on-divergence stop (the default) or warn, or one of those strategies.")
+    if cfg.on_divergence == "skip" and not cfg.divergence_factor:
+        raise ConfigError("--on-divergence skip needs the loss check: --divergence-factor 0 turns "
+                          "it off. Pass a factor > 1 (default 1000).")
+
+
+class DivergenceWatch:
+    """The loss bound of one rank: ``over(loss)`` is pure, ``observe(step, loss)`` records it.
+
+    ``observe`` returns None (under the bound), "warn" (first step over it, --on-divergence warn;
+    the caller notes it once per episode) or "over" (over it, skip mode: the update was skipped);
+    it raises DivergedError for stop, and in skip mode once ``window`` steps in a row are over
+    (not a spike: skipping would skip the rest of the run)."""
+
+    def __init__(self, cfg: JobConfig) -> None:
+        self.mode, self.factor, self.window = cfg.on_divergence, cfg.divergence_factor, cfg.divergence_window
+        self.best = math.inf
+        self.first: float | None = None
+        self.run = 0  # consecutive steps over the bound
+
+    def bound(self) -> float | None:
+        if not self.factor or self.first is None or not self.best > 0:
+            return None
+        return max(self.factor * self.best, self.first)
+
+    def over(self, loss: float) -> bool:
+        bound = self.bound()
+        return bound is not None and math.isfinite(loss) and loss > bound
+
+    def accept(self, loss: float) -> None:
+        """A loss under the bound joins the history."""
+        self.first = loss if self.first is None else self.first
+        self.best, self.run = min(self.best, loss), 0
+
+    def observe(self, step: int, loss: float) -> str | None:
+        if not math.isfinite(loss):
+            return None  # no loss on this rank (NaN) or non-finite: check_finite's case
+        if not self.over(loss):
+            self.accept(loss)
+            return None
+        self.run += 1
+        why = (f"the loss {loss:.4g} is above {self.factor:g} x its running minimum "
+               f"{self.best:.4g}")
+        if self.mode == "warn":
+            return "warn" if self.run == 1 else None
+        if self.mode == "skip" and self.run < self.window:
+            return "over"
+        if self.mode == "skip":
+            why += f" for {self.run} steps in a row (--divergence-window), skipping does not help"
+        raise diverged(step, why, self.window)
+
+
+def diverged(step: int, why: str, window: int) -> DivergedError:
+    since = max(1, step - window + 1)
+    return DivergedError(
+        f"training diverged at step {step}: {why}. Checkpoints after step {since - 1} are set "
+        f"aside (the --divergence-window of {window} steps); lower --lr (or check the data and "
+        "--momentum/--weight-decay) and run again, or --resume from the last good checkpoint with "
+        "a lower --lr (--divergence-factor / --on-divergence warn change the check)",
+        step=step, since=since)
+
+
+def check_param_bound(step: int, model: nn.Module, bound: float, window: int) -> None:
+    """Raise DivergedError when a parameter's magnitude exceeds ``bound`` (0: off); one ``amax``
+    per tensor and one host sync, run before a checkpoint and at the end, not every step."""
+    params = [p.detach() for p in model.parameters() if p.is_floating_point() and p.numel()]
+    if not bound or not params:
+        return
+    peak = float(torch.stack([p.abs().amax().float() for p in params]).max())
+    if peak > bound or not math.isfinite(peak):
+        raise diverged(step, f"a parameter's magnitude is {peak:.4g}, above --max-param {bound:g}",
+                       window)

@@ -36,7 +36,12 @@ from torch import nn
 
 from polytrain.runtime import interrupt
 from polytrain.runtime.checkpoint import CheckpointStore
-from polytrain.runtime.divergence import all_finite, check_finite
+from polytrain.runtime.divergence import (
+    DivergenceWatch,
+    all_finite,
+    check_finite,
+    check_param_bound,
+)
 from polytrain.runtime.job import Job, RankContext, RankResult
 
 StepFn = Callable[[int, torch.Tensor, torch.Tensor], float]
@@ -89,6 +94,7 @@ def plain_step(job: Job, ctx: RankContext, forward: Callable[[torch.Tensor], tor
     """
     rec = ctx.recorder
     skip_nonfinite = job.config.on_nonfinite == "skip"
+    watch = DivergenceWatch(job.config) if job.config.on_divergence == "skip" else None
 
     def step(i: int, x: torch.Tensor, y: torch.Tensor) -> float:
         x, y = x.to(ctx.device), y.to(ctx.device)
@@ -103,11 +109,28 @@ def plain_step(job: Job, ctx: RankContext, forward: Callable[[torch.Tensor], tor
             optimizer.zero_grad(set_to_none=True)  # --on-nonfinite skip: no update this step
             rec.emit("skipped", step=i, reason="non-finite gradient")
             return float(loss.detach())
+        if watch is not None and _divergent_anywhere(ctx, watch, float(loss.detach())):
+            optimizer.zero_grad(set_to_none=True)  # --on-divergence skip: a loss spike's update
+            rec.emit("skipped", step=i, reason="loss above the divergence bound")
+            return float(loss.detach())
         with rec.span("optimizer", step=i):
             optimizer.step()
         return float(loss.detach())
 
     return step
+
+
+def _divergent_anywhere(ctx: RankContext, watch: DivergenceWatch, loss: float) -> bool:
+    """Whether any rank's loss is over its bound (one 4-byte all-reduce, only under
+    --on-divergence skip): every rank then skips the same update, so replicas stay equal."""
+    over = watch.over(loss)
+    if ctx.world > 1:
+        flag = torch.tensor([1.0 if over else 0.0])
+        ctx.comm.all_reduce(flag, op="divergence")
+        over = bool(flag.item() > 0)
+    if not over:
+        watch.accept(loss)
+    return over
 
 
 def _snapshot(spec: LoopSpec, step: int) -> dict[str, Any]:
@@ -128,6 +151,7 @@ def save_checkpoint(job: Job, ctx: RankContext, spec: LoopSpec, step: int) -> No
 
     Every rank's events up to ``step`` reach its file before the checkpoint is committed, so a
     rank killed after the commit has lost no step that the resumed run will not run again."""
+    ctx.recorder.tally(step, ctx.comm.bytes_sent)
     ctx.recorder.flush()
     if spec.quiesce:
         ctx.comm.barrier()  # every rank's writes of this step are in
@@ -140,7 +164,8 @@ def save_checkpoint(job: Job, ctx: RankContext, spec: LoopSpec, step: int) -> No
 
 def commit_checkpoint(job: Job, ctx: RankContext, step: int) -> None:
     """Rank 0, once every rank's file of ``step`` is written: seal it and say so."""
-    path = ctx.checkpoints.commit(step, keep=job.config.keep_checkpoints)
+    path = ctx.checkpoints.commit(step, keep=job.config.keep_checkpoints,
+                                  window=job.config.divergence_window)
     ctx.recorder.emit("checkpoint", step=step, path=str(path.relative_to(ctx.run_dir)))
 
 
@@ -201,12 +226,16 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
     eval_model = spec.eval_model or spec.model
     evaluate = spec.evaluate or (lambda: job.evaluate(eval_model))
     last = start
+    watch = DivergenceWatch(cfg) if spec.reports else None
     for step in range(start + 1, job.steps + 1):
         loss = run_step(step)
         if spec.after_update is not None:
             spec.after_update(step, loss)
         check_finite(step, loss, spec.model, cfg.on_nonfinite == "skip",  # before record, checkpoint
                      snapshot=spec.quiesce)
+        if watch is not None and watch.observe(step, loss) == "warn":
+            ctx.recorder.emit("divergence", step=step, loss=loss, bound=watch.bound(),
+                              text=f"warning: loss {loss:.4g} above the divergence bound")
         if spec.reports:
             ctx.recorder.step(step, loss, samples=samples_at(step))
         ctx.recorder.sample_resources(step=step)
@@ -215,7 +244,9 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
         last = step
         stop = step < job.steps and interrupt.stop_after(step, job.steps)  # SIGTERM / Ctrl-C
         if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or stop):
+            check_param_bound(step, spec.model, cfg.max_param, cfg.divergence_window)
             if spec.save is not None:
+                ctx.recorder.tally(step, ctx.comm.bytes_sent)
                 ctx.recorder.flush()  # this rank's steps are in its file before the commit
                 spec.save(step)
             else:
@@ -231,6 +262,7 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
                         strategy_metrics=dict(spec.metrics))
     if last < job.steps:  # stopped on request: the checkpoint holds the model
         return result
+    check_param_bound(last, spec.model, cfg.max_param, cfg.divergence_window)
     if evaluates if spec.final_eval is None else spec.final_eval:
         result.eval = evaluate()
         ctx.recorder.emit("eval", step=job.steps, **result.eval)

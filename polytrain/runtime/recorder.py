@@ -102,6 +102,7 @@ class Recorder:
         self.t0 = time.perf_counter()
         self.t_base = 0.0  # the whole run's clock when this process's clock started (a resume)
         self.resumed: dict[str, Any] | None = None
+        self.base_bytes = 0  # bytes this rank sent in the run's earlier launches (its last tally)
         self._flushed_at = self.t0
         self._sampled_at = float("-inf")
         self._busy = 0.0
@@ -180,7 +181,9 @@ class Recorder:
             base = t if t is not None else max((float(e["t"]) for e in steps), default=0.0)
             self.t0 -= base - self.t_base
             self.t_base = base
-            self.resumed = {"from_step": step, "t": base,
+            tallies = [e for e in kept if e.get("event") == "tally"]
+            self.base_bytes = int(tallies[-1]["bytes_sent"]) if tallies else 0
+            self.resumed = {"from_step": step, "t": base, "bytes_sent": self.base_bytes,
                             "samples": max((int(e.get("samples") or 0) for e in steps), default=0)}
         self.emit("resume", from_step=step, t_base=base, **fields)
 
@@ -223,6 +226,12 @@ class Recorder:
         # beside the wall clock, what a step cost the machine's cores
         cpu = round(time.process_time(), 6)
         self.emit("step", step=step, loss=float(loss), samples=int(samples), cpu_s=cpu)
+
+    def tally(self, step: int, bytes_sent: int) -> None:
+        """A ``tally`` event at checkpoint ``step``: the bytes this rank has sent in the whole run
+        so far (earlier launches' included), so that a resumed run's summary covers every
+        launch: the next launch starts its count from the tally of the step it resumes at."""
+        self.emit("tally", step=step, bytes_sent=self.base_bytes + int(bytes_sent))
 
     def add_span(self, name: str, cat: str, start: float, end: float, **fields: Any) -> None:
         """A finished span with explicit times (for work that ends on another thread)."""

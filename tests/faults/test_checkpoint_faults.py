@@ -119,3 +119,44 @@ def test_resume_skips_a_crafted_checkpoint_and_leaves_no_temporary_files(tmp_pat
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
         "LATEST", "step-00000002", "step-00000004", "step-00000006"]
 
+
+
+def _saved(state: dict) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def _rewrite_meta(ckpt: Path, **changes: object) -> None:
+    meta = json.loads((ckpt / "meta.json").read_text())
+    _replace(ckpt, "meta.json", json.dumps({**meta, **changes}).encode())
+
+
+@pytest.mark.parametrize(("fault", "says"), [
+    (lambda c: _replace(c, "rank0.pt", _saved({"w": torch.zeros(5)})), "w is [5], but [3] was written"),
+    (lambda c: _replace(c, "rank0.pt", _saved({"v": torch.zeros(3)})), "file rank0.pt lacks w"),
+    (lambda c: (c / "rank1.pt").write_bytes(_saved({"w": torch.zeros(3)})),
+     "file rank1.pt is not in its manifest"),
+    (lambda c: _rewrite_meta(c, step=-5), "its meta.json says step -5, not the 4 of its name"),
+    (lambda c: _rewrite_meta(c, step=190), "its meta.json says step 190, not the 4 of its name"),
+])
+def test_hash_valid_but_wrong_content_falls_back_in_one_line(tmp_path: Path, fault: object,
+                                                             says: str) -> None:
+    """Issue 50 item 8: a wrong shape, a missing entry, a file left out of the manifest, a
+    meta.json step that is not the checkpoint's: refused by the check every resume runs before
+    launch (and again in the ranks), the previous good checkpoint used."""
+    store = _store(tmp_path)
+    fault(store.root / "step-00000004")  # type: ignore[operator]
+    ckpt, warnings = store.find_good()
+    assert ckpt.name == "step-00000002" and len(warnings) == 1 and "\n" not in warnings[0]
+    assert says in warnings[0], warnings
+
+
+def test_a_missing_optimizer_entry_is_refused(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "checkpoints", "job")
+    for step in (2, 4):
+        store.write_rank(step, 0, {"model": {"w": torch.ones(2)}, "optimizer": {"state": {}, "lr": 0.1}})
+        store.commit(step, keep=5)
+    _replace(store.root / "step-00000004", "rank0.pt", _saved({"model": {"w": torch.ones(2)}}))
+    ckpt, warnings = store.find_good()
+    assert ckpt.name == "step-00000002" and "lacks optimizer.lr" in warnings[0]

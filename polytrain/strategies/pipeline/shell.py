@@ -58,6 +58,7 @@ from polytrain.plan.partition import Partition, cut
 from polytrain.plan.profile import boundary_metas
 from polytrain.runtime import interrupt
 from polytrain.runtime.batches import GlobalBatches
+from polytrain.runtime.divergence import DivergenceWatch, check_finite, check_param_bound
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, restore_checkpoint, save_checkpoint
 from polytrain.strategies.pipeline.actions import Action
@@ -231,6 +232,7 @@ class PipelineRun:
         self.windows: list[Window] = []
         self.loss = float("nan")
         self._orders: dict[int, Orders] = {}
+        self.watch = DivergenceWatch(job.config)
         self.loop = LoopSpec(
             model=self.stage.module,
             optimizer=self.optimizer,
@@ -287,6 +289,9 @@ class PipelineRun:
         done = last - start
         result = RankResult(steps=done, samples=done * job.batch_size, wall_s=wall, final_loss=self.loss)
         result.strategy_metrics = self._metrics()
+        if last == job.steps:
+            check_param_bound(last, self.stage.module, job.config.max_param,
+                              job.config.divergence_window)
         gather_model(ctx, self.stage)
         if self.stage.full is not None and last == job.steps:  # else stopped: see the checkpoint
             result.eval = job.evaluate(self.stage.full)
@@ -326,6 +331,12 @@ class PipelineRun:
             self._finish_step(steps[0], total / per_step)
 
     def _finish_step(self, step: int, loss: float) -> None:
+        # every stage has this step's loss (it travels with the gradients), so every stage sees
+        # a divergence at the same step; a finite blow-up included (runtime/divergence.py)
+        check_finite(step, loss, self.stage.module)
+        if self.watch.observe(step, loss) == "warn":
+            self.ctx.recorder.emit("divergence", step=step, loss=loss, bound=self.watch.bound(),
+                                   text=f"warning: loss {loss:.4g} above the divergence bound")
         self.loss = loss
         self.ctx.recorder.step(step, loss, samples=step * self.job.batch_size)
         self.ctx.recorder.sample_resources(step=step, outstanding_sends=self.executor.outbox.outstanding)
@@ -335,6 +346,7 @@ class PipelineRun:
     def _boundary(self, step: int, stop: bool = False) -> None:
         cfg, ctx = self.job.config, self.ctx
         if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or stop):
+            check_param_bound(step, self.stage.module, cfg.max_param, cfg.divergence_window)
             save_checkpoint(self.job, ctx, self.loop, step)
         if stop:
             return

@@ -71,6 +71,7 @@ def server_saver(job: Job, ctx: RankContext, server: ParameterServer, servers: l
 
     def save(step: int) -> None:
         state = {**server_state(server), "sharding": sharding, "servers": torch.tensor(len(servers))}
+        ctx.recorder.tally(step, ctx.comm.bytes_sent)
         ctx.checkpoints.write_rank(step, ctx.rank, state)
         mark = torch.tensor([step], dtype=torch.int64)
         if ctx.rank != servers[0]:

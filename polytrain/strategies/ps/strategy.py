@@ -230,7 +230,8 @@ class Ps(Strategy):
         loop.client.done()
         if engine is not None:
             loop.codec = codec_report(engine, ctx.comm, loop.computed, op="ps_push")
-        result.role, result.wall_s = "worker", ctx.recorder.now()
+        # this launch's time: the recorder's clock continues a resumed run's (t_base)
+        result.role, result.wall_s = "worker", ctx.recorder.now() - ctx.recorder.t_base
         ctx.comm.gather_json(loop.stats())
         return result
 

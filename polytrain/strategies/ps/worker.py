@@ -121,8 +121,12 @@ class WorkerLoop:
         grad = self._gradient(step)
         self.acc = grad if self.acc is None else self.acc.add_(grad)
         # a checkpoint step pushes what it has: a checkpoint holds no half-accumulated push
-        push = step % self.n_push == 0 or step == steps or bool(self.every and step % self.every == 0)
-        fetch = step % self.n_fetch == 0 and step < steps
+        checkpoint = bool(self.every and step % self.every == 0)
+        push = step % self.n_push == 0 or step == steps or checkpoint
+        # the last step pulls too when it checkpoints: the checkpoint then holds what a longer
+        # run holds at this step (the pulled model, the servers' read_step/read_version), so
+        # extending a finished run with --resume --steps N equals the uninterrupted N-step run
+        fetch = step % self.n_fetch == 0 and (step < steps or checkpoint)
         if push:
             self.client.push(self.acc, step, self.policy.need(step) if fetch else None)
             self.acc = None
