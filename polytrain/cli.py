@@ -24,9 +24,17 @@ JOB_FLAGS: list[tuple[str, str, Any, str]] = [
     ("epochs", "--epochs", float, "passes over the training data (overrides --steps)"),
     ("batch_size", "--batch-size", int, "GLOBAL batch size, split over data-parallel ranks; default 64"),
     ("lr", "--lr", float, "learning rate; default 1e-3"),
-    ("optimizer", "--optimizer", str, "sgd | momentum | adam; default adam"),
+    ("optimizer", "--optimizer", str, "sgd | momentum | adam | adamw; default adam"),
     ("momentum", "--momentum", float, "momentum for --optimizer momentum; default 0.9"),
-    ("weight_decay", "--weight-decay", float, "L2 weight decay; default 0"),
+    ("weight_decay", "--weight-decay", float, "weight decay (decoupled for adamw, else L2); default 0"),
+    ("lr_schedule", "--lr-schedule", str, "constant | linear | cosine, per optimizer step; "
+     "default constant"),
+    ("warmup_steps", "--warmup-steps", int, "linear warm-up over the first N optimizer steps"),
+    ("min_lr", "--min-lr", float, "learning rate a linear/cosine schedule ends at; default 0"),
+    ("grad_accum", "--grad-accum", int, "K micro-steps of B/K samples per optimizer step "
+     "(global batch stays B); default 1"),
+    ("clip_grad_norm", "--clip-grad-norm", float, "clip the gradient to this global L2 norm "
+     "(over the whole model, however it is split); default off"),
     ("loss", "--loss", str, "loss as pkg.module:fn(output, targets) (default: the task's "
      "cross-entropy, or the loss the model returns)"),
     ("seed", "--seed", int, "seed of initialisation and data order; default 0"),

@@ -12,7 +12,7 @@ from polytrain.errors import ConfigError
 from polytrain.models import is_user_model, validate_model
 from polytrain.models.contract import check_job
 from polytrain.runtime.divergence import check_on_nonfinite
-from polytrain.runtime.supports import Request, refusal, requested
+from polytrain.runtime.supports import Request, refusal, requested, training_asked
 from polytrain.strategies import Strategy, get_strategy_class, make_strategy, registry
 
 # Flags that may differ when a run is resumed: they do not change what the steps compute.
@@ -41,7 +41,7 @@ def job_request(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
                 testbed: bool = False) -> Request:
     """The features (checkpoint, resume, eval, ...) this launch asks of its strategy."""
     return requested(cfg.options, checkpoint_every=cfg.checkpoint_every, eval_every=cfg.eval_every,
-                     resume=resume, hosts=hosts, testbed=testbed)
+                     resume=resume, hosts=hosts, testbed=testbed, training=training_asked(cfg))
 
 
 def check_supports(cfg: JobConfig, request: Request, strategy: Strategy | None = None) -> None:

@@ -35,7 +35,9 @@ import torch
 from torch import nn
 
 from polytrain.runtime import interrupt
+from polytrain.runtime.accumulate import accumulate
 from polytrain.runtime.checkpoint import CheckpointStore
+from polytrain.runtime.clip import GradSplit, clip_grad_norm, unique
 from polytrain.runtime.divergence import all_finite, check_finite
 from polytrain.runtime.job import Job, RankContext, RankResult
 
@@ -80,32 +82,44 @@ class LoopSpec:
 
 def plain_step(job: Job, ctx: RankContext, forward: Callable[[torch.Tensor], torch.Tensor],
                optimizer: torch.optim.Optimizer,
-               before_update: Callable[[], None] | None = None) -> StepFn:
+               before_update: Callable[[], None] | None = None,
+               split: GradSplit | None = None) -> StepFn:
     """The ordinary step (zero grads, forward, backward, update) with timeline spans.
 
     ``forward`` is the model, or a wrapper around it (e.g. DDP, a tensor-parallel model) whose
     forward/backward communicates; ``before_update`` runs between backward and the update (e.g.
-    a data-parallel gradient all-reduce).
+    a data-parallel gradient all-reduce). ``split``: how this rank's gradients make up the
+    model's, for ``--clip-grad-norm`` (None: this rank holds the whole gradient).
     """
     rec = ctx.recorder
     skip_nonfinite = job.config.on_nonfinite == "skip"
+    max_norm = job.config.clip_grad_norm
+    params = unique(p for g in optimizer.param_groups for p in g["params"])
 
     def step(i: int, x: torch.Tensor, y: torch.Tensor) -> float:
         x, y = x.to(ctx.device), y.to(ctx.device)
         optimizer.zero_grad(set_to_none=True)
-        with rec.span("forward", step=i):
-            loss = job.forward_loss(forward, x, y)
-        with rec.span("backward", step=i):
-            loss.backward()
+
+        def loss_of(f: Any, xm: torch.Tensor, ym: torch.Tensor) -> torch.Tensor:
+            with rec.span("forward", step=i):
+                return job.forward_loss(f, xm, ym)
+
+        def backward(loss: torch.Tensor) -> None:
+            with rec.span("backward", step=i):
+                loss.backward()
+
+        loss = accumulate(forward, x, y, job.config.grad_accum, loss_of, backward)
         if before_update is not None:
             before_update()
-        if skip_nonfinite and not all_finite(p.grad for g in optimizer.param_groups for p in g["params"]):
+        if max_norm is not None:
+            clip_grad_norm(params, max_norm, split)
+        if skip_nonfinite and not all_finite(p.grad for p in params):
             optimizer.zero_grad(set_to_none=True)  # --on-nonfinite skip: no update this step
             rec.emit("skipped", step=i, reason="non-finite gradient")
-            return float(loss.detach())
+            return loss
         with rec.span("optimizer", step=i):
             optimizer.step()
-        return float(loss.detach())
+        return loss
 
     return step
 

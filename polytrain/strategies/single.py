@@ -6,11 +6,13 @@ from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 
 
 class Single(Strategy):
     name = "single"
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True)
     family = "reference"
     summary = "one process, plain SGD steps on the whole global batch (the reference)"
 

@@ -67,7 +67,7 @@ class PsOptions(CodecOptions):
     k: int | None = Field(None, ge=1, description="k-of-n: gradients aggregated per step (default W-1)")
     n_push: int = Field(1, ge=1, description="async: push accumulated gradients every n_push steps")
     n_fetch: int = Field(1, ge=1, description="async: fetch parameters every n_fetch steps")
-    server_optimizer: Literal["sgd", "momentum", "adagrad", "adam"] | None = None
+    server_optimizer: Literal["sgd", "momentum", "adagrad", "adam", "adamw"] | None = None
     sparse_push: bool = Field(True, description="push (index, value) pairs when under half non-zero")
     compress_pulls: bool = Field(True, description="with compression=: replies as codec-compressed "
                                                    "parameter changes (not dgc)")
