@@ -17,6 +17,7 @@ import pytest
 from polytrain.config import make_config
 from polytrain.errors import ConfigError
 from polytrain.launch.prepare import prepare
+from polytrain.runtime.supports import FEATURES
 from polytrain.strategies import registry
 from tests.conftest import assert_same_params, load_model, run_cli, step_losses
 
@@ -99,7 +100,7 @@ def test_resume_equals_uninterrupted(tmp_path: Path, key: str) -> None:
 def test_every_strategy_declares_what_it_supports() -> None:
     for name, cls in registry().items():
         row = cls.declared().as_row()
-        assert set(row) == {"checkpoint", "resume", "eval", "compression", "torchrun", "testbed"}
+        assert set(row) == set(FEATURES)
         for feature, ok in row.items():
             assert ok or cls.declared().why.get(feature), f"{name}: no reason given for {feature}"
 

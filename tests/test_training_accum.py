@@ -1,29 +1,22 @@
 """``--grad-accum K`` (issue 45 item 2). Oracle: K micro-steps of B/K samples equal one step of B
-(SGD, fp32) for every synchronous strategy that accepts it; data parallelism all-reduces once
-per optimizer step, not K times."""
+(SGD, fp32); the multi-process runs of each strategy are in test_training_runs.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-import polytrain
 from polytrain.config import make_config
 from polytrain.errors import ConfigError
 from polytrain.launch.prepare import prepare
 from polytrain.runtime.accumulate import accumulate
 from polytrain.runtime.job import Job
-from tests.conftest import assert_same_params, load_model, step_losses
+from tests.conftest import assert_same_params
 
 MLP: dict[str, Any] = {"model": "mlp", "model_options": {"hidden": 16}, "dataset": "digits",
                        "batch_size": 16, "steps": 4, "seed": 6, "optimizer": "sgd", "lr": 0.2}
-GPT: dict[str, Any] = {"model": "gpt-mini", "dataset": "chars", "batch_size": 8, "steps": 3,
-                       "seed": 6, "optimizer": "sgd", "lr": 0.2,
-                       "model_options": {"n_layer": 1, "n_head": 2, "d_model": 16},
-                       "data_options": {"seq_len": 16, "chars": 20_000}}
 
 
 def _reference(cfg: dict[str, Any], k: int = 1) -> tuple[dict[str, torch.Tensor], list[float]]:
@@ -57,32 +50,3 @@ def test_bad_accumulation_refused_before_launch() -> None:
     with pytest.raises(ConfigError, match=r"does not support grad_accum \(--grad-accum 2\).*"
                                           r"that does: .*allreduce"):
         prepare(make_config(MLP | {"strategy": "local-sgd", "procs": 2, "grad_accum": 2}))
-
-
-@pytest.fixture(scope="module")
-def mlp_reference() -> dict[str, torch.Tensor]:
-    return _reference(MLP)[0]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy,procs,sets", [
-    ("single", 1, []), ("allreduce", 2, []), ("gpipe", 2, ["microbatches=2"]), ("1f1b", 2, []),
-    ("layerwise", 2, []), ("mesh", 4, ["dp=2", "pp=2"]),
-])
-def test_accumulation_equals_the_whole_batch(mlp_reference: dict[str, torch.Tensor], tmp_path: Path,
-                                             strategy: str, procs: int, sets: list[str]) -> None:
-    out = tmp_path / strategy
-    summary = polytrain.train(**(MLP | {"strategy": strategy, "procs": procs, "grad_accum": 2,
-                                        "out": str(out), "sets": sets}))
-    assert_same_params(load_model(out), mlp_reference, atol=1e-6, rtol=1e-5)
-    assert list(step_losses(out)) == [1, 2, 3, 4] and summary["samples"] == 4 * 16
-    if strategy == "allreduce":  # no_sync: one gradient all-reduce per optimizer step, not two
-        n_params = sum(t.numel() for t in mlp_reference.values())
-        assert summary["bytes_sent"] == pytest.approx(4 * 2 * n_params * 4, rel=0.01)
-
-
-@pytest.mark.slow
-def test_tensor_accumulation_equals_the_whole_batch(tmp_path: Path) -> None:
-    out = tmp_path / "tensor"
-    polytrain.train(**(GPT | {"strategy": "tensor", "procs": 2, "grad_accum": 2, "out": str(out)}))
-    assert_same_params(load_model(out), _reference(GPT)[0], atol=1e-6, rtol=1e-5)
