@@ -33,6 +33,8 @@ JOB_FLAGS: list[tuple[str, str, Any, str]] = [
     ("min_lr", "--min-lr", float, "learning rate a linear/cosine schedule ends at; default 0"),
     ("grad_accum", "--grad-accum", int, "K micro-steps of B/K samples per optimizer step "
      "(global batch stays B); default 1"),
+    ("precision", "--precision", str, "fp32 | bf16 | fp16: autocast forward and loss, fp32 "
+     "weights (fp16 with loss scaling); default fp32"),
     ("clip_grad_norm", "--clip-grad-norm", float, "clip the gradient to this global L2 norm "
      "(over the whole model, however it is split); default off"),
     ("loss", "--loss", str, "loss as pkg.module:fn(output, targets) (default: the task's "

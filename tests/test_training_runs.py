@@ -2,8 +2,8 @@
 cosine --warmup-steps``, ``--clip-grad-norm`` (small enough that every step clips) and
 ``--grad-accum 2`` together, and must end with the parameters of the same job trained in this
 process with torch's own ``clip_grad_norm_`` on the whole model, one step per batch of B, and the
-schedule's learning rates (SGD, fp32). Then AdamW + schedule resumed from a checkpoint through
-the API equals the uninterrupted run bit for bit."""
+schedule's learning rates (SGD, fp32). Then AdamW + schedule + fp16 loss scaler resumed from a
+checkpoint equals the uninterrupted run bit for bit."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import polytrain
 from polytrain.config import make_config
 from polytrain.runtime.job import Job
 from polytrain.runtime.schedule import from_config
-from tests.conftest import assert_same_params, load_model, step_losses
+from tests.conftest import assert_same_params, load_model, read_summary, step_losses
 
 MAX_NORM = 0.1
 FEATURES: dict[str, Any] = {"optimizer": "sgd", "lr": 0.2, "lr_schedule": "cosine", "warmup_steps": 1,
@@ -81,15 +81,18 @@ def test_tensor_shards_equal_torch(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_adamw_schedule_resumes_bit_exact(tmp_path: Path) -> None:
+def test_adamw_schedule_scaler_resume_bit_exact(tmp_path: Path) -> None:
     from tests.test_resume_all import _cut_back
 
     job = MLP | {"strategy": "single", "procs": 1, "optimizer": "adamw", "weight_decay": 0.1,
                  "lr": 0.01, "warmup_steps": 2, "min_lr": 0.001, "steps": 6, "checkpoint_every": 3,
-                 "clip_grad_norm": None, "grad_accum": 1}
+                 "clip_grad_norm": None, "grad_accum": 1, "precision": "fp16"}
     full, part = tmp_path / "full", tmp_path / "part"
     polytrain.train(**(job | {"out": str(full)}))
     _cut_back(full, part, 3)
     polytrain.train(resume=part)
     assert_same_params(load_model(part), load_model(full), atol=0, rtol=0)
     assert step_losses(part) == step_losses(full)
+    resumed, uninterrupted = read_summary(part)["strategy_metrics"], read_summary(full)["strategy_metrics"]
+    assert resumed["fp16_loss_scale"] == uninterrupted["fp16_loss_scale"]
+    assert resumed["fp16_skipped_steps"] == uninterrupted["fp16_skipped_steps"]

@@ -40,6 +40,7 @@ from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.clip import GradSplit, clip_grad_norm, unique
 from polytrain.runtime.divergence import all_finite, check_finite
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.precision import Precision
 
 StepFn = Callable[[int, torch.Tensor, torch.Tensor], float]
 OwnStep = Callable[[int], float]
@@ -74,10 +75,13 @@ class LoopSpec:
     evaluates: bool | None = None
     final_eval: bool | None = None
     reports: bool = True
+    precision: Precision | None = None  # default: plain_step's
 
     def __post_init__(self) -> None:
         if (self.step_fn is None) == (self.own_step is None):
             raise ValueError("a LoopSpec needs exactly one of step_fn and own_step")
+        if self.precision is None:
+            self.precision = getattr(self.step_fn, "precision", None)
 
 
 def plain_step(job: Job, ctx: RankContext, forward: Callable[[torch.Tensor], torch.Tensor],
@@ -89,11 +93,12 @@ def plain_step(job: Job, ctx: RankContext, forward: Callable[[torch.Tensor], tor
     ``forward`` is the model, or a wrapper around it (e.g. DDP, a tensor-parallel model) whose
     forward/backward communicates; ``before_update`` runs between backward and the update (e.g.
     a data-parallel gradient all-reduce). ``split``: how this rank's gradients make up the
-    model's, for ``--clip-grad-norm`` (None: this rank holds the whole gradient).
+    model's, for ``--clip-grad-norm`` (None: this rank holds the whole gradient). The step
+    carries its :class:`Precision` (``step.precision``) for the loop's checkpoints and metrics.
     """
-    rec = ctx.recorder
-    skip_nonfinite = job.config.on_nonfinite == "skip"
-    max_norm = job.config.clip_grad_norm
+    rec, cfg = ctx.recorder, job.config
+    amp = Precision(cfg.precision, ctx.device)
+    skip_nonfinite = cfg.on_nonfinite == "skip" and amp.scaler is None  # a scaler skips itself
     params = unique(p for g in optimizer.param_groups for p in g["params"])
 
     def step(i: int, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -101,26 +106,29 @@ def plain_step(job: Job, ctx: RankContext, forward: Callable[[torch.Tensor], tor
         optimizer.zero_grad(set_to_none=True)
 
         def loss_of(f: Any, xm: torch.Tensor, ym: torch.Tensor) -> torch.Tensor:
-            with rec.span("forward", step=i):
+            with rec.span("forward", step=i), amp.autocast():
                 return job.forward_loss(f, xm, ym)
 
         def backward(loss: torch.Tensor) -> None:
             with rec.span("backward", step=i):
-                loss.backward()
+                amp.backward(loss)
 
-        loss = accumulate(forward, x, y, job.config.grad_accum, loss_of, backward)
+        loss = accumulate(forward, x, y, cfg.grad_accum, loss_of, backward)
         if before_update is not None:
             before_update()
-        if max_norm is not None:
-            clip_grad_norm(params, max_norm, split)
+        amp.unscale(optimizer)
+        if cfg.clip_grad_norm is not None:
+            clip_grad_norm(params, cfg.clip_grad_norm, split)
         if skip_nonfinite and not all_finite(p.grad for p in params):
             optimizer.zero_grad(set_to_none=True)  # --on-nonfinite skip: no update this step
             rec.emit("skipped", step=i, reason="non-finite gradient")
             return loss
         with rec.span("optimizer", step=i):
-            optimizer.step()
+            if not amp.step(optimizer):
+                rec.emit("skipped", step=i, reason="fp16 gradient overflow; loss scale halved")
         return loss
 
+    step.precision = amp  # type: ignore[attr-defined]
     return step
 
 
@@ -134,6 +142,8 @@ def _snapshot(spec: LoopSpec, step: int) -> dict[str, Any]:
         state["optimizer"] = spec.optimizer.state_dict()
     if spec.state is not None:
         state["strategy"] = spec.state()
+    if spec.precision is not None and spec.precision.state():
+        state["precision"] = spec.precision.state()
     return state
 
 
@@ -177,6 +187,8 @@ def restore_checkpoint(ctx: RankContext, spec: LoopSpec) -> int:
     torch.set_rng_state(state["rng"])
     if spec.load_state is not None and "strategy" in state:
         spec.load_state(state["strategy"])
+    if spec.precision is not None and "precision" in state:
+        spec.precision.load_state(state["precision"])
     return int(state["step"])
 
 
@@ -243,6 +255,8 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
     result = RankResult(steps=last - start, samples=samples_at(last) - samples_at(start),
                         wall_s=wall, final_loss=loss if spec.reports else None,
                         strategy_metrics=dict(spec.metrics))
+    if spec.precision is not None:
+        result.strategy_metrics.update(spec.precision.metrics())
     if last < job.steps:  # stopped on request: the checkpoint holds the model
         return result
     if evaluates if spec.final_eval is None else spec.final_eval:

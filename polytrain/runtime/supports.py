@@ -20,6 +20,7 @@ testbed        ``polytrain testbed``                             runs on the emu
 lr_schedule    ``--lr-schedule linear|cosine``, ``--warmup-steps``  every optimizer follows it
 clip           ``--clip-grad-norm X``                            clips by the global norm
 grad_accum     ``--grad-accum K`` (K > 1)                        K micro-steps, one update
+precision      ``--precision bf16|fp16``                         autocast, fp32 master weights
 =============  ================================================  ============================
 
 The training features of issue 45 (``lr_schedule``, ...) are off unless a strategy declares them:
@@ -33,9 +34,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 FEATURES = ("checkpoint", "resume", "eval", "compression", "torchrun", "testbed", "lr_schedule",
-            "clip", "grad_accum")
+            "clip", "grad_accum", "precision")
 # The training features (docs/training.md's support matrix).
-TRAINING = ("lr_schedule", "clip", "grad_accum")
+TRAINING = ("lr_schedule", "clip", "grad_accum", "precision")
 
 ASKED_BY = {
     "checkpoint": "--checkpoint-every {value}",
@@ -47,6 +48,7 @@ ASKED_BY = {
     "lr_schedule": "--lr-schedule {value}",
     "clip": "--clip-grad-norm {value}",
     "grad_accum": "--grad-accum {value}",
+    "precision": "--precision {value}",
 }
 
 FIX = {
@@ -59,13 +61,15 @@ FIX = {
     "lr_schedule": "drop --lr-schedule and --warmup-steps (a constant --lr)",
     "clip": "drop --clip-grad-norm",
     "grad_accum": "drop --grad-accum",
+    "precision": "use --precision fp32",
 }
 
 
 NO_CODEC = {"compression": "no codec is wired into what it sends"}
 NOT_WIRED = {"lr_schedule": "its updates do not go through the job's optimizer",
              "clip": "no global-norm clipping is wired into its update",
-             "grad_accum": "its steps are not cut into micro-steps"}
+             "grad_accum": "its steps are not cut into micro-steps",
+             "precision": "its forward does not run under autocast with a loss scaler"}
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class Supports:
     lr_schedule: bool = False
     clip: bool = False
     grad_accum: bool = False
+    precision: bool = False
     why: dict[str, str] = field(default_factory=lambda: NO_CODEC | NOT_WIRED, compare=False)
 
     def honours(self, feature: str) -> bool:
@@ -140,6 +145,8 @@ def training_asked(cfg: Any) -> dict[str, Any]:
         asked["clip"] = cfg.clip_grad_norm
     if cfg.grad_accum > 1:
         asked["grad_accum"] = cfg.grad_accum
+    if cfg.precision != "fp32":
+        asked["precision"] = cfg.precision
     return asked
 
 

@@ -12,7 +12,7 @@ from polytrain.strategies.base import Strategy
 
 class Single(Strategy):
     name = "single"
-    supports = Supports(lr_schedule=True, clip=True, grad_accum=True)
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, precision=True)
     family = "reference"
     summary = "one process, plain SGD steps on the whole global batch (the reference)"
 

@@ -83,7 +83,7 @@ class Allreduce(Strategy):
     family = "data"
     summary = "synchronous data parallelism: DDP bucketed all-reduce overlapped with backward"
     Options = AllreduceOptions
-    supports = Supports(compression=True, lr_schedule=True, clip=True, grad_accum=True)
+    supports = Supports(compression=True, lr_schedule=True, clip=True, grad_accum=True, precision=True)
 
     def supports_for(self, cfg: JobConfig) -> Supports:
         if self.options.compression == "powersgd":  # type: ignore[attr-defined]
