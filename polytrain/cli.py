@@ -35,6 +35,8 @@ JOB_FLAGS: list[tuple[str, str, Any, str]] = [
      "(global batch stays B); default 1"),
     ("precision", "--precision", str, "fp32 | bf16 | fp16: autocast forward and loss, fp32 "
      "weights (fp16 with loss scaling); default fp32"),
+    ("device", "--device", str, "auto | cpu | cuda: auto takes a GPU per rank when there are "
+     "enough (NCCL), else the CPU (gloo); default auto"),
     ("clip_grad_norm", "--clip-grad-norm", float, "clip the gradient to this global L2 norm "
      "(over the whole model, however it is split); default off"),
     ("loss", "--loss", str, "loss as pkg.module:fn(output, targets) (default: the task's "

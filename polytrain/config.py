@@ -61,6 +61,7 @@ class JobConfig(BaseModel):
     clip_grad_norm: float | None = None  # clip the whole model's gradient to this global norm
     grad_accum: int = 1  # micro-steps per optimizer step (the global batch stays batch_size)
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast dtype; weights stay fp32
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: a GPU per rank when there is one
     seed: int = 0
     loss: str | None = None  # pkg.mod:fn, fn(output, targets) -> scalar; default: task loss
     options: dict[str, Any] = {}

@@ -75,3 +75,11 @@ def test_bf16_default_job_reaches_its_accuracy(tmp_path: Path) -> None:
     summary = polytrain.train(precision="bf16", out=str(tmp_path / "bf16"))
     assert summary["strategy_metrics"]["precision"] == "bf16"
     assert summary["eval"]["accuracy"] >= 0.95
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a GPU: --device cuda is valid")
+def test_device_cuda_refused_where_there_is_none() -> None:
+    with pytest.raises(ConfigError, match=r"--device cuda: no CUDA device is visible.*--device cpu"):
+        prepare(make_config({"strategy": "single", "procs": 1, "device": "cuda"}))
+    with pytest.raises(ConfigError, match="'device' = 'tpu'"):
+        make_config({"device": "tpu"})

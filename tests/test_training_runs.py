@@ -62,7 +62,8 @@ def test_features_together_equal_torch(mlp_reference: dict[str, torch.Tensor], t
                                        strategy: str, procs: int, sets: list[str]) -> None:
     out = tmp_path / strategy
     summary = polytrain.train(**(MLP | {"strategy": strategy, "procs": procs, "out": str(out),
-                                        "sets": sets}))
+                                        "sets": sets, "device": "cpu"}))
+    assert (summary["device"], summary["backend"]) == ("cpu", "gloo")  # --device cpu, stated
     assert_same_params(load_model(out), mlp_reference, atol=1e-6, rtol=1e-5)
     if strategy == "allreduce":  # one gradient all-reduce per optimizer step, not one per micro-step
         n_params = sum(t.numel() for t in mlp_reference.values())

@@ -26,6 +26,7 @@ RESUMABLE_CHANGES = {
     "keep_checkpoints",
     "out",
     "on_nonfinite",
+    "device",  # the same steps on other hardware (float rounding may differ)
 }
 
 
@@ -78,9 +79,21 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
             f"Use --set slow_rank=R with 0 <= R < --procs."
         )
     strategy.check(cfg, cfg.procs)
+    check_device(cfg.device)
     check_on_nonfinite(cfg)
     steps = total_steps(cfg, spec.train_size)
     return Prepared(cfg, strategy, spec, steps)
+
+
+def check_device(device: str) -> None:
+    """``--device cuda`` where this host sees no GPU: refused here, before any process starts."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise ConfigError(f"--device cuda: no CUDA device is visible on this host (torch "
+                          f"{torch.__version__}, {build}). Use --device cpu (or auto, which "
+                          "takes a GPU when there is one).")
 
 
 def check_resume_steps(run_dir: Path, cfg: JobConfig, steps: int) -> int:
