@@ -116,6 +116,7 @@ def launch(
 
     started = time.time()
     prepared = prepare(cfg, resume=resume)
+    cfg = prepared.config  # e.g. single's one process
     if resume and run_dir is not None:
         check_resume_steps(run_dir, cfg, prepared.steps)
     if run_dir is None:
@@ -124,6 +125,8 @@ def launch(
     if not resume:
         write_config(run_dir, cfg)
     console = console or Console(stderr=True)
+    if prepared.note:
+        console.print(f"note: {prepared.note}", highlight=False)
     _quiet_elastic(cfg.debug)
     payload = {
         "config": cfg.model_dump(mode="json"),

@@ -36,6 +36,19 @@ class Prepared:
     strategy: Strategy
     spec: DataSpec
     steps: int
+    note: str | None = None  # a change made to the job, for the launcher to say
+
+
+def fixed_world(cfg: JobConfig) -> tuple[JobConfig, str | None]:
+    """A strategy that runs on a fixed number of processes (``single``: 1) gets it when
+    ``--procs`` was left at its default, and a note saying so; an explicit --procs is checked
+    by the strategy as given."""
+    fixed = get_strategy_class(cfg.strategy).fixed_procs
+    if fixed is None or cfg.procs == fixed or "procs" in cfg.model_fields_set:
+        return cfg, None
+    note = (f"--strategy {cfg.strategy} runs on {fixed} process (not the default --procs "
+            f"{cfg.procs}, which is for parallel strategies)")
+    return cfg.model_copy(update={"procs": fixed}), note
 
 
 def job_request(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
@@ -64,6 +77,7 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
     """Validate strategy, options, dataset, model and their fit, and that the strategy honours
     what the launch asks (``resume``, ``hosts`` > 1 under torchrun, ``testbed``); raise
     ConfigError otherwise."""
+    cfg, note = fixed_world(cfg)
     request = job_request(cfg, resume=resume, hosts=hosts, testbed=testbed)
     check_supports(cfg, request)
     strategy = make_strategy(cfg.strategy, cfg.options)
@@ -82,7 +96,7 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
     check_device(cfg.device)
     check_on_nonfinite(cfg)
     steps = total_steps(cfg, spec.train_size)
-    return Prepared(cfg, strategy, spec, steps)
+    return Prepared(cfg, strategy, spec, steps, note)
 
 
 def check_device(device: str) -> None:

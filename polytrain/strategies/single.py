@@ -13,6 +13,7 @@ from polytrain.strategies.base import Strategy
 class Single(Strategy):
     name = "single"
     supports = Supports(lr_schedule=True, clip=True, grad_accum=True, precision=True)
+    fixed_procs = 1
     family = "reference"
     summary = "one process, plain SGD steps on the whole global batch (the reference)"
 
