@@ -37,6 +37,8 @@ JOB_FLAGS: list[tuple[str, str, Any, str]] = [
      "weights (fp16 with loss scaling); default fp32"),
     ("device", "--device", str, "auto | cpu | cuda: auto takes a GPU per rank when there are "
      "enough (NCCL), else the CPU (gloo); default auto"),
+    ("log", "--log", str, "csv,tensorboard,wandb: write the loss and evaluations while the run "
+     "goes (RUN/log.csv, RUN/tensorboard, RUN/wandb offline)"),
     ("clip_grad_norm", "--clip-grad-norm", float, "clip the gradient to this global L2 norm "
      "(over the whole model, however it is split); default off"),
     ("loss", "--loss", str, "loss as pkg.module:fn(output, targets) (default: the task's "

@@ -62,6 +62,7 @@ class JobConfig(BaseModel):
     grad_accum: int = 1  # micro-steps per optimizer step (the global batch stays batch_size)
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast dtype; weights stay fp32
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: a GPU per rank when there is one
+    log: list[Literal["csv", "tensorboard", "wandb"]] = []  # live logging while the run goes
     seed: int = 0
     loss: str | None = None  # pkg.mod:fn, fn(output, targets) -> scalar; default: task loss
     options: dict[str, Any] = {}
@@ -104,6 +105,12 @@ class JobConfig(BaseModel):
         if not v >= 0 or not math.isfinite(v):
             raise ValueError(f"must be 0 (off) or a finite positive number (got {v})")
         return v
+
+    @field_validator("log", mode="before")
+    @classmethod
+    def _log(cls, v: Any) -> Any:
+        """``--log csv,tensorboard``: a comma-separated string from the command line."""
+        return [s.strip() for s in v.split(",") if s.strip()] if isinstance(v, str) else v
 
     @field_validator("clip_grad_norm")
     @classmethod

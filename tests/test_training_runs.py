@@ -7,6 +7,7 @@ checkpoint equals the uninterrupted run bit for bit."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +63,12 @@ def test_features_together_equal_torch(mlp_reference: dict[str, torch.Tensor], t
                                        strategy: str, procs: int, sets: list[str]) -> None:
     out = tmp_path / strategy
     summary = polytrain.train(**(MLP | {"strategy": strategy, "procs": procs, "out": str(out),
-                                        "sets": sets, "device": "cpu"}))
+                                        "sets": sets, "device": "cpu", "log": ["csv"]}))
     assert (summary["device"], summary["backend"]) == ("cpu", "gloo")  # --device cpu, stated
     assert_same_params(load_model(out), mlp_reference, atol=1e-6, rtol=1e-5)
+    with (out / "log.csv").open() as f:  # --log csv: each step's mean loss over the ranks
+        logged = {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f) if r["kind"] == "train"}
+    assert logged == pytest.approx(step_losses(out), rel=1e-6)
     if strategy == "allreduce":  # one gradient all-reduce per optimizer step, not one per micro-step
         n_params = sum(t.numel() for t in mlp_reference.values())
         assert summary["bytes_sent"] == pytest.approx(4 * 2 * n_params * 4, rel=0.01)

@@ -31,6 +31,7 @@ from polytrain.launch.reaper import AGENT_LOGS_ENV
 from polytrain.launch.records import LAUNCHER_PID_ENV, free_port, read_error_record
 from polytrain.launch.rundir import new_run_dir, read_summary, write_config, write_interrupted
 from polytrain.launch.stores import BIND_ENV, LOOPBACK, stores_bound_to
+from polytrain.runtime.live_log import LiveLog, make_sinks
 from polytrain.runtime.progress import FollowProgress
 
 SHUTDOWN_TIMEOUT_S = 10
@@ -163,7 +164,9 @@ def launch(
     label = f"{cfg.strategy} ×{cfg.procs}"
     states: dict[int, str] = {}  # the live ranks' process states when a failure stopped them
     try:
+        sinks = make_sinks(list(cfg.log), run_dir, cfg.strategy, cfg.model_dump(mode="json"))
         with FollowProgress(rank0, prepared.steps, label, console), \
+                LiveLog(run_dir / "ranks", sinks, resume=resume), \
                 rank_environment(cfg.procs, agent_dir), stores_bound_to(bind), \
                 prompt_stop(states, SHUTDOWN_TIMEOUT_S):
             elastic_launch(lc, sys.executable)("-m", "polytrain.launch.rank_main", str(payload_path))

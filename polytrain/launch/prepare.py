@@ -12,6 +12,7 @@ from polytrain.errors import ConfigError
 from polytrain.models import is_user_model, validate_model
 from polytrain.models.contract import check_job
 from polytrain.runtime.divergence import check_on_nonfinite
+from polytrain.runtime.live_log import check_sinks
 from polytrain.runtime.supports import Request, refusal, requested, training_asked
 from polytrain.strategies import Strategy, get_strategy_class, make_strategy, registry
 
@@ -27,6 +28,7 @@ RESUMABLE_CHANGES = {
     "out",
     "on_nonfinite",
     "device",  # the same steps on other hardware (float rounding may differ)
+    "log",
 }
 
 
@@ -94,6 +96,7 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
         )
     strategy.check(cfg, cfg.procs)
     check_device(cfg.device)
+    check_sinks(list(cfg.log))
     check_on_nonfinite(cfg)
     steps = total_steps(cfg, spec.train_size)
     return Prepared(cfg, strategy, spec, steps, note)
