@@ -36,3 +36,10 @@ def test_compare_gives_every_side_the_same_threads(tmp_path: Path,
     single, allreduce = stored["strategies"]
     assert single["threads_per_process"] == [threads]  # measured in the ranks, one process
     assert allreduce["threads_per_process"] == [threads, threads]
+
+
+def test_docs_matrix_is_the_declared_one() -> None:
+    from polytrain.strategies.describe import training_matrix
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "training.md").read_text()
+    assert training_matrix() in page
