@@ -62,6 +62,9 @@ def _add_job_flags(p: argparse.ArgumentParser, *, with_strategy: bool = True) ->
         p.add_argument(flag, dest=field, type=typ, default=None, help=help_)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="strategy option (model.KEY / data.KEY for model and dataset options)")
+    p.add_argument("--activation-checkpointing", action="store_true", default=None,
+                   help="recompute each block's (layer's, stage's) forward in backward: less "
+                        "activation memory for one more forward")
     p.add_argument("--debug", action="store_true", default=None,
                    help="tracebacks, and PyTorch's collective checks (TORCH_DISTRIBUTED_DEBUG)")
     p.add_argument("--no-report", action="store_true", help="skip the plots and report.md")
@@ -70,7 +73,7 @@ def _add_job_flags(p: argparse.ArgumentParser, *, with_strategy: bool = True) ->
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    fields = [f for f, *_ in JOB_FLAGS] + ["debug"]
+    fields = [f for f, *_ in JOB_FLAGS] + ["debug", "activation_checkpointing"]
     return {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
 
 

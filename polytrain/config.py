@@ -63,6 +63,7 @@ class JobConfig(BaseModel):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast dtype; weights stay fp32
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: a GPU per rank when there is one
     log: list[Literal["csv", "tensorboard", "wandb"]] = []  # live logging while the run goes
+    activation_checkpointing: bool = False  # recompute each block's forward during backward
     seed: int = 0
     loss: str | None = None  # pkg.mod:fn, fn(output, targets) -> scalar; default: task loss
     options: dict[str, Any] = {}

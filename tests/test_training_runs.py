@@ -1,6 +1,6 @@
 """Issue 45's oracles in real processes: one launch per strategy trains with ``--lr-schedule
 cosine --warmup-steps``, ``--clip-grad-norm`` (small enough that every step clips) and
-``--grad-accum 2`` together, and must end with the parameters of the same job trained in this
+``--grad-accum 2`` together (and ``--activation-checkpointing``), and must end with the parameters of the same job trained in this
 process with torch's own ``clip_grad_norm_`` on the whole model, one step per batch of B, and the
 schedule's learning rates (SGD, fp32). Then AdamW + schedule + fp16 loss scaler resumed from a
 checkpoint equals the uninterrupted run bit for bit."""
@@ -63,7 +63,8 @@ def test_features_together_equal_torch(mlp_reference: dict[str, torch.Tensor], t
                                        strategy: str, procs: int, sets: list[str]) -> None:
     out = tmp_path / strategy
     summary = polytrain.train(**(MLP | {"strategy": strategy, "procs": procs, "out": str(out),
-                                        "sets": sets, "device": "cpu", "log": ["csv"]}))
+                                        "sets": sets, "device": "cpu", "log": ["csv"],
+                                        "activation_checkpointing": strategy != "mesh"}))
     assert (summary["device"], summary["backend"]) == ("cpu", "gloo")  # --device cpu, stated
     assert_same_params(load_model(out), mlp_reference, atol=1e-6, rtol=1e-5)
     with (out / "log.csv").open() as f:  # --log csv: each step's mean loss over the ranks

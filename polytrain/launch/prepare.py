@@ -29,6 +29,7 @@ RESUMABLE_CHANGES = {
     "on_nonfinite",
     "device",  # the same steps on other hardware (float rounding may differ)
     "log",
+    "activation_checkpointing",  # recomputes the same forward
 }
 
 

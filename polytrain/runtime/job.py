@@ -28,7 +28,7 @@ from polytrain.runtime.recorder import Recorder
 FINGERPRINT_FIELDS = ("strategy", "model", "dataset", "batch_size", "lr", "optimizer", "momentum",
                       "weight_decay", "seed", "loss", "options", "model_options", "data_options", "procs",
                       "lr_schedule", "warmup_steps", "min_lr", "clip_grad_norm",
-                      "grad_accum", "precision")
+                      "grad_accum", "precision")  # activation_checkpointing: same steps
 
 
 def fingerprint(cfg: JobConfig, view: dict[str, Any] | None = None) -> str:

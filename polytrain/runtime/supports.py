@@ -21,6 +21,7 @@ lr_schedule    ``--lr-schedule linear|cosine``, ``--warmup-steps``  every optimi
 clip           ``--clip-grad-norm X``                            clips by the global norm
 grad_accum     ``--grad-accum K`` (K > 1)                        K micro-steps, one update
 precision      ``--precision bf16|fp16``                         autocast, fp32 master weights
+recompute      ``--activation-checkpointing``                    recomputes blocks in backward
 =============  ================================================  ============================
 
 The training features of issue 45 (``lr_schedule``, ...) are off unless a strategy declares them:
@@ -34,9 +35,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 FEATURES = ("checkpoint", "resume", "eval", "compression", "torchrun", "testbed", "lr_schedule",
-            "clip", "grad_accum", "precision")
+            "clip", "grad_accum", "precision", "recompute")
 # The training features (docs/training.md's support matrix).
-TRAINING = ("lr_schedule", "clip", "grad_accum", "precision")
+TRAINING = ("lr_schedule", "clip", "grad_accum", "precision", "recompute")
 
 ASKED_BY = {
     "checkpoint": "--checkpoint-every {value}",
@@ -49,6 +50,7 @@ ASKED_BY = {
     "clip": "--clip-grad-norm {value}",
     "grad_accum": "--grad-accum {value}",
     "precision": "--precision {value}",
+    "recompute": "--activation-checkpointing",
 }
 
 FIX = {
@@ -62,6 +64,7 @@ FIX = {
     "clip": "drop --clip-grad-norm",
     "grad_accum": "drop --grad-accum",
     "precision": "use --precision fp32",
+    "recompute": "drop --activation-checkpointing",
 }
 
 
@@ -69,7 +72,8 @@ NO_CODEC = {"compression": "no codec is wired into what it sends"}
 NOT_WIRED = {"lr_schedule": "its updates do not go through the job's optimizer",
              "clip": "no global-norm clipping is wired into its update",
              "grad_accum": "its steps are not cut into micro-steps",
-             "precision": "its forward does not run under autocast with a loss scaler"}
+             "precision": "its forward does not run under autocast with a loss scaler",
+             "recompute": "its forward is not wrapped for recomputation"}
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,7 @@ class Supports:
     clip: bool = False
     grad_accum: bool = False
     precision: bool = False
+    recompute: bool = False
     why: dict[str, str] = field(default_factory=lambda: NO_CODEC | NOT_WIRED, compare=False)
 
     def honours(self, feature: str) -> bool:
@@ -147,6 +152,8 @@ def training_asked(cfg: Any) -> dict[str, Any]:
         asked["grad_accum"] = cfg.grad_accum
     if cfg.precision != "fp32":
         asked["precision"] = cfg.precision
+    if cfg.activation_checkpointing:
+        asked["recompute"] = True
     return asked
 
 

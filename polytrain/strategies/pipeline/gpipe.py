@@ -20,21 +20,23 @@ from polytrain.strategies.pipeline.shell import PipelineRun, RunPlan
 from polytrain.strategies.pipeline.weights import FlushWeights
 
 
-def flush_plan(strategy: str, opts: FlushOptions, accum: int = 1) -> RunPlan:
-    """``accum``: --grad-accum K multiplies the micro-batches of each step (one update)."""
+def flush_plan(strategy: str, opts: FlushOptions, accum: int = 1, recompute: bool = False) -> RunPlan:
+    """``accum``: --grad-accum K multiplies the micro-batches of each step (one update);
+    ``recompute``: --activation-checkpointing, the stage-wise ``checkpoint=always`` unless the
+    options chose a mode."""
     return RunPlan(
         strategy=strategy,
         schedule=strategy,
         per_step=opts.microbatches * accum,
         stream=False,
         make_weights=lambda module, optimizer, _stage: FlushWeights(module, optimizer),
-        checkpoint=opts.checkpoint,
+        checkpoint="always" if recompute and opts.checkpoint == "never" else opts.checkpoint,
     )
 
 
 class GPipe(Strategy):
     name = "gpipe"
-    supports = Supports(lr_schedule=True, clip=True, grad_accum=True)
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, recompute=True)
     family = "pipeline"
     summary = "GPipe: M micro-batches, all forwards then all backwards, one synchronous update"
     Options = FlushOptions
@@ -46,4 +48,5 @@ class GPipe(Strategy):
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: FlushOptions = self.options  # type: ignore[assignment]
-        return PipelineRun(job, ctx, opts, flush_plan(self.name, opts, job.config.grad_accum)).run()
+        return PipelineRun(job, ctx, opts, flush_plan(self.name, opts, job.config.grad_accum,
+                                                   job.config.activation_checkpointing)).run()

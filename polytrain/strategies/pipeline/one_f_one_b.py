@@ -20,7 +20,7 @@ from polytrain.strategies.pipeline.shell import PipelineRun
 
 class OneFOneB(Strategy):
     name = "1f1b"
-    supports = Supports(lr_schedule=True, clip=True, grad_accum=True)
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, recompute=True)
     family = "pipeline"
     summary = "1F1B with flush (PipeDream-Flush/DAPPLE): bounded activations, one synchronous update"
     Options = FlushOptions
@@ -32,4 +32,5 @@ class OneFOneB(Strategy):
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: FlushOptions = self.options  # type: ignore[assignment]
-        return PipelineRun(job, ctx, opts, flush_plan(self.name, opts, job.config.grad_accum)).run()
+        return PipelineRun(job, ctx, opts, flush_plan(self.name, opts, job.config.grad_accum,
+                                                   job.config.activation_checkpointing)).run()
