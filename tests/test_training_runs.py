@@ -1,9 +1,9 @@
 """Issue 45's oracles in real processes: one launch per strategy trains with ``--lr-schedule
-cosine --warmup-steps``, ``--clip-grad-norm`` (small enough that every step clips) and
-``--grad-accum 2`` together (and ``--activation-checkpointing``), and must end with the parameters of the same job trained in this
-process with torch's own ``clip_grad_norm_`` on the whole model, one step per batch of B, and the
-schedule's learning rates (SGD, fp32). Then AdamW + schedule + fp16 loss scaler resumed from a
-checkpoint equals the uninterrupted run bit for bit."""
+cosine --warmup-steps``, ``--clip-grad-norm`` (small enough that every step clips),
+``--grad-accum 2`` and (but mesh) ``--activation-checkpointing`` together, and must end with the
+parameters of the same job trained in this process with torch's own ``clip_grad_norm_`` on the
+whole model, one step per batch of B, and the schedule's learning rates (SGD, fp32). Then AdamW +
+schedule + fp16 loss scaler resumed from a checkpoint equals the uninterrupted run bit for bit."""
 
 from __future__ import annotations
 
