@@ -70,3 +70,21 @@ def test_wandb_writes_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     sink.close()
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))  # written here, for `wandb sync`
+
+
+def test_piped_progress_lines_show_the_mean_loss_and_evaluations(tmp_path: Path) -> None:
+    from polytrain.runtime.progress import PlainLines
+
+    step = {"event": "step", "step": 4, "t": 2.0, "samples": 64}
+    _append(tmp_path / "rank0.jsonl", step | {"rank": 0, "loss": 1.0})
+    _append(tmp_path / "rank1.jsonl", step | {"rank": 1, "loss": 2.0})
+    lines = PlainLines(tmp_path, 10, "allreduce")
+    lines.read()
+    first = lines.line()
+    assert first is not None and "step 4/10 loss 1.5000" in first and "eval" not in first
+    assert lines.line() is None  # nothing new
+    _append(tmp_path / "rank0.jsonl", {"event": "eval", "rank": 0, "step": 4, "t": 2.1,
+                                       "accuracy": 0.875, "loss": 0.5})
+    lines.read()
+    again = lines.line()
+    assert again is not None and "(eval at step 4: test accuracy 0.8750 test loss 0.5000)" in again

@@ -218,7 +218,8 @@ class PlainLines:
         self.ranks, self.total, self.description = ranks, total, description
         self.offsets: dict[Path, int] = {}
         self.latest: dict[int, dict[str, Any]] = {}  # rank -> its newest step event
-        self.shown = -1
+        self.eval: dict[str, Any] | None = None  # the newest evaluation (any rank's)
+        self.shown: tuple[int, int] = (-1, -1)  # (step, eval step) of the last line printed
 
     def read(self) -> None:
         for path in sorted(self.ranks.glob("rank*.jsonl")):
@@ -228,10 +229,13 @@ class PlainLines:
                     if not line.endswith("\n"):
                         break
                     self.offsets[path] = self.offsets.get(path, 0) + len(line)
-                    if '"event": "step"' in line:
+                    if '"event": "step"' in line or '"event": "eval"' in line:
                         try:
                             ev = json.loads(line)
-                            self.latest[int(ev.get("rank", path.stem[len("rank"):]))] = ev
+                            if ev["event"] == "eval":
+                                self.eval = ev
+                            else:
+                                self.latest[int(ev.get("rank", path.stem[len("rank"):]))] = ev
                         except (ValueError, KeyError, TypeError):
                             continue
 
@@ -242,19 +246,23 @@ class PlainLines:
         return f"{sum(losses) / len(losses):.4f}" if losses else "-"
 
     def line(self) -> str | None:
-        """The current line, or None when no step is newer than the last line printed."""
+        """The current line, or None when no step or evaluation is newer than the last line
+        printed; the newest evaluation's figures end the line."""
         if 0 not in self.latest:
             return None
         head = self.latest[0]
         step = int(head["step"])
-        if step == self.shown:
+        at = (step, int(self.eval["step"]) if self.eval else -1)
+        if at == self.shown:
             return None
-        self.shown = step
+        self.shown = at
         loss = self.mean_loss(step)
         t = float(head.get("t", 0.0))
         rate = f"{head['samples'] / t:.1f}" if t > 0 and head.get("samples") else "-"
+        tested = "".join(f" test {k} {self.eval[k]:.4f}" for k in ("accuracy", "loss")
+                         if self.eval and isinstance(self.eval.get(k), int | float))
         return (f"{self.description} step {step}/{self.total} loss {loss} samples/s {rate} "
-                f"elapsed {t:.1f}s")
+                f"elapsed {t:.1f}s" + (f" (eval at step {at[1]}:{tested})" if tested else ""))
 
 
 def wait_for(path: Path, timeout: float) -> bool:
