@@ -41,6 +41,7 @@ from polytrain.runtime.clip import GradSplit, clip_grad_norm, unique
 from polytrain.runtime.divergence import all_finite, check_finite
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.precision import Precision
+from polytrain.runtime.schedule import updates_taken
 
 StepFn = Callable[[int, torch.Tensor, torch.Tensor], float]
 OwnStep = Callable[[int], float]
@@ -209,6 +210,18 @@ def _stepper(job: Job, ctx: RankContext, spec: LoopSpec) -> OwnStep:
     return step
 
 
+def _metrics(spec: LoopSpec) -> dict[str, Any]:
+    """The strategy's metrics, the precision's (fp16: skipped steps, loss scale) and the
+    schedule's (updates its optimizer counted: whose steps the schedule followed)."""
+    out = dict(spec.metrics)
+    if spec.precision is not None:
+        out.update(spec.precision.metrics())
+    if spec.optimizer is not None and updates_taken(spec.optimizer):
+        out["lr_schedule"] = {"updates": updates_taken(spec.optimizer),
+                              "last_lr": spec.optimizer.param_groups[0]["lr"]}
+    return out
+
+
 def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
     """Run steps ``start+1 .. job.steps`` and return this rank's result."""
     cfg = job.config
@@ -254,9 +267,7 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
     wall = time.perf_counter() - t0
     result = RankResult(steps=last - start, samples=samples_at(last) - samples_at(start),
                         wall_s=wall, final_loss=loss if spec.reports else None,
-                        strategy_metrics=dict(spec.metrics))
-    if spec.precision is not None:
-        result.strategy_metrics.update(spec.precision.metrics())
+                        strategy_metrics=_metrics(spec))
     if last < job.steps:  # stopped on request: the checkpoint holds the model
         return result
     if evaluates if spec.final_eval is None else spec.final_eval:
