@@ -98,6 +98,11 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
     strategy.check(cfg, cfg.procs)
     check_device(cfg.device)
     check_sinks(list(cfg.log))
+    if cfg.log and hosts > 1:
+        raise ConfigError(f"--log {','.join(cfg.log)} under torchrun across {hosts} hosts: it is "
+                          "written from rank 0's host, which sees only its own ranks' event files. "
+                          "Drop --log (metrics.jsonl holds every rank's figures after the run), or "
+                          "run on one host.")
     check_on_nonfinite(cfg)
     steps = total_steps(cfg, spec.train_size)
     return Prepared(cfg, strategy, spec, steps, note)
