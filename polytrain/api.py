@@ -12,10 +12,11 @@ function (:mod:`polytrain.memory`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,9 @@ def compare(strategies: Sequence[str], *, config: str | Path | None = None,
     """Run the same job with each strategy; write and return compare.json.
 
     ``single`` always runs on one process (it is the reference); the others on ``procs``.
+    Every process of every side gets the same threads (cores / the largest ``procs``, or the
+    caller's ``OMP_NUM_THREADS``), so that ``single`` is not timed with all the cores while each
+    rank of the others has a share; compare.json records the threads each side's ranks ran with.
     """
     from polytrain.launch.local import launch
     from polytrain.launch.prepare import prepare
@@ -99,15 +103,45 @@ def compare(strategies: Sequence[str], *, config: str | Path | None = None,
         jobs.append(cfg)
     root.mkdir(parents=True, exist_ok=True)
     summaries = []
-    for cfg in jobs:
-        summary = launch(cfg, console=console)
-        if target_accuracy is not None:
-            summary["time_to_accuracy_s"] = _time_to_accuracy(Path(cfg.out or ""), target_accuracy)
-        summaries.append(summary)
-    result: dict[str, Any] = {"strategies": summaries, "target_accuracy": target_accuracy}
+    with _equal_threads(max(cfg.procs for cfg in jobs)) as threads:
+        for cfg in jobs:
+            summary = launch(cfg, console=console)
+            if target_accuracy is not None:
+                summary["time_to_accuracy_s"] = _time_to_accuracy(Path(cfg.out or ""), target_accuracy)
+            summary["threads_per_process"] = _threads_run(Path(cfg.out or ""))
+            summaries.append(summary)
+    result: dict[str, Any] = {"strategies": summaries, "target_accuracy": target_accuracy,
+                              "threads_per_process": threads}
     (root / "compare.json").write_text(json.dumps(result, indent=1))
     result["out"] = str(root)
     return result
+
+
+@contextlib.contextmanager
+def _equal_threads(procs: int) -> Iterator[int]:
+    """``OMP_NUM_THREADS`` for every side of a comparison: the caller's, else cores / ``procs``
+    (what the widest side's ranks get); the caller's environment is restored afterwards."""
+    saved = os.environ.get("OMP_NUM_THREADS")
+    threads = int(saved) if saved and saved.isdigit() else max(1, (os.cpu_count() or 1) // procs)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        yield threads
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
+
+
+def _threads_run(run_dir: Path) -> list[int]:
+    """The threads each rank of a run reported it ran with (its ``process`` events, by rank)."""
+    path = run_dir / "metrics.jsonl"
+    found: dict[int, int] = {}
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        ev = json.loads(line)
+        if ev.get("event") == "process" and "threads" in ev:
+            found[int(ev.get("rank", 0))] = int(ev["threads"])
+    return [found[r] for r in sorted(found)]
 
 
 def _time_to_accuracy(run_dir: Path, target: float) -> float | None:

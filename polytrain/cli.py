@@ -24,9 +24,23 @@ JOB_FLAGS: list[tuple[str, str, Any, str]] = [
     ("epochs", "--epochs", float, "passes over the training data (overrides --steps)"),
     ("batch_size", "--batch-size", int, "GLOBAL batch size, split over data-parallel ranks; default 64"),
     ("lr", "--lr", float, "learning rate; default 1e-3"),
-    ("optimizer", "--optimizer", str, "sgd | momentum | adam; default adam"),
+    ("optimizer", "--optimizer", str, "sgd | momentum | adam | adamw; default adam"),
     ("momentum", "--momentum", float, "momentum for --optimizer momentum; default 0.9"),
-    ("weight_decay", "--weight-decay", float, "L2 weight decay; default 0"),
+    ("weight_decay", "--weight-decay", float, "weight decay (decoupled for adamw, else L2); default 0"),
+    ("lr_schedule", "--lr-schedule", str, "constant | linear | cosine, per optimizer step; "
+     "default constant"),
+    ("warmup_steps", "--warmup-steps", int, "linear warm-up over the first N optimizer steps"),
+    ("min_lr", "--min-lr", float, "learning rate a linear/cosine schedule ends at; default 0"),
+    ("grad_accum", "--grad-accum", int, "K micro-steps of B/K samples per optimizer step "
+     "(global batch stays B); default 1"),
+    ("precision", "--precision", str, "fp32 | bf16 | fp16: autocast forward and loss, fp32 "
+     "weights (fp16 with loss scaling); default fp32"),
+    ("device", "--device", str, "auto | cpu | cuda: auto takes a GPU per rank when there are "
+     "enough (NCCL), else the CPU (gloo); default auto"),
+    ("log", "--log", str, "csv,tensorboard,wandb: write the loss and evaluations while the run "
+     "goes (RUN/log.csv, RUN/tensorboard, RUN/wandb offline)"),
+    ("clip_grad_norm", "--clip-grad-norm", float, "clip the gradient to this global L2 norm "
+     "(over the whole model, however it is split); default off"),
     ("loss", "--loss", str, "loss as pkg.module:fn(output, targets) (default: the task's "
      "cross-entropy, or the loss the model returns)"),
     ("seed", "--seed", int, "seed of initialisation and data order; default 0"),
@@ -56,6 +70,9 @@ def _add_job_flags(p: argparse.ArgumentParser, *, with_strategy: bool = True) ->
         p.add_argument(flag, dest=field, type=typ, default=None, help=help_)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="strategy option (model.KEY / data.KEY for model and dataset options)")
+    p.add_argument("--activation-checkpointing", action="store_true", default=None,
+                   help="recompute each block's (layer's, stage's) forward in backward: less "
+                        "activation memory for one more forward")
     p.add_argument("--debug", action="store_true", default=None,
                    help="tracebacks, and PyTorch's collective checks (TORCH_DISTRIBUTED_DEBUG)")
     p.add_argument("--no-report", action="store_true", help="skip the plots and report.md")
@@ -64,7 +81,7 @@ def _add_job_flags(p: argparse.ArgumentParser, *, with_strategy: bool = True) ->
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    fields = [f for f, *_ in JOB_FLAGS] + ["debug"]
+    fields = [f for f, *_ in JOB_FLAGS] + ["debug", "activation_checkpointing"]
     return {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
 
 

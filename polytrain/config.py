@@ -26,11 +26,11 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from polytrain.errors import ConfigError, did_you_mean
 
-OPTIMIZERS = ("sgd", "momentum", "adam")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 # Straggler emulation works with every strategy: --set slow_rank=R --set slow_factor=F makes
 # rank R take F times as long for each unit of its work (it sleeps (F-1) x its compute time).
 STRAGGLER_KEYS = ("slow_rank", "slow_factor")
@@ -53,9 +53,18 @@ class JobConfig(BaseModel):
     epochs: float | None = None
     batch_size: int = 64
     lr: float = 1e-3
-    optimizer: Literal["sgd", "momentum", "adam"] = "adam"
+    optimizer: Literal["sgd", "momentum", "adam", "adamw"] = "adam"
     momentum: float = 0.9
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # L2 in the gradient (sgd, momentum, adam); decoupled for adamw
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = 0
+    min_lr: float = 0.0
+    clip_grad_norm: float | None = None  # clip the whole model's gradient to this global norm
+    grad_accum: int = 1  # micro-steps per optimizer step (the global batch stays batch_size)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast dtype; weights stay fp32
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: a GPU per rank when there is one
+    log: list[Literal["csv", "tensorboard", "wandb"]] = []  # live logging while the run goes
+    activation_checkpointing: bool = False  # recompute each block's forward during backward
     seed: int = 0
     loss: str | None = None  # pkg.mod:fn, fn(output, targets) -> scalar; default: task loss
     options: dict[str, Any] = {}
@@ -82,7 +91,7 @@ class JobConfig(BaseModel):
             raise ValueError(f"--procs is the number of processes and must be at least 1 (got {v})")
         return v
 
-    @field_validator("steps", "batch_size")
+    @field_validator("steps", "batch_size", "grad_accum")
     @classmethod
     def _positive(cls, v: int) -> int:
         if v < 1:
@@ -111,11 +120,25 @@ class JobConfig(BaseModel):
             raise ValueError(f"must be a positive number (got {v})")
         return v
 
-    @field_validator("eval_every", "checkpoint_every", "weight_decay")
+    @field_validator("eval_every", "checkpoint_every", "weight_decay", "warmup_steps", "min_lr")
     @classmethod
     def _non_negative(cls, v: float) -> float:
         if not v >= 0 or not math.isfinite(v):
             raise ValueError(f"must be 0 (off) or a finite positive number (got {v})")
+        return v
+
+    @field_validator("log", mode="before")
+    @classmethod
+    def _log(cls, v: Any) -> Any:
+        """``--log csv,tensorboard``: a comma-separated string from the command line."""
+        return [s.strip() for s in v.split(",") if s.strip()] if isinstance(v, str) else v
+
+    @field_validator("clip_grad_norm")
+    @classmethod
+    def _clip(cls, v: float | None) -> float | None:
+        if v is not None and (not v > 0 or not math.isfinite(v)):
+            raise ValueError(f"a gradient-norm limit is a finite positive number (got {v}); "
+                             "1.0 is usual, leave it out for no clipping")
         return v
 
     @field_validator("momentum")
@@ -186,6 +209,22 @@ class JobConfig(BaseModel):
         return v
 
 
+    @model_validator(mode="after")
+    def _schedule(self) -> JobConfig:
+        if self.batch_size % self.grad_accum:
+            raise ValueError(f"--grad-accum {self.grad_accum} must divide --batch-size "
+                             f"{self.batch_size} (the global batch is cut into {self.grad_accum} "
+                             "equal micro-batches). Use a --batch-size that is a multiple of it")
+        if self.min_lr > self.lr:
+            raise ValueError(f"--min-lr {self.min_lr} is above --lr {self.lr}: a schedule decays "
+                             "from --lr down to --min-lr. Pass a --min-lr below --lr (default 0)")
+        if self.warmup_steps and self.warmup_steps >= self.steps and self.epochs is None:
+            raise ValueError(f"--warmup-steps {self.warmup_steps} is not below --steps "
+                             f"{self.steps}: the run would never reach --lr. Use fewer warm-up "
+                             "steps (a few percent of the run is usual)")
+        return self
+
+
 FIELDS = tuple(JobConfig.model_fields)
 
 
@@ -196,6 +235,8 @@ def _friendly(err: ValidationError, source: str) -> ConfigError:
         loc = ".".join(str(p) for p in e["loc"]) or "(job)"
         if e["type"] == "extra_forbidden":
             lines.append(f"unknown key '{loc}'. {did_you_mean(str(e['loc'][-1]), FIELDS)}")
+        elif not e["loc"]:  # a rule across fields: its message names them and their values
+            lines.append(str(e["msg"]).removeprefix("Value error, "))
         else:
             msg = str(e["msg"]).removeprefix("Value error, ")
             lines.append(f"'{loc}' = {e.get('input')!r}: {msg}")

@@ -28,7 +28,9 @@ BEGIN, END = "<!-- supports:begin (python -m polytrain.docs_gen) -->", "<!-- sup
 # Column titles of the support matrix (tests/test_resume_all.py reads README's copy).
 FEATURE_TITLES = {"checkpoint": "checkpoint", "resume": "resume", "eval": "--eval-every",
                   "compression": "compression", "torchrun": "torchrun (hosts > 1)",
-                  "testbed": "testbed"}
+                  "testbed": "testbed", "lr_schedule": "--lr-schedule", "clip": "--clip-grad-norm",
+                  "grad_accum": "--grad-accum", "precision": "--precision",
+                  "recompute": "--activation-checkpointing"}
 
 
 def _cell(value: str) -> str:

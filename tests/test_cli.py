@@ -42,7 +42,7 @@ BAD = [
     (["--dataset", "imagenet"], "Unknown dataset 'imagenet'"),
     (["--procs", "0"], "at least 1"),
     (["--procs", "3", "--batch-size", "64"], "multiple of 3"),
-    (["--strategy", "single"], "exactly 1 process"),
+    (["--strategy", "single", "--procs", "2"], "exactly 1 process"),  # default --procs: runs on 1
     (["--model", "no_such_pkg.nets:make"], "no_such_pkg"),
     (["--model", "json:dumps"], "factory .json:dumps. requires argument .obj."),
     (["--config", "/nonexistent/job.toml"], "Cannot read config file"),

@@ -17,6 +17,7 @@ import pytest
 from polytrain.config import make_config
 from polytrain.errors import ConfigError
 from polytrain.launch.prepare import prepare
+from polytrain.runtime.supports import FEATURES
 from polytrain.strategies import registry
 from tests.conftest import assert_same_params, load_model, run_cli, step_losses
 
@@ -99,7 +100,7 @@ def test_resume_equals_uninterrupted(tmp_path: Path, key: str) -> None:
 def test_every_strategy_declares_what_it_supports() -> None:
     for name, cls in registry().items():
         row = cls.declared().as_row()
-        assert set(row) == {"checkpoint", "resume", "eval", "compression", "torchrun", "testbed"}
+        assert set(row) == set(FEATURES)
         for feature, ok in row.items():
             assert ok or cls.declared().why.get(feature), f"{name}: no reason given for {feature}"
 
@@ -154,6 +155,7 @@ def test_ps_resumes_with_more_servers_by_resharding(tmp_path: Path) -> None:
 
 
 def test_readme_support_matrix_matches_the_declarations() -> None:
+    from polytrain.runtime.supports import FEATURES
     from tests.conftest import ROOT
 
     text = (ROOT / "README.md").read_text()
@@ -161,9 +163,9 @@ def test_readme_support_matrix_matches_the_declarations() -> None:
     rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 7 and cells[0].startswith("`"):
+        if len(cells) == len(FEATURES) + 1 and cells[0].startswith("`"):
             rows[cells[0].strip("`")] = [c.startswith("yes") for c in cells[1:]]
-    features = ["checkpoint", "resume", "eval", "compression", "torchrun", "testbed"]
+    features = list(FEATURES)
     assert rows == {n: [c.declared().honours(f) for f in features] for n, c in registry().items()}
 
 

@@ -38,6 +38,7 @@ from polytrain.launch.rundir import (
     write_interrupted,
 )
 from polytrain.launch.stores import BIND_ENV, LOOPBACK, stores_bound_to
+from polytrain.runtime.live_log import LiveLog, make_sinks
 from polytrain.runtime.progress import FollowProgress
 
 SHUTDOWN_TIMEOUT_S = 10
@@ -119,6 +120,7 @@ def launch(
     """Validate, run the job on ``cfg.procs`` local processes, and return its summary."""
     started = time.time()
     prepared = prepare(cfg, resume=resume)
+    cfg = prepared.config  # e.g. single's one process
     if run_dir is None:
         run_dir = new_run_dir(cfg)
     with hold_run_dir(run_dir):  # one job at a time writes a run directory
@@ -137,6 +139,8 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
     if not resume:
         write_config(run_dir, cfg)
     console = console or Console(stderr=True)
+    if prepared.note:
+        console.print(f"note: {prepared.note}", highlight=False)
     _quiet_elastic(cfg.debug)
     payload = {
         "config": cfg.model_dump(mode="json"),
@@ -179,7 +183,9 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
     states: dict[int, str] = {}  # the live ranks' process states when a failure stopped them
     ooms = oom_kills()  # the kernel's OOM kills so far: a rise names a SIGKILLed rank's cause
     try:
+        sinks = make_sinks(list(cfg.log), run_dir, cfg.strategy, cfg.model_dump(mode="json"))
         with FollowProgress(rank0, prepared.steps, label, console), \
+                LiveLog(run_dir / "ranks", sinks, resume=resume), \
                 rank_environment(cfg.procs, agent_dir), stores_bound_to(bind), \
                 prompt_stop(states, SHUTDOWN_TIMEOUT_S):
             elastic_launch(lc, sys.executable)("-m", "polytrain.launch.rank_main", str(payload_path))

@@ -12,7 +12,8 @@ from polytrain.errors import ConfigError
 from polytrain.models import is_user_model, validate_model
 from polytrain.models.contract import check_job
 from polytrain.runtime.divergence import check_on_divergence, check_on_nonfinite
-from polytrain.runtime.supports import Request, refusal, requested
+from polytrain.runtime.live_log import check_sinks
+from polytrain.runtime.supports import Request, refusal, requested, training_asked
 from polytrain.strategies import Strategy, get_strategy_class, make_strategy, registry
 
 # Flags that may differ when a run is resumed: they do not change what the steps compute.
@@ -30,6 +31,9 @@ RESUMABLE_CHANGES = {
     "divergence_factor",
     "divergence_window",
     "max_param",
+    "device",  # the same steps on other hardware (float rounding may differ)
+    "log",
+    "activation_checkpointing",  # recomputes the same forward
 }
 
 
@@ -39,13 +43,26 @@ class Prepared:
     strategy: Strategy
     spec: DataSpec
     steps: int
+    note: str | None = None  # a change made to the job, for the launcher to say
+
+
+def fixed_world(cfg: JobConfig) -> tuple[JobConfig, str | None]:
+    """A strategy that runs on a fixed number of processes (``single``: 1) gets it when
+    ``--procs`` was left at its default, and a note saying so; an explicit --procs is checked
+    by the strategy as given."""
+    fixed = get_strategy_class(cfg.strategy).fixed_procs
+    if fixed is None or cfg.procs == fixed or "procs" in cfg.model_fields_set:
+        return cfg, None
+    note = (f"--strategy {cfg.strategy} runs on {fixed} process (not the default --procs "
+            f"{cfg.procs}, which is for parallel strategies)")
+    return cfg.model_copy(update={"procs": fixed}), note
 
 
 def job_request(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
                 testbed: bool = False) -> Request:
     """The features (checkpoint, resume, eval, ...) this launch asks of its strategy."""
     return requested(cfg.options, checkpoint_every=cfg.checkpoint_every, eval_every=cfg.eval_every,
-                     resume=resume, hosts=hosts, testbed=testbed)
+                     resume=resume, hosts=hosts, testbed=testbed, training=training_asked(cfg))
 
 
 def check_supports(cfg: JobConfig, request: Request, strategy: Strategy | None = None) -> None:
@@ -67,6 +84,7 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
     """Validate strategy, options, dataset, model and their fit, and that the strategy honours
     what the launch asks (``resume``, ``hosts`` > 1 under torchrun, ``testbed``); raise
     ConfigError otherwise."""
+    cfg, note = fixed_world(cfg)
     request = job_request(cfg, resume=resume, hosts=hosts, testbed=testbed)
     check_supports(cfg, request)
     strategy = make_strategy(cfg.strategy, cfg.options)
@@ -82,11 +100,29 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
             f"Use --set slow_rank=R with 0 <= R < --procs."
         )
     strategy.check(cfg, cfg.procs)
+    check_device(cfg.device)
+    check_sinks(list(cfg.log))
+    if cfg.log and hosts > 1:
+        raise ConfigError(f"--log {','.join(cfg.log)} under torchrun across {hosts} hosts: it is "
+                          "written from rank 0's host, which sees only its own ranks' event files. "
+                          "Drop --log (metrics.jsonl holds every rank's figures after the run), or "
+                          "run on one host.")
     check_on_nonfinite(cfg)
     check_on_divergence(cfg)
     check_data_size(cfg, spec)
     steps = total_steps(cfg, spec.train_size)
-    return Prepared(cfg, strategy, spec, steps)
+    return Prepared(cfg, strategy, spec, steps, note)
+
+
+def check_device(device: str) -> None:
+    """``--device cuda`` where this host sees no GPU: refused here, before any process starts."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise ConfigError(f"--device cuda: no CUDA device is visible on this host (torch "
+                          f"{torch.__version__}, {build}). Use --device cpu (or auto, which "
+                          "takes a GPU when there is one).")
 
 
 def check_data_size(cfg: JobConfig, spec: DataSpec) -> None:

@@ -24,6 +24,7 @@ from polytrain.errors import ConfigError, PolytrainError
 from polytrain.launch.prepare import check_resume_steps, prepare, resume_config
 from polytrain.launch.rundir import TESTBED_ENV, read_summary, write_config
 from polytrain.launch.worker import exit_now, run_rank
+from polytrain.runtime.live_log import LiveLog, make_sinks
 
 
 def train_under_torchrun(
@@ -58,8 +59,10 @@ def train_under_torchrun(
         write_config(run_dir, cfg)
     payload = {"config": cfg.model_dump(), "run_dir": str(run_dir), "resume": bool(resume),
                "rank_logs": False, "progress": True}
+    sinks = make_sinks(list(cfg.log), run_dir, cfg.strategy, cfg.model_dump(mode="json")) if rank == 0 else []
     try:
-        run_rank(payload)
+        with LiveLog(run_dir / "ranks", sinks, resume=not fresh):  # rank 0 writes --log
+            run_rank(payload)
     except BaseException as exc:  # recorded in ranks/rank{R}.error.json by run_rank
         if isinstance(exc, PolytrainError):
             print(f"error: rank {rank}: {exc}", file=sys.stderr)

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from polytrain.comm import Comm
 from polytrain.config import make_config
+from polytrain.errors import ConfigError
 from polytrain.launch.reaper import remove_when_agent_ends
 from polytrain.launch.records import clear_error_record, die_with_parent, write_error_record
 from polytrain.launch.stores import bind_address, tcp_store
@@ -45,9 +46,13 @@ def set_threads() -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
 
 
-def pick_device(local_rank: int) -> tuple[torch.device, str]:
-    """NCCL on GPUs when this rank has one, gloo on CPU otherwise."""
-    if torch.cuda.is_available() and local_rank < torch.cuda.device_count():
+def pick_device(local_rank: int, want: str = "auto") -> tuple[torch.device, str]:
+    """``--device``: NCCL on this rank's GPU (cuda; auto when it has one), gloo on CPU."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if want == "cuda" and local_rank >= gpus:
+        raise ConfigError(f"--device cuda: local rank {local_rank} has no GPU of its own (this "
+                          f"host has {gpus}). Run at most {gpus} ranks per host, or --device cpu.")
+    if want != "cpu" and local_rank < gpus:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank), "nccl"
     return torch.device("cpu"), "gloo"
@@ -122,7 +127,7 @@ def run_rank(payload: dict[str, Any]) -> None:
                   threads=torch.get_num_threads())
     try:
         cfg = make_config(payload["config"])
-        device, backend = pick_device(local_rank)
+        device, backend = pick_device(local_rank, cfg.device)
         interrupt.install(init_distributed(backend, rank, world, cfg.timeout_s))
         strategy = make_strategy(cfg.strategy, cfg.options)
         job = Job.from_config(cfg)

@@ -176,7 +176,7 @@ def format_profile(profiles: list[LayerProfile]) -> str:
 
 # --- the model profile the planner reads (`polytrain profile`) ---------------------------------------
 
-OPTIMIZER_STATE = {"sgd": 0, "momentum": 1, "adam": 2}  # state tensors per parameter
+OPTIMIZER_STATE = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}  # state tensors per parameter
 
 
 @dataclass(frozen=True)

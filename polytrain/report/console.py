@@ -72,7 +72,8 @@ def _summary_lines(summary: Summary, run_dir: Path | str | None) -> list[tuple[s
     samples = summary.get("samples")
     lines = [
         ("Accuracy", accuracy),
-        ("Final loss", f"{summary['final_loss']:.4f}" if is_number(summary.get("final_loss")) else MISSING),
+        ("Final loss (mean over ranks, last step)",
+         f"{summary['final_loss']:.4f}" if is_number(summary.get("final_loss")) else MISSING),
         ("Throughput", human_rate(summary.get("throughput_samples_per_s"))),
         (
             "Steps",

@@ -20,6 +20,7 @@ from polytrain.models.call import ModelCall, call_of
 from polytrain.models.export import Form
 from polytrain.models.outputs import LossFn, loss_of, output_of
 from polytrain.models.user import UserModule
+from polytrain.runtime import schedule
 from polytrain.runtime.batches import GlobalBatches
 from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.progress import RankProgress
@@ -27,7 +28,9 @@ from polytrain.runtime.recorder import Recorder
 
 # Fields that change what is computed: a checkpoint only resumes a job that agrees on all of them.
 FINGERPRINT_FIELDS = ("strategy", "model", "dataset", "batch_size", "lr", "optimizer", "momentum",
-                      "weight_decay", "seed", "loss", "options", "model_options", "data_options", "procs")
+                      "weight_decay", "seed", "loss", "options", "model_options", "data_options", "procs",
+                      "lr_schedule", "warmup_steps", "min_lr", "clip_grad_norm",
+                      "grad_accum", "precision")  # activation_checkpointing: same steps
 
 
 def fingerprint(cfg: JobConfig, view: dict[str, Any] | None = None) -> str:
@@ -92,12 +95,19 @@ class Job:
                            else self.call.describe())
         return model
 
-    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
+    def make_optimizer(self, params: Any, horizon: int | None = None) -> torch.optim.Optimizer:
+        """The job's optimizer over ``params``, following ``--lr-schedule`` (which ends at update
+        ``horizon``, default the job's steps: one update per step)."""
         c = self.config
+        opt: torch.optim.Optimizer
         if c.optimizer == "adam":
-            return torch.optim.Adam(params, lr=c.lr, weight_decay=c.weight_decay)
-        momentum = c.momentum if c.optimizer == "momentum" else 0.0
-        return torch.optim.SGD(params, lr=c.lr, momentum=momentum, weight_decay=c.weight_decay)
+            opt = torch.optim.Adam(params, lr=c.lr, weight_decay=c.weight_decay)
+        elif c.optimizer == "adamw":
+            opt = torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay)
+        else:
+            momentum = c.momentum if c.optimizer == "momentum" else 0.0
+            opt = torch.optim.SGD(params, lr=c.lr, momentum=momentum, weight_decay=c.weight_decay)
+        return schedule.attach(opt, schedule.from_config(c, horizon or self.steps))
 
     def loss(self, out: Any, y: torch.Tensor) -> torch.Tensor:
         """The loss the model returned, else ``--loss`` on its output, else the task's loss."""

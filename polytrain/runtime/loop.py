@@ -35,7 +35,9 @@ import torch
 from torch import nn
 
 from polytrain.runtime import interrupt
+from polytrain.runtime.accumulate import accumulate
 from polytrain.runtime.checkpoint import CheckpointStore
+from polytrain.runtime.clip import GradSplit, clip_grad_norm, unique
 from polytrain.runtime.divergence import (
     DivergenceWatch,
     all_finite,
@@ -43,6 +45,8 @@ from polytrain.runtime.divergence import (
     check_param_bound,
 )
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.precision import Precision
+from polytrain.runtime.schedule import updates_taken
 
 StepFn = Callable[[int, torch.Tensor, torch.Tensor], float]
 OwnStep = Callable[[int], float]
@@ -77,46 +81,65 @@ class LoopSpec:
     evaluates: bool | None = None
     final_eval: bool | None = None
     reports: bool = True
+    precision: Precision | None = None  # default: plain_step's
 
     def __post_init__(self) -> None:
         if (self.step_fn is None) == (self.own_step is None):
             raise ValueError("a LoopSpec needs exactly one of step_fn and own_step")
+        if self.precision is None:
+            self.precision = getattr(self.step_fn, "precision", None)
 
 
 def plain_step(job: Job, ctx: RankContext, forward: Callable[[torch.Tensor], torch.Tensor],
                optimizer: torch.optim.Optimizer,
-               before_update: Callable[[], None] | None = None) -> StepFn:
+               before_update: Callable[[], None] | None = None,
+               split: GradSplit | None = None) -> StepFn:
     """The ordinary step (zero grads, forward, backward, update) with timeline spans.
 
     ``forward`` is the model, or a wrapper around it (e.g. DDP, a tensor-parallel model) whose
     forward/backward communicates; ``before_update`` runs between backward and the update (e.g.
-    a data-parallel gradient all-reduce).
+    a data-parallel gradient all-reduce). ``split``: how this rank's gradients make up the
+    model's, for ``--clip-grad-norm`` (None: this rank holds the whole gradient). The step
+    carries its :class:`Precision` (``step.precision``) for the loop's checkpoints and metrics.
     """
-    rec = ctx.recorder
-    skip_nonfinite = job.config.on_nonfinite == "skip"
-    watch = DivergenceWatch(job.config) if job.config.on_divergence == "skip" else None
+    rec, cfg = ctx.recorder, job.config
+    amp = Precision(cfg.precision, ctx.device)
+    skip_nonfinite = cfg.on_nonfinite == "skip" and amp.scaler is None  # a scaler skips itself
+    params = unique(p for g in optimizer.param_groups for p in g["params"])
+    watch = DivergenceWatch(cfg) if cfg.on_divergence == "skip" else None
 
     def step(i: int, x: torch.Tensor, y: torch.Tensor) -> float:
         x, y = x.to(ctx.device), y.to(ctx.device)
         optimizer.zero_grad(set_to_none=True)
-        with rec.span("forward", step=i):
-            loss = job.forward_loss(forward, x, y)
-        with rec.span("backward", step=i):
-            loss.backward()
+
+        def loss_of(f: Any, xm: torch.Tensor, ym: torch.Tensor) -> torch.Tensor:
+            with rec.span("forward", step=i), amp.autocast():
+                return job.forward_loss(f, xm, ym)
+
+        def backward(loss: torch.Tensor) -> None:
+            with rec.span("backward", step=i):
+                amp.backward(loss)
+
+        loss = accumulate(forward, x, y, cfg.grad_accum, loss_of, backward)
         if before_update is not None:
             before_update()
-        if skip_nonfinite and not all_finite(p.grad for g in optimizer.param_groups for p in g["params"]):
+        amp.unscale(optimizer)
+        if cfg.clip_grad_norm is not None:
+            clip_grad_norm(params, cfg.clip_grad_norm, split)
+        if skip_nonfinite and not all_finite(p.grad for p in params):
             optimizer.zero_grad(set_to_none=True)  # --on-nonfinite skip: no update this step
             rec.emit("skipped", step=i, reason="non-finite gradient")
-            return float(loss.detach())
-        if watch is not None and _divergent_anywhere(ctx, watch, float(loss.detach())):
+            return loss
+        if watch is not None and _divergent_anywhere(ctx, watch, loss):
             optimizer.zero_grad(set_to_none=True)  # --on-divergence skip: a loss spike's update
             rec.emit("skipped", step=i, reason="loss above the divergence bound")
-            return float(loss.detach())
+            return loss
         with rec.span("optimizer", step=i):
-            optimizer.step()
-        return float(loss.detach())
+            if not amp.step(optimizer):
+                rec.emit("skipped", step=i, reason="fp16 gradient overflow; loss scale halved")
+        return loss
 
+    step.precision = amp  # type: ignore[attr-defined]
     return step
 
 
@@ -143,6 +166,8 @@ def _snapshot(spec: LoopSpec, step: int) -> dict[str, Any]:
         state["optimizer"] = spec.optimizer.state_dict()
     if spec.state is not None:
         state["strategy"] = spec.state()
+    if spec.precision is not None and spec.precision.state():
+        state["precision"] = spec.precision.state()
     return state
 
 
@@ -188,6 +213,8 @@ def restore_checkpoint(ctx: RankContext, spec: LoopSpec) -> int:
     torch.set_rng_state(state["rng"])
     if spec.load_state is not None and "strategy" in state:
         spec.load_state(state["strategy"])
+    if spec.precision is not None and "precision" in state:
+        spec.precision.load_state(state["precision"])
     return int(state["step"])
 
 
@@ -206,6 +233,18 @@ def _stepper(job: Job, ctx: RankContext, spec: LoopSpec) -> OwnStep:
         return loss
 
     return step
+
+
+def _metrics(spec: LoopSpec) -> dict[str, Any]:
+    """The strategy's metrics, the precision's (fp16: skipped steps, loss scale) and the
+    schedule's (updates its optimizer counted: whose steps the schedule followed)."""
+    out = dict(spec.metrics)
+    if spec.precision is not None:
+        out.update(spec.precision.metrics())
+    if spec.optimizer is not None and updates_taken(spec.optimizer):
+        out["lr_schedule"] = {"updates": updates_taken(spec.optimizer),
+                              "last_lr": spec.optimizer.param_groups[0]["lr"]}
+    return out
 
 
 def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
@@ -259,7 +298,7 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
     wall = time.perf_counter() - t0
     result = RankResult(steps=last - start, samples=samples_at(last) - samples_at(start),
                         wall_s=wall, final_loss=loss if spec.reports else None,
-                        strategy_metrics=dict(spec.metrics))
+                        strategy_metrics=_metrics(spec))
     if last < job.steps:  # stopped on request: the checkpoint holds the model
         return result
     check_param_bound(last, spec.model, cfg.max_param, cfg.divergence_window)

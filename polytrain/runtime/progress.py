@@ -149,19 +149,25 @@ class FollowEvents(TailJSONL):
         self._task = self._add_task(self._bar)
 
     def _close(self) -> None:
+        self._final()
         self._bar.stop()
+
+    def _final(self) -> None:
+        """Last words before the bar stops (e.g. the last step's loss once every rank is in)."""
 
     def _handle(self, ev: dict[str, Any]) -> None:
         self._apply(self._bar, self._task, ev)
 
 
 class FollowProgress(FollowEvents):
-    """The launcher's bar for `train`: steps done of ``total``, and the last loss."""
+    """The launcher's bar for `train`: steps done of ``total``, and the last step's loss — the
+    mean over the ranks that reported it, as the summary's final loss and the piped lines."""
 
     def __init__(self, path: Path, total: int, description: str, console: Console) -> None:
         super().__init__(path, console)
         self.total = total
         self.description = description
+        self.ranks = PlainLines(path.parent, total, description)
 
     def _progress(self) -> Progress:
         return make_progress(self.console)
@@ -174,9 +180,16 @@ class FollowProgress(FollowEvents):
 
     def _apply(self, progress: Progress, task: TaskID, ev: dict[str, Any]) -> None:
         if ev.get("event") == "step":
-            progress.update(task, completed=ev["step"], loss=f"{ev['loss']:.4f}")
+            self.ranks.read()
+            progress.update(task, completed=ev["step"], loss=self.ranks.mean_loss(int(ev["step"])))
         elif ev.get("event") == "start":
             progress.update(task, completed=ev.get("first_step", 1) - 1)
+
+    def _final(self) -> None:
+        self.ranks.read()
+        if 0 in self.ranks.latest:
+            step = int(self.ranks.latest[0]["step"])
+            self._bar.update(self._task, loss=self.ranks.mean_loss(step))
 
     def _run(self) -> None:
         if self.console.is_terminal:
@@ -205,7 +218,8 @@ class PlainLines:
         self.ranks, self.total, self.description = ranks, total, description
         self.offsets: dict[Path, int] = {}
         self.latest: dict[int, dict[str, Any]] = {}  # rank -> its newest step event
-        self.shown = -1
+        self.eval: dict[str, Any] | None = None  # the newest evaluation (any rank's)
+        self.shown: tuple[int, int] = (-1, -1)  # (step, eval step) of the last line printed
 
     def read(self) -> None:
         for path in sorted(self.ranks.glob("rank*.jsonl")):
@@ -215,29 +229,40 @@ class PlainLines:
                     if not line.endswith("\n"):
                         break
                     self.offsets[path] = self.offsets.get(path, 0) + len(line)
-                    if '"event": "step"' in line:
+                    if '"event": "step"' in line or '"event": "eval"' in line:
                         try:
                             ev = json.loads(line)
-                            self.latest[int(ev["rank"])] = ev
+                            if ev["event"] == "eval":
+                                self.eval = ev
+                            else:
+                                self.latest[int(ev.get("rank", path.stem[len("rank"):]))] = ev
                         except (ValueError, KeyError, TypeError):
                             continue
 
+    def mean_loss(self, step: int) -> str:
+        """The mean over ranks of their losses of ``step`` (those that reported it so far)."""
+        losses = [float(e["loss"]) for e in self.latest.values()
+                  if e.get("step") == step and e.get("loss") is not None]
+        return f"{sum(losses) / len(losses):.4f}" if losses else "-"
+
     def line(self) -> str | None:
-        """The current line, or None when no step is newer than the last line printed."""
+        """The current line, or None when no step or evaluation is newer than the last line
+        printed; the newest evaluation's figures end the line."""
         if 0 not in self.latest:
             return None
         head = self.latest[0]
         step = int(head["step"])
-        if step == self.shown:
+        at = (step, int(self.eval["step"]) if self.eval else -1)
+        if at == self.shown:
             return None
-        self.shown = step
-        losses = [float(e["loss"]) for e in self.latest.values()
-                  if e.get("step") == step and e.get("loss") is not None]
-        loss = f"{sum(losses) / len(losses):.4f}" if losses else "-"
+        self.shown = at
+        loss = self.mean_loss(step)
         t = float(head.get("t", 0.0))
         rate = f"{head['samples'] / t:.1f}" if t > 0 and head.get("samples") else "-"
+        tested = "".join(f" test {k} {self.eval[k]:.4f}" for k in ("accuracy", "loss")
+                         if self.eval and isinstance(self.eval.get(k), int | float))
         return (f"{self.description} step {step}/{self.total} loss {loss} samples/s {rate} "
-                f"elapsed {t:.1f}s")
+                f"elapsed {t:.1f}s" + (f" (eval at step {at[1]}:{tested})" if tested else ""))
 
 
 def wait_for(path: Path, timeout: float) -> bool:

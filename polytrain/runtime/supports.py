@@ -17,7 +17,15 @@ eval           ``--eval-every N`` (N > 0)                        evaluates durin
 compression    ``--set compression=CODEC`` (not ``none``)        compresses what it sends
 torchrun       ``torchrun`` over several hosts                   ranks may be on other hosts
 testbed        ``polytrain testbed``                             runs on the emulated cluster
+lr_schedule    ``--lr-schedule linear|cosine``, ``--warmup-steps``  every optimizer follows it
+clip           ``--clip-grad-norm X``                            clips by the global norm
+grad_accum     ``--grad-accum K`` (K > 1)                        K micro-steps, one update
+precision      ``--precision bf16|fp16``                         autocast, fp32 master weights
+recompute      ``--activation-checkpointing``                    recomputes blocks in backward
 =============  ================================================  ============================
+
+The training features of issue 45 (``lr_schedule``, ...) are off unless a strategy declares them:
+a strategy must show it honours them (its oracle test) before it says so.
 """
 
 from __future__ import annotations
@@ -26,7 +34,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-FEATURES = ("checkpoint", "resume", "eval", "compression", "torchrun", "testbed")
+FEATURES = ("checkpoint", "resume", "eval", "compression", "torchrun", "testbed", "lr_schedule",
+            "clip", "grad_accum", "precision", "recompute")
+# The training features (docs/training.md's support matrix).
+TRAINING = ("lr_schedule", "clip", "grad_accum", "precision", "recompute")
 
 ASKED_BY = {
     "checkpoint": "--checkpoint-every {value}",
@@ -35,6 +46,11 @@ ASKED_BY = {
     "compression": "--set compression={value}",
     "torchrun": "torchrun across {value} hosts",
     "testbed": "polytrain testbed",
+    "lr_schedule": "--lr-schedule {value}",
+    "clip": "--clip-grad-norm {value}",
+    "grad_accum": "--grad-accum {value}",
+    "precision": "--precision {value}",
+    "recompute": "--activation-checkpointing",
 }
 
 FIX = {
@@ -44,10 +60,20 @@ FIX = {
     "compression": "drop --set compression",
     "torchrun": "run it on one host",
     "testbed": "run it with polytrain train",
+    "lr_schedule": "drop --lr-schedule and --warmup-steps (a constant --lr)",
+    "clip": "drop --clip-grad-norm",
+    "grad_accum": "drop --grad-accum",
+    "precision": "use --precision fp32",
+    "recompute": "drop --activation-checkpointing",
 }
 
 
 NO_CODEC = {"compression": "no codec is wired into what it sends"}
+NOT_WIRED = {"lr_schedule": "its updates do not go through the job's optimizer",
+             "clip": "no global-norm clipping is wired into its update",
+             "grad_accum": "its steps are not cut into micro-steps",
+             "precision": "its forward does not run under autocast with a loss scaler",
+             "recompute": "its forward is not wrapped for recomputation"}
 
 
 @dataclass(frozen=True)
@@ -60,7 +86,12 @@ class Supports:
     compression: bool = False
     torchrun: bool = True
     testbed: bool = True
-    why: dict[str, str] = field(default_factory=lambda: dict(NO_CODEC), compare=False)
+    lr_schedule: bool = False
+    clip: bool = False
+    grad_accum: bool = False
+    precision: bool = False
+    recompute: bool = False
+    why: dict[str, str] = field(default_factory=lambda: NO_CODEC | NOT_WIRED, compare=False)
 
     def honours(self, feature: str) -> bool:
         if feature not in FEATURES:
@@ -89,9 +120,11 @@ class Request:
 
 
 def requested(options: dict[str, Any], *, checkpoint_every: int = 0, eval_every: int = 0,
-              resume: bool = False, hosts: int = 1, testbed: bool = False) -> Request:
-    """The features a job asks for (only those it asks for)."""
-    asked: dict[str, Any] = {}
+              resume: bool = False, hosts: int = 1, testbed: bool = False,
+              training: dict[str, Any] | None = None) -> Request:
+    """The features a job asks for (only those it asks for). ``training``: the training
+    features asked (:func:`training_asked`)."""
+    asked: dict[str, Any] = dict(training or {})
     if checkpoint_every:
         asked["checkpoint"] = checkpoint_every
     if resume:
@@ -106,6 +139,31 @@ def requested(options: dict[str, Any], *, checkpoint_every: int = 0, eval_every:
     if testbed:
         asked["testbed"] = True
     return Request(asked)
+
+
+def training_asked(cfg: Any) -> dict[str, Any]:
+    """The training features a job config asks for, each with the value that asked."""
+    asked: dict[str, Any] = {}
+    if cfg.lr_schedule != "constant" or cfg.warmup_steps:
+        asked["lr_schedule"] = f"{cfg.lr_schedule} --warmup-steps {cfg.warmup_steps}"
+    if cfg.clip_grad_norm is not None:
+        asked["clip"] = cfg.clip_grad_norm
+    if cfg.grad_accum > 1:
+        asked["grad_accum"] = cfg.grad_accum
+    if cfg.precision != "fp32":
+        asked["precision"] = cfg.precision
+    if cfg.activation_checkpointing:
+        asked["recompute"] = True
+    return asked
+
+
+def matrix(table: Iterable[tuple[str, Supports]], features: Iterable[str] = TRAINING) -> str:
+    """A markdown table: one row per strategy, a column per feature (yes / no)."""
+    cols = list(features)
+    lines = ["| strategy | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name, s in table:
+        lines.append(f"| {name} | " + " | ".join("yes" if s.honours(f) else "no" for f in cols) + " |")
+    return "\n".join(lines)
 
 
 def refusal(name: str, supports: Supports, request: Request,

@@ -32,6 +32,8 @@ class Strategy:
     Options: ClassVar[type[BaseModel]] = NoOptions
     #: False for strategies whose ranks must share one host (e.g. shared-memory Hogwild).
     multi_host: ClassVar[bool] = True
+    #: The world size it always runs on (``single``: 1), given it when --procs is left out.
+    fixed_procs: ClassVar[int | None] = None
     #: What it honours of checkpoint, resume, eval, compression, torchrun, testbed
     #: (:mod:`polytrain.runtime.supports`); checked by ``prepare()`` before any process starts.
     supports: ClassVar[Supports] = Supports()

@@ -56,3 +56,12 @@ def describe_strategy(name: str) -> dict[str, Any]:
     return {"name": name, "family": cls.family, "summary": cls.summary,
             "doc": (sys.modules[cls.__module__].__doc__ or "").strip().split("\n\n")[0],
             "options": option_rows(cls.Options), "common": COMMON}
+
+
+def training_matrix() -> str:
+    """The support matrix of the training features (docs/training.md), from every strategy's
+    declared Supports."""
+    from polytrain.runtime.supports import matrix
+    from polytrain.strategies import registry
+
+    return matrix((name, cls.declared()) for name, cls in registry().items())

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
+from polytrain.runtime import recompute
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 
 
 class Single(Strategy):
     name = "single"
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, precision=True,
+                        recompute=True)
+    fixed_procs = 1
     family = "reference"
     summary = "one process, plain SGD steps on the whole global batch (the reference)"
 
@@ -23,6 +28,7 @@ class Single(Strategy):
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         model = job.build_model().to(ctx.device)
+        recompute.apply(model, job.config.activation_checkpointing)
         optimizer = job.make_optimizer(model.parameters())
         step = plain_step(job, ctx, model, optimizer)
         return run_loop(job, ctx, LoopSpec(model=model, optimizer=optimizer, step_fn=step))

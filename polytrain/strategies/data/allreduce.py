@@ -25,6 +25,8 @@ from polytrain.comm.exchange import codec_report
 from polytrain.comm.options import CodecOptions, CollectiveOptions, check_codec
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
+from polytrain.runtime import recompute
+from polytrain.runtime.accumulate import check_accum
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.runtime.supports import Supports
@@ -45,6 +47,7 @@ class AllreduceOptions(CollectiveOptions, CodecOptions):
 
 def check_divisible(cfg: JobConfig, parts: int, strategy: str) -> None:
     """The global batch must split evenly over the data-parallel parts."""
+    check_accum(cfg.batch_size, parts, cfg.grad_accum, strategy)
     if cfg.batch_size % parts:
         lower = max(parts, cfg.batch_size - cfg.batch_size % parts)
         raise ConfigError(
@@ -81,7 +84,8 @@ class Allreduce(Strategy):
     family = "data"
     summary = "synchronous data parallelism: DDP bucketed all-reduce overlapped with backward"
     Options = AllreduceOptions
-    supports = Supports(compression=True)
+    supports = Supports(compression=True, lr_schedule=True, clip=True, grad_accum=True, precision=True,
+                        recompute=True)
 
     def supports_for(self, cfg: JobConfig) -> Supports:
         if self.options.compression == "powersgd":  # type: ignore[attr-defined]
@@ -95,6 +99,7 @@ class Allreduce(Strategy):
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: AllreduceOptions = self.options  # type: ignore[assignment]
         model = job.build_model().to(ctx.device)
+        recompute.apply(model, job.config.activation_checkpointing)  # before DDP wraps it
         ddp = counted_ddp(model, ctx.comm, bucket_cap_mb=opts.bucket_mb,
                           device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
         engine = codec_engine(opts, job, ctx)

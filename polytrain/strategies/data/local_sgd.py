@@ -114,7 +114,7 @@ class LocalSgd(Strategy):
     family = "data"
     summary = "local SGD on each rank, parameters averaged every `period` steps (PSGD)"
     Options = LocalSgdOptions
-    supports = Supports(compression=True)
+    supports = Supports(compression=True, lr_schedule=True)
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_divisible(cfg, world, self.name)

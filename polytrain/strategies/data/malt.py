@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from polytrain.config import JobConfig
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.data.local_sgd import bytes_vs_allreduce
@@ -105,6 +106,7 @@ def _write(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
 
 class Malt(Strategy):
     name = "malt"
+    supports = Supports(lr_schedule=True)
     family = "data"
     summary = "peer-to-peer: one-sided pushes to ~log2(W) Halton peers, average what arrived"
     Options = MaltOptions

@@ -30,6 +30,7 @@ from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, StepFn, run_loop
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.hybrid.ddnn_tiers import CloudTier, DeviceTier, EdgeTier, Tier, TierSetup
 from polytrain.strategies.pipeline.activations_wire import gather_stages
@@ -87,6 +88,7 @@ class DdnnOptions(BaseModel):
 
 class Ddnn(Strategy):
     name = "ddnn"
+    supports = Supports(lr_schedule=True)
     family = "hybrid"
     summary = "DDNN: end devices, edge and cloud tiers with early exits by prediction entropy"
     Options = DdnnOptions

@@ -32,6 +32,7 @@ from polytrain.comm.options import CodecOptions, CollectiveOptions, check_codec
 from polytrain.comm.ring import ring_all_reduce
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
+from polytrain.runtime.clip import sharded_split
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.layout import Layout
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
@@ -95,7 +96,7 @@ class Mesh(Strategy):
     family = "hybrid"
     summary = "2-D hybrid: dp × pp (replicated pipelines) or dp × tp (replicated tensor groups)"
     Options = MeshOptions
-    supports = Supports(compression=True)
+    supports = Supports(compression=True, lr_schedule=True, clip=True, grad_accum=True)
 
     @property
     def opts(self) -> MeshOptions:
@@ -122,7 +123,7 @@ class Mesh(Strategy):
                 )
             return
         per_replica = cfg.batch_size // layout.dp
-        mb = self.opts.microbatches or layout.pp
+        mb = (self.opts.microbatches or layout.pp) * cfg.grad_accum  # --grad-accum K: K x as many
         if per_replica % mb:
             fit = layout.dp * mb * max(1, per_replica // mb)
             raise ConfigError(
@@ -156,7 +157,8 @@ class Mesh(Strategy):
         dims, chunked = shard_model(model, tp, "auto", job.spec)  # gpt-mini's split, or a derived plan
         optimizer = job.make_optimizer(model.parameters())
         inner = plain_step(job, ctx, model, optimizer,
-                           before_update=_sync(model, dp, engine, self.opts.collective, ctx))
+                           before_update=_sync(model, dp, engine, self.opts.collective, ctx),
+                           split=sharded_split(ctx.comm, model, dims, tp.size, dp.size))
         spec = LoopSpec(model=model, optimizer=optimizer, step_fn=inner, part=d, parts=dp.size,
                         eval_model=Evaluating(model, tp), **_codec_fields(engine, ctx))
         result = run_loop(job, ctx, spec)
@@ -172,7 +174,7 @@ class Mesh(Strategy):
 
     def _pipeline(self, job: Job, ctx: RankContext, ranks: list[int], pp_comm: GroupComm,
                   dp: Wire, d: int, layout: Layout, engine: Engine | None) -> RankResult:
-        mb = self.opts.microbatches or layout.pp
+        mb = (self.opts.microbatches or layout.pp) * job.config.grad_accum  # K x per step
         pipe = FlushPipeline(job, ctx, ranks, pp_comm, self.opts.partition, self.opts.schedule, mb,
                              job.batch_size // layout.dp, pipelines=layout.pp_groups())
         assert pipe.optimizer is not None

@@ -28,6 +28,7 @@ from polytrain.data import dataset_spec
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, StepFn, run_loop
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.model.shard import first_weight_layer, keep_out_rows, out_size
 from polytrain.strategies.model.shard_collectives import (
@@ -162,6 +163,7 @@ def owt_step(job: Job, ctx: RankContext, net: OwtNet, wire: Wire,
 
 class Owt(Strategy):
     name = "owt"
+    supports = Supports(lr_schedule=True)
     family = "hybrid"
     summary = "one weird trick: conv layers data-parallel, FC layers model-parallel"
 

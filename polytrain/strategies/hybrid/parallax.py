@@ -42,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from polytrain.comm.ddp_hooks import counted_ddp
 from polytrain.comm.groups import GroupComm, new_groups
 from polytrain.config import JobConfig
+from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop
 from polytrain.strategies.base import Strategy
@@ -106,6 +107,10 @@ class HybridPsAr(Strategy):
     def check(self, cfg: JobConfig, world: int) -> None:
         workers = check_roles(self.name, self.opts.servers, world) if self.opts.servers else world
         check_divisible(cfg, workers, self.name)
+        if cfg.optimizer == "adamw":  # its sparse rows keep their own sgd/momentum/adam state
+            raise ConfigError(f"Strategy '{self.name}' does not support --optimizer adamw: its "
+                              "servers update sparse rows with their own sgd, momentum or adam. "
+                              "Use --optimizer adam (or sgd, momentum).")
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         servers, workers = self.ranks(ctx.world)

@@ -26,6 +26,7 @@ from polytrain.errors import ConfigError
 from polytrain.models.alexnet import ColumnLayer, alexnet_columns
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.model.shard import first_weight_layer, keep_out_rows, out_size, own_group_only
 from polytrain.strategies.model.shard_collectives import Evaluating, Wire, gather, gather_state, shard_bounds
@@ -69,6 +70,7 @@ class Column(nn.Module):
 
 class AlexNet2Col(Strategy):
     name = "alexnet-2col"
+    supports = Supports(lr_schedule=True)
     family = "model"
     summary = "two-column AlexNet: half the kernels per rank, exchanges at conv3 and the FC layers"
 

@@ -33,6 +33,7 @@ from polytrain.models import seq2seq as s2s
 from polytrain.plan.partition import Partition, cut
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, StepFn, run_loop
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.model.gnmt_chunks import ChunkChild, Chunks, Ready, chunked
 from polytrain.strategies.model.layerwise import utilisation
@@ -163,6 +164,7 @@ def gnmt_step(job: Job, stage: GnmtStage, optimizer: torch.optim.Optimizer) -> S
 
 class Gnmt(Strategy):
     name = "gnmt"
+    supports = Supports(lr_schedule=True)
     family = "model"
     summary = "GNMT: one LSTM layer per rank, wave-front over time chunks (seq2seq-lstm)"
     Options = GnmtOptions

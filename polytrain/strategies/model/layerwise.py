@@ -22,6 +22,7 @@ from polytrain.errors import ConfigError
 from polytrain.plan.partition import Partition, check_cuttable
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.pipeline.flush import PLANNERS, FlushPipeline, Pipelined, plan
 from polytrain.strategies.pipeline.options import meta_model
@@ -52,6 +53,7 @@ def utilisation(ctx: RankContext, wall_s: float) -> list[float] | None:
 
 class Layerwise(Strategy):
     name = "layerwise"
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True)
     family = "model"
     summary = "consecutive layers on consecutive ranks, one mini-batch at a time (1/P busy)"
     Options = LayerwiseOptions
@@ -72,7 +74,8 @@ class Layerwise(Strategy):
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: LayerwiseOptions = self.options  # type: ignore[assignment]
-        pipe = FlushPipeline(job, ctx, list(range(ctx.world)), ctx.comm, opts.partition, "gpipe", 1,
+        pipe = FlushPipeline(job, ctx, list(range(ctx.world)), ctx.comm, opts.partition, "gpipe",
+                             job.config.grad_accum,  # --grad-accum K: K micro-batches, one update
                              job.batch_size)
         assert pipe.optimizer is not None
         spec = LoopSpec(model=pipe.module, optimizer=pipe.optimizer, step_fn=pipe.train_step(),

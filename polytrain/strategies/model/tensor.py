@@ -22,8 +22,10 @@ from polytrain.models.call import call_of, placeholder_targets, token_inputs
 from polytrain.models.gpt import CausalSelfAttention
 from polytrain.models.registry import build_model, is_user_model
 from polytrain.models.user import UserModule
+from polytrain.runtime.clip import sharded_split
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.model.megatron import ShardDims, check_heads, shard_transformer
 from polytrain.strategies.model.shard_collectives import Evaluating, Wire, gather_state
@@ -81,6 +83,7 @@ def check_transformer(cfg: JobConfig, degree: int, strategy: str) -> None:
 
 class Tensor(Strategy):
     name = "tensor"
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True)
     family = "model"
     summary = "Megatron tensor parallelism: heads and MLP columns split, f/g all-reduces"
     Options = TensorOptions
@@ -97,7 +100,7 @@ class Tensor(Strategy):
         opts: TensorOptions = self.options  # type: ignore[assignment]
         dims, chunked = shard_model(model, wire, opts.tp_plan, job.spec)
         optimizer = job.make_optimizer(model.parameters())
-        step = plain_step(job, ctx, model, optimizer)
+        step = plain_step(job, ctx, model, optimizer, split=sharded_split(ctx.comm, model, dims, ctx.world))
         spec = LoopSpec(model=model, optimizer=optimizer, step_fn=step, replicated=False,
                         eval_model=Evaluating(model, wire))
         result = run_loop(job, ctx, spec)

@@ -108,6 +108,9 @@ class FlushPipeline:
                 raise ConfigError("The caller updates this pipeline's stages elsewhere, so tied "
                                   f"weights {'; '.join(' = '.join(t.names) for t in ties)} would drift.")
             self.weights.tied = TiedGrads(ctx.comm, self.module, ties, pipelines or [ranks], index)
+        # every pipeline's stages hold the gradient; each pipeline (mesh: a data-parallel
+        # replica) holds all of it once its replicas have all-reduced
+        self.weights.clip_by(job.config.clip_grad_norm, ctx.comm, len(pipelines or [ranks]))
         self.executor = StageExecutor(job, ctx, self.spec, self.weights)
         orders = stage_orders(schedule, count, microbatches)
         validate(orders, count, microbatches)

@@ -13,34 +13,40 @@ from __future__ import annotations
 
 from polytrain.config import JobConfig
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.pipeline.options import FlushOptions, check_microbatches, check_pipeline
 from polytrain.strategies.pipeline.shell import PipelineRun, RunPlan
 from polytrain.strategies.pipeline.weights import FlushWeights
 
 
-def flush_plan(strategy: str, opts: FlushOptions) -> RunPlan:
+def flush_plan(strategy: str, opts: FlushOptions, accum: int = 1, recompute: bool = False) -> RunPlan:
+    """``accum``: --grad-accum K multiplies the micro-batches of each step (one update);
+    ``recompute``: --activation-checkpointing, the stage-wise ``checkpoint=always`` unless the
+    options chose a mode."""
     return RunPlan(
         strategy=strategy,
         schedule=strategy,
-        per_step=opts.microbatches,
+        per_step=opts.microbatches * accum,
         stream=False,
         make_weights=lambda module, optimizer, _stage: FlushWeights(module, optimizer),
-        checkpoint=opts.checkpoint,
+        checkpoint="always" if recompute and opts.checkpoint == "never" else opts.checkpoint,
     )
 
 
 class GPipe(Strategy):
     name = "gpipe"
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, recompute=True)
     family = "pipeline"
     summary = "GPipe: M micro-batches, all forwards then all backwards, one synchronous update"
     Options = FlushOptions
 
     def check(self, cfg: JobConfig, world: int) -> None:
         opts: FlushOptions = self.options  # type: ignore[assignment]
-        check_microbatches(self.name, cfg, opts.microbatches)
+        check_microbatches(self.name, cfg, opts.microbatches * cfg.grad_accum)
         check_pipeline(opts, cfg, world, self.name)
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: FlushOptions = self.options  # type: ignore[assignment]
-        return PipelineRun(job, ctx, opts, flush_plan(self.name, opts)).run()
+        return PipelineRun(job, ctx, opts, flush_plan(self.name, opts, job.config.grad_accum,
+                                                   job.config.activation_checkpointing)).run()

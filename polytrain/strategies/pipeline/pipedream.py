@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from polytrain.config import JobConfig
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.pipeline.options import AsyncOptions, check_pipeline
 from polytrain.strategies.pipeline.shell import PipelineRun, RunPlan
@@ -23,6 +24,7 @@ from polytrain.strategies.pipeline.weights import StashedWeights
 
 class PipeDream(Strategy):
     name = "pipedream"
+    supports = Supports(lr_schedule=True)
     family = "pipeline"
     summary = "PipeDream: asynchronous 1F1B, update after every backward, weight stashing"
     Options = AsyncOptions

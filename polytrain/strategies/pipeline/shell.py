@@ -228,6 +228,9 @@ class PipelineRun:
         self.weights = plan.make_weights(self.stage.module, self.optimizer, self.stage.stage)
         self.weights.replicas = self.stage.group
         self.weights.tied = self.stage.tied
+        if not plan.stream:  # one update per flush (gpipe, 1f1b): clip the whole gradient there
+            replicas = len(self.stage.partition.stage_ranks(self.stage.stage))
+            self.weights.clip_by(job.config.clip_grad_norm, ctx.comm, replicas)
         self.executor = StageExecutor(job, ctx, self.stage.spec, self.weights)
         self.windows: list[Window] = []
         self.loss = float("nan")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.pipeline.options import AsyncOptions, check_pipeline
 from polytrain.strategies.pipeline.shell import PipelineRun, RunPlan
@@ -22,6 +23,7 @@ from polytrain.strategies.pipeline.weights import PredictedWeights
 
 class SpecTrain(Strategy):
     name = "spectrain"
+    supports = Supports(lr_schedule=True)
     family = "pipeline"
     summary = "SpecTrain: asynchronous 1F1B with weight prediction W - s*lr*v instead of stashing"
     Options = AsyncOptions

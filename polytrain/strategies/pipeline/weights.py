@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from polytrain.comm import GroupComm
+from polytrain.comm import Comm, GroupComm
+from polytrain.runtime.clip import GradSplit, clip_grad_norm
 from polytrain.strategies.pipeline.actions import Action
 from polytrain.strategies.pipeline.ties import TiedGrads
 
@@ -89,6 +90,19 @@ class FlushWeights:
         self.version = 0
         self.replicas: GroupComm | None = None  # set by the shell when this stage is replicated
         self.tied: TiedGrads | None = None  # set when this stage shares a parameter with another
+        self.clip: tuple[float, GradSplit] | None = None  # --clip-grad-norm: set by the shell
+
+    def clip_by(self, max_norm: float | None, comm: Comm, replicas: int = 1) -> None:
+        """``--clip-grad-norm``: at each flush, clip by the norm over every rank of ``comm``
+        (all of the job's stages); this stage's gradient is held by its ``replicas`` (after their
+        all-reduce), a tied one also by the other stages that use it. Collective: set ``tied``
+        first, and every rank of ``comm`` clips at the same flushes."""
+        if max_norm is None:
+            return
+        copies = {id(p): replicas for p in self.module.parameters()}
+        for p, group in self.tied.ties if self.tied else ():
+            copies[id(p)] = replicas * group.world
+        self.clip = (max_norm, GradSplit(comm, copies))
 
     def begin_segment(self, order: list[Action]) -> None:
         self.module.zero_grad(set_to_none=True)
@@ -115,6 +129,8 @@ class FlushWeights:
             sync_gradients(self.replicas, self.module)
         if self.tied:
             self.tied.sum_gradients()
+        if self.clip is not None:  # the whole model's norm: one all-reduce over every stage
+            clip_grad_norm(self.module.parameters(), *self.clip)
         assert self.optimizer is not None, "a flush without an optimizer updates elsewhere"
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -83,7 +83,7 @@ from polytrain.strategies.ps.pulls import PullEncoder
 
 PUSH, PULL, DONE, SAVE = 1, 2, 3, 4
 HEADER = 5
-SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam")
+SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "adamw")
 
 
 def make_server_optimizer(name: str, param: nn.Parameter, lr: float, momentum: float = 0.9,
@@ -98,6 +98,8 @@ def make_server_optimizer(name: str, param: nn.Parameter, lr: float, momentum: f
         return torch.optim.Adagrad([param], lr=lr, weight_decay=weight_decay)
     if name == "adam":
         return torch.optim.Adam([param], lr=lr, weight_decay=weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW([param], lr=lr, weight_decay=weight_decay)
     raise ValueError(f"unknown server optimizer '{name}'; valid: {', '.join(SERVER_OPTIMIZERS)}")
 
 

@@ -38,6 +38,7 @@ from polytrain.comm.exchange import codec_report
 from polytrain.comm.options import CodecOptions, check_codec
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
+from polytrain.runtime import schedule
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop
 from polytrain.runtime.supports import Supports
@@ -67,7 +68,7 @@ class PsOptions(CodecOptions):
     k: int | None = Field(None, ge=1, description="k-of-n: gradients aggregated per step (default W-1)")
     n_push: int = Field(1, ge=1, description="async: push accumulated gradients every n_push steps")
     n_fetch: int = Field(1, ge=1, description="async: fetch parameters every n_fetch steps")
-    server_optimizer: Literal["sgd", "momentum", "adagrad", "adam"] | None = None
+    server_optimizer: Literal["sgd", "momentum", "adagrad", "adam", "adamw"] | None = None
     sparse_push: bool = Field(True, description="push (index, value) pairs when under half non-zero")
     compress_pulls: bool = Field(True, description="with compression=: replies as codec-compressed "
                                                    "parameter changes (not dgc)")
@@ -122,7 +123,7 @@ class Ps(Strategy):
     family = "parameter-server"
     summary = "parameter servers (layer|size sharding) with bsp, async (Downpour), ssp or k-of-n"
     Options = PsOptions
-    supports = Supports(compression=True)
+    supports = Supports(compression=True, lr_schedule=True)
 
     @property
     def opts(self) -> PsOptions:
@@ -176,6 +177,15 @@ class Ps(Strategy):
         except Exception:  # a user model that cannot be built on the meta device: checked at run time
             pass
 
+    def updates(self, steps: int, world: int) -> int:
+        """How many updates each server applies in ``steps`` steps (the lr schedule's horizon):
+        one per step under bsp and k-of-n (the aggregate of a step), one per push under async
+        (every n_push steps, from each worker) and ssp (every step, from each worker)."""
+        o = self.opts
+        if o.consistency in ("bsp", "k-of-n"):
+            return steps
+        return (world - o.servers) * -(-steps // o.n_push)
+
     def setup(self, cfg: JobConfig, world: int) -> dict[str, Any]:
         o = self.opts
         workers = world - o.servers
@@ -203,6 +213,7 @@ class Ps(Strategy):
                                      decoder=_decoder(o, job, ctx, s["workers"], plan.sizes()[ctx.rank]),
                                      pulls=PullEncoder(o, ctx.world, ctx.rank, cfg.seed)
                                      if pulls_compressible(o) else None)
+            schedule.attach(server.optimizer, schedule.from_config(cfg, self.updates(job.steps, ctx.world)))
             server.on_save = server_saver(job, ctx, server, s["servers"], o.sharding)
             start = 0
             if ctx.resume:
@@ -249,6 +260,10 @@ class Ps(Strategy):
         ctx.recorder.emit("eval", step=job.steps, **result.eval)
         result.model_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         result.strategy_metrics = self._metrics(everyone, plan, s)
+        if schedule.updates_taken(server.optimizer):  # server 0's: whose updates it counted
+            result.strategy_metrics["lr_schedule"] = {
+                "updates": schedule.updates_taken(server.optimizer),
+                "last_lr": server.optimizer.param_groups[0]["lr"]}
         return result
 
     def _metrics(self, everyone: list[dict[str, Any]], plan: ShardPlan, s: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,208 @@
+"""``--log csv,tensorboard,wandb``: the run's figures written while it runs, from the launcher.
+
+A thread in the launching process tails every rank's event file (``RUN/ranks/rank*.jsonl``, the
+same files the progress display reads) and writes one row per step once every rank that reports
+losses has reported that step: the step, the run's clock, samples so far and the loss — the mean
+over those ranks of their losses of that step, the figure the progress line and the summary
+show. Evaluations are written as they appear. The ranks are not slowed: they only append to
+their files, as they always do.
+
+Sinks: ``csv`` (``RUN/log.csv``, flushed every row), ``tensorboard`` (``RUN/tensorboard/``,
+flushed every row; needs the tensorboard package), ``wandb`` (offline mode in ``RUN/wandb``:
+never a network call; ``wandb sync`` uploads it later; needs the wandb package).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+from polytrain.errors import ConfigError
+
+SINKS = ("csv", "tensorboard", "wandb")
+NEEDS = {"tensorboard": "torch.utils.tensorboard", "wandb": "wandb"}
+
+
+def check_sinks(names: list[str]) -> None:
+    """Refuse, before launch, a sink whose package is not installed."""
+    import importlib
+
+    for name in names:
+        if name in NEEDS:
+            try:
+                importlib.import_module(NEEDS[name])
+            except ImportError:
+                raise ConfigError(f"--log {name} needs the {name} package, which is not installed "
+                                  f"here. Install it (pip install {name}), or use --log csv.") from None
+
+
+class Sink(Protocol):
+    def step(self, step: int, t: float, samples: int, loss: float) -> None: ...
+    def eval(self, step: int, t: float, figures: dict[str, float]) -> None: ...
+    def close(self) -> None: ...
+
+
+class CsvSink:
+    FIELDS = ("kind", "step", "t", "samples", "loss", "accuracy")
+
+    def __init__(self, run_dir: Path) -> None:
+        self.file = (run_dir / "log.csv").open("a", newline="")
+        self.out = csv.writer(self.file)
+        if self.file.tell() == 0:
+            self.out.writerow(self.FIELDS)
+
+    def step(self, step: int, t: float, samples: int, loss: float) -> None:
+        self.out.writerow(("train", step, round(t, 6), samples, loss, ""))
+        self.file.flush()
+
+    def eval(self, step: int, t: float, figures: dict[str, float]) -> None:
+        self.out.writerow(("eval", step, round(t, 6), "", figures.get("loss", ""),
+                           figures.get("accuracy", "")))
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class TensorBoardSink:
+    def __init__(self, run_dir: Path, tag: str) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.tag, self.writer = tag, SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def step(self, step: int, t: float, samples: int, loss: float) -> None:
+        self.writer.add_scalar(f"{self.tag}/train_loss", loss, global_step=step)
+        self.writer.flush()
+
+    def eval(self, step: int, t: float, figures: dict[str, float]) -> None:
+        for key, value in figures.items():
+            self.writer.add_scalar(f"{self.tag}/test_{key}", value, global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    def __init__(self, run_dir: Path, tag: str, config: dict[str, Any]) -> None:
+        import wandb
+
+        self.run = wandb.init(mode="offline", dir=str(run_dir), name=run_dir.name, group=tag,
+                              config=config)
+
+    def step(self, step: int, t: float, samples: int, loss: float) -> None:
+        self.run.log({"train_loss": loss, "samples": samples, "t": t}, step=step)
+
+    def eval(self, step: int, t: float, figures: dict[str, float]) -> None:
+        self.run.log({f"test_{k}": v for k, v in figures.items()}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def make_sinks(names: list[str], run_dir: Path, tag: str, config: dict[str, Any]) -> list[Sink]:
+    sinks: list[Sink] = []
+    for name in names:
+        if name == "csv":
+            sinks.append(CsvSink(run_dir))
+        elif name == "tensorboard":
+            sinks.append(TensorBoardSink(run_dir, tag))
+        elif name == "wandb":
+            sinks.append(WandbSink(run_dir, tag, config))
+    return sinks
+
+
+class StepRows:
+    """Step events of every rank folded into rows: a step is complete when every rank that
+    reports losses has reported it (or at the end)."""
+
+    def __init__(self) -> None:
+        self.losses: dict[int, dict[int, float]] = {}  # step -> rank -> loss
+        self.head: dict[int, dict[str, Any]] = {}  # step -> rank 0's (else first) event
+        self.latest: dict[int, int] = {}  # rank -> its newest step
+        self.written = 0
+
+    def add(self, ev: dict[str, Any]) -> None:
+        step, rank = int(ev["step"]), int(ev.get("rank", 0))
+        if ev.get("loss") is None:
+            return
+        self.losses.setdefault(step, {})[rank] = float(ev["loss"])
+        if rank == 0 or step not in self.head:
+            self.head[step] = ev
+        self.latest[rank] = max(step, self.latest.get(rank, 0))
+
+    def ready(self, final: bool = False) -> list[tuple[int, float, int, float]]:
+        """(step, t, samples, mean loss) of the steps complete now, oldest first."""
+        upto = max(self.losses, default=0) if final else min(self.latest.values(), default=0)
+        rows = []
+        for step in sorted(s for s in self.losses if self.written < s <= upto):
+            losses, head = self.losses.pop(step), self.head.pop(step)
+            rows.append((step, float(head.get("t", 0.0)), int(head.get("samples") or 0),
+                         sum(losses.values()) / len(losses)))
+            self.written = step
+        return rows
+
+
+class LiveLog:
+    """The launcher's thread that writes ``sinks`` from the ranks' event files as they grow."""
+
+    def __init__(self, ranks: Path, sinks: list[Sink], interval_s: float = 0.5,
+                 resume: bool = False) -> None:
+        """``resume``: the files' events so far are logged already; start at their ends."""
+        self.ranks, self.sinks, self.interval_s = ranks, sinks, interval_s
+        self.offsets: dict[Path, int] = ({p: p.stat().st_size for p in ranks.glob("rank*.jsonl")}
+                                         if resume else {})
+        self.rows = StepRows()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="polytrain-live-log", daemon=True)
+
+    def __enter__(self) -> LiveLog:
+        if self.sinks:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.sinks:
+            self._stop.set()
+            self._thread.join()
+            for sink in self.sinks:
+                sink.close()
+
+    def _run(self) -> None:
+        while True:
+            stopping = self._stop.is_set()
+            self.poll(final=stopping)
+            if stopping:
+                return
+            self._stop.wait(self.interval_s)
+
+    def poll(self, final: bool = False) -> None:
+        for ev in self._read():
+            if ev.get("event") == "step":
+                self.rows.add(ev)
+            elif ev.get("event") == "eval" and int(ev.get("rank", 0)) == 0:
+                figures: dict[str, float] = {k: float(ev[k]) for k in ("accuracy", "loss") if k in ev}
+                for sink in self.sinks:
+                    sink.eval(int(ev["step"]), float(ev.get("t", 0.0)), figures)
+        for row in self.rows.ready(final):
+            for sink in self.sinks:
+                sink.step(*row)
+
+    def _read(self) -> list[dict[str, Any]]:
+        out = []
+        for path in sorted(self.ranks.glob("rank*.jsonl")):
+            with path.open() as f:
+                f.seek(self.offsets.get(path, 0))
+                for line in f:
+                    if not line.endswith("\n"):
+                        break  # a line still being written: read it next time
+                    self.offsets[path] = self.offsets.get(path, 0) + len(line)
+                    if '"event": "step"' in line or '"event": "eval"' in line:
+                        try:
+                            out.append(json.loads(line))
+                        except ValueError:
+                            continue
+        return out

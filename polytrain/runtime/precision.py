@@ -1,0 +1,74 @@
+"""``--precision fp32|bf16|fp16``: mixed precision with fp32 master weights.
+
+The parameters and the optimizer state stay fp32; ``torch.autocast`` runs the forward and the
+loss in the compute dtype (matrix products and convolutions in bf16/fp16, reductions and the
+loss in fp32), so the gradients that reach ``.grad`` — and that data parallelism all-reduces —
+are fp32. fp16's narrow range needs loss scaling: a ``GradScaler`` multiplies the loss before
+backward, unscales the gradients before clipping and the update, and skips the update of a step
+whose gradient overflowed (inf/NaN), halving its scale; every skipped step is counted and
+written to the metrics. The scaler's state goes into the checkpoint (``Precision.state``) so a
+resumed run continues with the same scale.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Precision:
+    """One rank's autocast context and (fp16) gradient scaler."""
+
+    def __init__(self, name: str, device: torch.device) -> None:
+        if name not in DTYPES:
+            raise ValueError(f"unknown precision '{name}'; valid: {', '.join(DTYPES)}")
+        self.name, self.device = name, device
+        self.dtype = DTYPES[name]
+        self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
+        self.skipped = 0  # fp16 steps whose update the scaler skipped (overflow)
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        if self.name == "fp32":
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Gradients back to their true size (before clipping reads them); once per step."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """The update; False when fp16's scaler skipped it (an inf/NaN gradient)."""
+        if self.scaler is None:
+            optimizer.step()
+            return True
+        before = self.scaler.get_scale()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        if self.scaler.get_scale() < before:  # the scaler backs off only after an overflow
+            self.skipped += 1
+            return False
+        return True
+
+    def state(self) -> dict[str, Any]:
+        if self.scaler is None:
+            return {}
+        return {"scaler": self.scaler.state_dict(), "skipped": torch.tensor(self.skipped)}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+            self.skipped = int(state.get("skipped", 0))
+
+    def metrics(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"precision": self.name}
+        if self.scaler is not None:
+            out |= {"fp16_skipped_steps": self.skipped, "fp16_loss_scale": self.scaler.get_scale()}
+        return out
