@@ -55,6 +55,13 @@ from polytrain.comm.twostage import OP, TwoStage
 from polytrain.runtime.recorder import Recorder
 
 
+def adam_bound(beta1: float, beta2: float) -> float:
+    """The most Adam itself can move one coordinate in one step, in units of lr:
+    |m_t|/√v_t ≤ (1−β1)/√(1−β2) · Σ_k (β1/√β2)^k = (1−β1) / (√(1−β2)·(1−β1/√β2)) (31.8 at 0.9,
+    0.999), since |g_(t−k)| ≤ √(v_t / ((1−β2)·β2^k)) for every k."""
+    return (1 - beta1) / (math.sqrt(1 - beta2) * (1 - beta1 / math.sqrt(beta2)))
+
+
 class OneBitAdam(torch.optim.Adam):
     """``torch.optim.Adam`` over one parameter group, compressed after ``warmup`` steps."""
 
@@ -89,6 +96,7 @@ class OneBitAdam(torch.optim.Adam):
         beta1, beta2 = group["betas"]
         params = self.params
         v_scale = math.sqrt(1 - beta2**self.warmup)  # v's bias correction, frozen with v
+        bound = adam_bound(beta1, beta2)
         denoms, local = [], []
         for p in params:
             g = p.grad if p.grad is not None else torch.zeros_like(p)
@@ -97,7 +105,8 @@ class OneBitAdam(torch.optim.Adam):
             st = self.state[p]
             denoms.append((st["exp_avg_sq"].sqrt() / v_scale).add_(group["eps"]))
             # the momentum in the frozen preconditioner's units (see the module's note)
-            local.append((torch.lerp(st["exp_avg"], g, 1 - beta1) / denoms[-1]).reshape(-1))
+            u_p = torch.lerp(st["exp_avg"], g, 1 - beta1) / denoms[-1]
+            local.append(u_p.clamp_(-bound, bound).reshape(-1))
         u = self.exchange.mean(self.comm, torch.cat(local).float().cpu(), self.rec).to(params[0].device)
         for p, u_p, d in zip(params, u.split([p.numel() for p in params]), denoms, strict=True):
             st = self.state[p]
