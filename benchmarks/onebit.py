@@ -131,10 +131,17 @@ def main() -> None:
     p.add_argument("--plan", action="store_true", help="write the pre-registration and stop")
     p.add_argument("--job", choices=sorted(JOBS))
     p.add_argument("--testbed", action="store_true", help="4 emulated hosts at 100 Mbit/s (root)")
+    p.add_argument("--steps", type=int, default=0, help="override the plan's steps (a deviation, noted)")
+    p.add_argument("--warmup", type=int, default=0, help="override the plan's onebit_warmup (noted)")
     a = p.parse_args()
     if a.plan or not a.job:
         plan()
         return
+    plan_j = dict(JOBS[a.job])
+    JOBS[a.job].update({k: v for k, v in (("steps", a.steps), ("warmup", a.warmup)) if v})
+    deviation = "" if JOBS[a.job] == plan_j else (
+        f" DEVIATION from the plan: steps {plan_j['steps']} -> {JOBS[a.job]['steps']}, onebit_warmup "
+        f"{plan_j['warmup']} -> {JOBS[a.job]['warmup']} (the machine's load made the planned runs too long).")
     tmp, runs = Path(tempfile.mkdtemp(prefix="onebit-")), []
     for rep, case in alternating(list(CASES), SEEDS):
         r = run(a.job, case, rep, a, tmp / f"{case.replace(' ', '_')}-{rep}")
@@ -150,7 +157,7 @@ def main() -> None:
                         f"{j['warmup']}, seeds 0..{SEEDS - 1} interleaved; median (min–max). Target "
                         f"{j['target']} (rank 0 evaluates every {j['eval_every']} steps). Goal "
                         f"(pre-registered in onebit_plan.md): {GOAL}. Bytes: polytrain's count at "
-                        "every send, per rank and step, over the whole run (warm-up included).")
+                        "every send, per rank and step, over the whole run (warm-up included)." + deviation)
 
 
 if __name__ == "__main__":
