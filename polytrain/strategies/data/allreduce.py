@@ -7,7 +7,8 @@ The bucket all-reduce goes through a comm hook into polytrain's accounted commun
 bytes are counted, and each bucket's all-reduce is recorded as a ``comm`` span on the timeline.
 ``--set compression=CODEC`` compresses each parameter's gradient in the hook
 (:mod:`polytrain.comm.codecs`; ``powersgd`` is PyTorch's own hook), with error-feedback residuals
-saved in checkpoints (every rank writes its own). ``--set collective=ring`` replaces the
+saved in checkpoints (every rank writes its own); ``onebit-adam`` replaces Adam's step and this
+hook after a warm-up (:mod:`polytrain.comm.onebit_adam`). ``--set collective=ring`` replaces the
 backend's all-reduce by polytrain's explicit ring (:mod:`polytrain.comm.ring`; blocking, so no
 overlap with backward), one span per ring phase.
 """
