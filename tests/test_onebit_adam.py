@@ -150,3 +150,12 @@ def test_bytes_counted_are_the_payloads_and_resume_is_exact(tmp_path: Path) -> N
     polytrain.train(resume=str(tmp_path / "part"))
     a, b = load_model(tmp_path / "part"), load_model(tmp_path / "full")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_strategies_allreduce_lists_onebit_adam_and_its_option() -> None:
+    from tests.conftest import run_cli
+
+    r = run_cli("strategies", "allreduce")
+    assert r.returncode == 0, r.stderr
+    assert "onebit-adam" in r.stdout and "onebit_warmup" in r.stdout
