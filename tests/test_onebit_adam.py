@@ -152,10 +152,11 @@ def test_bytes_counted_are_the_payloads_and_resume_is_exact(tmp_path: Path) -> N
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.slow
-def test_strategies_allreduce_lists_onebit_adam_and_its_option() -> None:
-    from tests.conftest import run_cli
+def test_strategies_allreduce_lists_onebit_adam_and_its_option(capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from polytrain.cli import main
 
-    r = run_cli("strategies", "allreduce")
-    assert r.returncode == 0, r.stderr
-    assert "onebit-adam" in r.stdout and "onebit_warmup" in r.stdout
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["strategies", "allreduce"]) == 0
+    out = capsys.readouterr().out
+    assert "onebit-adam" in out and "onebit_warmup" in out
