@@ -19,7 +19,8 @@ How it meets the optimizer (``allreduce`` only): :class:`OneBitAdam` *is* the jo
 * steps T+1..: the hook passes each rank's local gradient through untouched (no bytes), and
   ``step()`` does the rest — on every rank, in model order as one flat vector (N,), with
   d = √v / √(1−β2^T) + eps the preconditioner frozen at step T:
-  u_local = (β1·m + (1−β1)·(g_local + wd·θ)) / d; u = two-stage 1-bit mean of u_local
+  u_local = (β1·m + (1−β1)·(g_local + wd·θ)) / d, clipped at :func:`adam_bound`;
+  u = two-stage 1-bit mean of u_local
   (identical on every rank); m ← u·d; θ ← θ − lr/(1−β1^t) · u.
   Adam's update is never applied on top: the compressed momentum replaces Adam's.
 
