@@ -124,5 +124,5 @@ def test_every_codec_option_names_the_codecs_that_read_it() -> None:
     from polytrain.comm.options import OPTION_CODECS
 
     assert set(OPTION_CODECS) == set(CodecOptions.model_fields) - {"compression"}
-    assert set(OPTION_CODECS["entropy"]) == set(SINGLE)
-    assert {c for users in OPTION_CODECS.values() for c in users} == set(SINGLE) | {"powersgd"}
+    assert set(OPTION_CODECS["entropy"]) == set(SINGLE) | {"onebit-adam"}
+    assert {c for users in OPTION_CODECS.values() for c in users} == set(SINGLE) | {"powersgd", "onebit-adam"}

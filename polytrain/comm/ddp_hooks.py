@@ -6,16 +6,21 @@
 * :func:`codec_hook` — a codec per bucket (:mod:`polytrain.comm.exchange`: one flat encoding of
   the bucket for casts and sparsifiers, one per parameter for quantisers): dense codecs reduce in
   place, the others all-gather variable-size payloads;
+* :func:`onebit_hook` — 1-bit Adam's (:mod:`polytrain.comm.onebit_adam`): the builtin all-reduce
+  during the warm-up, then each rank's local gradient untouched (the optimizer exchanges the
+  compressed momentum instead);
 * :func:`powersgd` — PyTorch's own ``powerSGD_hook`` (Vogels, Karimireddy & Jaggi, "PowerSGD:
   Practical Low-Rank Gradient Compression for Distributed Optimization", NeurIPS 2019), not
   rewritten: its all-reduces are counted through the accounted comm.
 
-Both return the bucket's mean over ranks. DDP checks a hook's annotation at run time, which a
-postponed (string) annotation fails, so the hooks (GradBucket -> Future[Tensor]) are unannotated.
+All return the bucket's mean over ranks (onebit_hook, once warm: the local gradient). DDP checks
+a hook's annotation at run time, which a postponed (string) annotation fails, so the hooks
+(GradBucket -> Future[Tensor]) are unannotated.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -52,6 +57,17 @@ def builtin_hook(comm: Comm, world: int, rec: Recorder) -> Any:
         step = {} if rec.current_step is None else {"step": rec.current_step}
         return comm.all_reduce_future(
             buf, on_done=lambda: rec.add_span("allreduce", "comm", start, rec.now(), bucket=index, **step))
+
+    return hook
+
+
+def onebit_hook(comm: Comm, world: int, rec: Recorder, compressing: Callable[[], bool]) -> Any:
+    """The builtin mean while ``compressing()`` is false (1-bit Adam's warm-up), else the local
+    gradient as it is: no bytes, the optimizer's step exchanges the momentum."""
+    warm = builtin_hook(comm, world, rec)
+
+    def hook(state, bucket):  # type: ignore[no-untyped-def]
+        return done_future(bucket.buffer()) if compressing() else warm(state, bucket)
 
     return hook
 

@@ -36,14 +36,23 @@ OPTION_CODECS: dict[str, tuple[str, ...]] = {
     "ratio": ("topk", "randomk", "dgc"), "select": ("topk", "dgc"), "tau": ("threshold",),
     "levels": ("qsgd",), "scale": ("onebit",), "error_feedback": _ANY, "entropy": _ANY,
     "dgc_momentum": ("dgc",), "dgc_clip": ("dgc",), "dgc_warmup": ("dgc",), "dgc_masking": ("dgc",),
-    "powersgd_rank": ("powersgd",),
+    "powersgd_rank": ("powersgd",), "onebit_warmup": ("onebit-adam",),
 }
+OPTION_CODECS["entropy"] = (*_ANY, "onebit-adam")  # 1-bit Adam's payloads are packed the same way
+
+# Optimizers that keep a momentum of their own (one home for the rule; ``adamw`` belongs here
+# when it exists). A codec that carries momentum itself (dgc with dgc_momentum > 0) under one of
+# these applies momentum twice and diverges (issue 51: loss 3.7e25 by step 47).
+MOMENTUM_OPTIMIZERS = frozenset({"momentum", "adam", "adamw"})
+# Optimizers whose state 1-bit Adam freezes and compresses (it replaces their step).
+ADAM_OPTIMIZERS = frozenset({"adam"})
 
 
 class CodecOptions(BaseModel):
     """``--set compression=NAME`` and the codecs' own options (see :mod:`polytrain.comm.codecs`)."""
 
-    compression: str = Field("none", description="gradient codec: none, fp16, topk, topk+onebit, ...")
+    compression: str = Field(
+        "none", description="gradient codec: none, fp16, topk, topk+onebit, ..., onebit-adam")
     ratio: float = Field(0.01, description="topk/randomk/dgc: fraction of entries sent, in (0, 1]")
     select: Literal["bucket", "tensor"] = Field(
         "bucket", description="topk/dgc: the largest entries of a whole DDP bucket, or of each tensor")
@@ -57,6 +66,8 @@ class CodecOptions(BaseModel):
     dgc_warmup: int = Field(0, ge=0, description="dgc: encodings over which sparsity warms up")
     dgc_masking: bool = Field(True, description="dgc: momentum factor masking (sent entries leave u)")
     powersgd_rank: int = Field(1, ge=1, description="powersgd: rank of the low-rank factors")
+    onebit_warmup: int = Field(
+        100, ge=1, description="onebit-adam: full-precision Adam steps before the variance freezes")
 
     @field_validator("compression")
     @classmethod
@@ -99,10 +110,33 @@ class CodecOptions(BaseModel):
         return self.compression != "none"
 
 
-def check_codec(strategy: str, opts: CodecOptions, world: int, *, hooks: bool) -> None:
+def check_optimizer(strategy: str, opts: CodecOptions, optimizer: str, *, hooks: bool) -> None:
+    """Codec × optimizer: refuse a pair that would apply momentum twice, or 1-bit Adam without
+    Adam (or outside ``allreduce``, whose DDP hook and optimizer it replaces), before launch."""
+    parts = set(opts.compression.split("+"))
+    if "dgc" in parts and opts.dgc_momentum > 0 and optimizer in MOMENTUM_OPTIMIZERS:
+        raise ConfigError(
+            f"Strategy '{strategy}': compression={opts.compression} keeps its own momentum "
+            f"(dgc_momentum={opts.dgc_momentum:g}) and --optimizer {optimizer} adds a second one, "
+            "which diverges; use --optimizer sgd (DGC's momentum then does the work) or "
+            "--set dgc_momentum=0.")
+    if opts.compression == "onebit-adam" and optimizer not in ADAM_OPTIMIZERS:
+        raise ConfigError(
+            f"Strategy '{strategy}': compression=onebit-adam compresses Adam's momentum and freezes "
+            f"its variance, so it needs --optimizer {'|'.join(sorted(ADAM_OPTIMIZERS))} (got "
+            f"--optimizer {optimizer}); use --optimizer adam, or a gradient codec (e.g. topk).")
+    if opts.compression == "onebit-adam" and not hooks:
+        raise ConfigError(
+            f"Strategy '{strategy}' cannot take compression=onebit-adam: it replaces the "
+            "optimizer's step and DDP's gradient hook, which only 'allreduce' runs. Use "
+            "--strategy allreduce, or a gradient codec (e.g. onebit, topk).")
+
+
+def check_codec(strategy: str, opts: CodecOptions, world: int, *, hooks: bool, optimizer: str) -> None:
     """Refuse what a codec-taking strategy cannot do with these options, before launch.
 
-    ``hooks``: the strategy trains through DDP, so PyTorch's ``powersgd`` hook applies."""
+    ``hooks``: the strategy trains through DDP, so PyTorch's ``powersgd`` hook (and 1-bit Adam)
+    apply. ``optimizer``: the job's ``--optimizer`` (:func:`check_optimizer`)."""
     collective = getattr(opts, "collective", "builtin")
     check_collective(strategy, collective, world)
     parts = set(opts.compression.split("+"))
@@ -121,3 +155,9 @@ def check_codec(strategy: str, opts: CodecOptions, world: int, *, hooks: bool) -
         raise ConfigError(
             "compression=powersgd runs PyTorch's powerSGD_hook, which all-reduces with the "
             "backend's collective: drop collective=ring (valid with powersgd: builtin).")
+    if opts.compression == "onebit-adam" and collective == "ring":
+        raise ConfigError(
+            "compression=onebit-adam exchanges its 1-bit chunks point to point (all-to-all, then "
+            "all-gather) and all-reduces the warm-up with the backend's collective: drop "
+            "collective=ring (valid with onebit-adam: builtin).")
+    check_optimizer(strategy, opts, optimizer, hooks=hooks)

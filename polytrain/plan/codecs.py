@@ -35,7 +35,9 @@ DEFAULT_CODECS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("powersgd", {"powersgd_rank": 1}),
 )
 UNPRICED = {"threshold": "its payload depends on the gradients' magnitudes against tau",
-            "none": "nothing to price"}
+            "none": "nothing to price",
+            "onebit-adam": "it is Adam's step, not a gradient codec: full-price warm-up, then 1 bit "
+                           "(docs/codecs-onebit.md); the planner does not model it yet"}
 
 
 @dataclass(frozen=True)

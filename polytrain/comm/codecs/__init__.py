@@ -13,6 +13,8 @@ qsgd       :mod:`.quant`                  off      N level codes + N sign bits +
 dgc        :mod:`.dgc`                    on       top-k of the momentum-corrected velocity
 a+b        :mod:`.compose`                a or b   a's indices, b's encoding of a's values
 powersgd   PyTorch's ``powerSGD_hook``    (own)    rank-r factors P, Q (allreduce only)
+onebit-    :mod:`polytrain.comm.onebit_   on (2x)  Adam's momentum: N/W sign bits + 2 float32
+adam       adam` (Tang et al. 2021)                scales per parameter piece, twice (allreduce)
 ========== ============================== ======== ==========================================
 
 :func:`build` turns validated options into a codec; :mod:`.engine` adds error feedback, entropy
@@ -36,7 +38,8 @@ SPARSIFIERS = ("topk", "randomk", "dgc")
 VALUE_CODECS = ("fp16", "bf16", "onebit", "terngrad", "qsgd")
 SINGLE = ("fp16", "bf16", "topk", "randomk", "threshold", "onebit", "terngrad", "qsgd", "dgc")
 HOOK_ONLY = ("powersgd",)  # PyTorch's DDP hook, not a codec object
-NAMES = ("none", *SINGLE, *HOOK_ONLY)
+OPTIMIZER_AWARE = ("onebit-adam",)  # replaces Adam's step: :mod:`polytrain.comm.onebit_adam`
+NAMES = ("none", *SINGLE, *HOOK_ONLY, *OPTIMIZER_AWARE)
 
 
 def valid_names() -> str:

@@ -7,7 +7,8 @@ The bucket all-reduce goes through a comm hook into polytrain's accounted commun
 bytes are counted, and each bucket's all-reduce is recorded as a ``comm`` span on the timeline.
 ``--set compression=CODEC`` compresses each parameter's gradient in the hook
 (:mod:`polytrain.comm.codecs`; ``powersgd`` is PyTorch's own hook), with error-feedback residuals
-saved in checkpoints (every rank writes its own). ``--set collective=ring`` replaces the
+saved in checkpoints (every rank writes its own); ``onebit-adam`` replaces Adam's step and this
+hook after a warm-up (:mod:`polytrain.comm.onebit_adam`). ``--set collective=ring`` replaces the
 backend's all-reduce by polytrain's explicit ring (:mod:`polytrain.comm.ring`; blocking, so no
 overlap with backward), one span per ring phase.
 """
@@ -20,8 +21,16 @@ from pydantic import ConfigDict, field_validator
 from torch import nn
 
 from polytrain.comm.codecs.engine import Engine
-from polytrain.comm.ddp_hooks import builtin_hook, codec_hook, counted_ddp, powersgd, ring_hook
+from polytrain.comm.ddp_hooks import (
+    builtin_hook,
+    codec_hook,
+    counted_ddp,
+    onebit_hook,
+    powersgd,
+    ring_hook,
+)
 from polytrain.comm.exchange import codec_report
+from polytrain.comm.onebit_adam import OneBitAdam
 from polytrain.comm.options import CodecOptions, CollectiveOptions, check_codec
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
@@ -58,8 +67,9 @@ def check_divisible(cfg: JobConfig, parts: int, strategy: str) -> None:
 
 
 def codec_engine(opts: CodecOptions, job: Job, ctx: RankContext) -> Engine | None:
-    """The rank's compression engine, or None without ``compression`` (or with powersgd)."""
-    if not opts.compressing or opts.compression == "powersgd":
+    """The rank's compression engine, or None without ``compression`` (or with powersgd, or
+    onebit-adam, which compresses in the optimizer)."""
+    if not opts.compressing or opts.compression in ("powersgd", "onebit-adam"):
         return None
     return Engine.from_options(opts, ctx.world, ctx.rank, job.config.seed)
 
@@ -74,6 +84,16 @@ def codec_loop_fields(engine: Engine | None, ctx: RankContext) -> dict[str, Any]
 
 def param_names(model: nn.Module) -> dict[int, tuple[int, str]]:
     return {id(p): (i, n) for i, (n, p) in enumerate(model.named_parameters())}
+
+
+def onebit_adam(opts: CodecOptions, job: Job, ctx: RankContext, model: nn.Module) -> OneBitAdam | None:
+    """The job's Adam as 1-bit Adam (with ``compression=onebit-adam``), else None."""
+    if opts.compression != "onebit-adam":
+        return None
+    c = job.config
+    return OneBitAdam(list(model.named_parameters()), lr=c.lr, weight_decay=c.weight_decay,
+                      warmup=opts.onebit_warmup, comm=ctx.comm, rec=ctx.recorder, entropy=opts.entropy,
+                      seed=c.seed)
 
 
 POWERSGD_STATE = "PyTorch's PowerSGDState (its error and warm-start matrices) is not checkpointed"
@@ -94,7 +114,13 @@ class Allreduce(Strategy):
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_divisible(cfg, world, self.name)
-        check_codec(self.name, self.options, world, hooks=True)  # type: ignore[arg-type]
+        check_codec(self.name, self.options, world, hooks=True,  # type: ignore[arg-type]
+                    optimizer=cfg.optimizer)
+        if self.options.compression == "onebit-adam" and cfg.on_nonfinite == "skip":  # type: ignore[attr-defined]
+            raise ConfigError(
+                "compression=onebit-adam with --on-nonfinite skip: once warm each rank sees only its "
+                "local gradient, so ranks could disagree on skipping and the exchange would hang; "
+                "use --on-nonfinite stop (the default) or another codec.")
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: AllreduceOptions = self.options  # type: ignore[assignment]
@@ -103,24 +129,34 @@ class Allreduce(Strategy):
         ddp = counted_ddp(model, ctx.comm, bucket_cap_mb=opts.bucket_mb,
                           device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
         engine = codec_engine(opts, job, ctx)
+        onebit = onebit_adam(opts, job, ctx, model)
         if engine is not None:
             ddp.register_comm_hook(None, codec_hook(ctx.comm, ctx.world, ctx.recorder, engine,
                                                     param_names(model), opts.collective))
+        elif onebit is not None:
+            ddp.register_comm_hook(None, onebit_hook(ctx.comm, ctx.world, ctx.recorder,
+                                                     lambda: onebit.compressing))
         elif opts.compression == "powersgd":
             ddp.register_comm_hook(*powersgd(ctx.comm, opts.powersgd_rank))
         else:
             hook = ring_hook if opts.collective == "ring" else builtin_hook
             ddp.register_comm_hook(None, hook(ctx.comm, ctx.world, ctx.recorder))
-        optimizer = job.make_optimizer(ddp.parameters())
+        optimizer = onebit if onebit is not None else job.make_optimizer(ddp.parameters())
         overlap = opts.collective == "builtin" and engine is None
+        fields = codec_loop_fields(engine, ctx)
+        if onebit is not None:  # the residuals differ per rank: every rank checkpoints its own
+            fields = {"state": onebit.exchange.state_dict, "load_state": onebit.exchange.load_state_dict,
+                      "replicated": False, "evaluates": ctx.is_leader}
         spec = LoopSpec(model=model, optimizer=optimizer, step_fn=plain_step(job, ctx, ddp, optimizer),
                         part=ctx.rank, parts=ctx.world,
                         metrics={"bucket_mb": opts.bucket_mb, "overlap": overlap,
                                  "collective": opts.collective, "compression": opts.compression},
-                        **codec_loop_fields(engine, ctx))
+                        **fields)
         result = run_loop(job, ctx, spec)
         if engine is not None:
             result.strategy_metrics["codec"] = codec_report(engine, ctx.comm, result.steps)
+        elif onebit is not None:
+            result.strategy_metrics["codec"] = onebit.report(result.steps)
         elif opts.compression == "powersgd":
             result.strategy_metrics["codec"] = {
                 "codec": f"powersgd(rank={opts.powersgd_rank})",

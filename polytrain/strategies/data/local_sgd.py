@@ -118,7 +118,8 @@ class LocalSgd(Strategy):
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_divisible(cfg, world, self.name)
-        check_codec(self.name, self.options, world, hooks=False)  # type: ignore[arg-type]
+        check_codec(self.name, self.options, world, hooks=False,  # type: ignore[arg-type]
+                    optimizer=cfg.optimizer)
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: LocalSgdOptions = self.options  # type: ignore[assignment]

@@ -105,7 +105,7 @@ class Mesh(Strategy):
     def check(self, cfg: JobConfig, world: int) -> None:
         layout = self.opts.layout.resolve(world)
         check_divisible(cfg, layout.dp, self.name)
-        check_codec(self.name, self.opts, world, hooks=False)
+        check_codec(self.name, self.opts, world, hooks=False, optimizer=cfg.optimizer)
         if self.opts.collective == "ring" and layout.dp < 2:
             raise ConfigError(f"Strategy 'mesh' with collective=ring all-reduces over the dp dimension, "
                               f"which needs dp >= 2 (got dp={layout.dp}). Use dp=2 or more, or "

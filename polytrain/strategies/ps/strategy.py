@@ -154,7 +154,7 @@ class Ps(Strategy):
         workers = check_roles(self.name, o.servers, world)
         check_divisible(cfg, workers, self.name)
         check_no_buffers(cfg, self.name)
-        check_codec(self.name, o, world, hooks=False)
+        check_codec(self.name, o, world, hooks=False, optimizer=cfg.optimizer)
         if o.select == "tensor":
             raise ConfigError(f"Strategy '{self.name}' encodes each server's shard as one vector, so "
                               "select=tensor (each tensor's largest entries) cannot apply to it. Drop "
