@@ -9,9 +9,9 @@ from typing import Any
 from polytrain.config import JobConfig, load_config, total_steps
 from polytrain.data import DataSpec, dataset_spec, validate_dataset_options
 from polytrain.errors import ConfigError
+from polytrain.launch.precheck import precheck
 from polytrain.models import is_user_model, validate_model
 from polytrain.models.contract import check_job
-from polytrain.runtime.divergence import check_on_nonfinite
 from polytrain.runtime.supports import Request, refusal, requested
 from polytrain.strategies import Strategy, get_strategy_class, make_strategy, registry
 
@@ -63,6 +63,7 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
     """Validate strategy, options, dataset, model and their fit, and that the strategy honours
     what the launch asks (``resume``, ``hosts`` > 1 under torchrun, ``testbed``); raise
     ConfigError otherwise."""
+    precheck(cfg)  # the torch-free checks first: their refusals read the same either way
     request = job_request(cfg, resume=resume, hosts=hosts, testbed=testbed)
     check_supports(cfg, request)
     strategy = make_strategy(cfg.strategy, cfg.options)
@@ -72,13 +73,7 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
     validate_model(cfg.model, spec, cfg.model_options)
     if is_user_model(cfg.model) or cfg.loss or ":" in cfg.dataset:
         check_job(cfg.model, cfg.model_options, spec, cfg.loss, cfg.dataset, cfg.data_options)
-    if cfg.slow_rank is not None and not 0 <= cfg.slow_rank < cfg.procs:
-        raise ConfigError(
-            f"slow_rank={cfg.slow_rank} is not a rank of this job (ranks 0..{cfg.procs - 1}). "
-            f"Use --set slow_rank=R with 0 <= R < --procs."
-        )
     strategy.check(cfg, cfg.procs)
-    check_on_nonfinite(cfg)
     steps = total_steps(cfg, spec.train_size)
     return Prepared(cfg, strategy, spec, steps)
 

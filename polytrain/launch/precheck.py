@@ -1,0 +1,45 @@
+"""The checks of a job that need neither torch nor the strategy modules, run first.
+
+They answer the commonest mistakes (an unknown strategy id, a straggler rank outside the job,
+an ``--on-nonfinite`` the strategy cannot honour) in well under a second: the CLI and the
+Python API run them right after the job's fields are validated (:mod:`polytrain.config`) and
+before anything imports torch; :func:`polytrain.launch.prepare.prepare` runs them again (cheap)
+before the checks that need the strategy classes.
+"""
+
+from __future__ import annotations
+
+from polytrain.config import JobConfig
+from polytrain.errors import ConfigError, unknown
+
+# strategies whose step is the shared plain step on one synchronised gradient (see
+# polytrain/runtime/divergence.py): they alone can skip a non-finite step on every rank alike
+SKIPS = ("single", "allreduce")
+
+
+def check_strategy_id(name: str) -> None:
+    """An unknown strategy id is refused with the known ones, read without importing them."""
+    from polytrain.strategies.catalog import strategy_ids
+
+    ids = strategy_ids()
+    if name not in ids:
+        raise unknown("strategy", name, ids, "List them with: polytrain strategies.")
+
+
+def check_on_nonfinite(cfg: JobConfig) -> None:
+    if cfg.on_nonfinite == "skip" and cfg.strategy not in SKIPS:
+        raise ConfigError(
+            f"--on-nonfinite skip is honoured by {', '.join(SKIPS)} (one synchronised gradient, "
+            f"so every rank skips the same steps), not by {cfg.strategy}. Use --on-nonfinite "
+            "stop (the default), or one of those strategies.")
+
+
+def precheck(cfg: JobConfig) -> None:
+    """Raise ConfigError for what is wrong with ``cfg`` and checkable without torch."""
+    check_strategy_id(cfg.strategy)
+    if cfg.slow_rank is not None and not 0 <= cfg.slow_rank < cfg.procs:
+        raise ConfigError(
+            f"slow_rank={cfg.slow_rank} is not a rank of this job (ranks 0..{cfg.procs - 1}). "
+            f"Use --set slow_rank=R with 0 <= R < --procs."
+        )
+    check_on_nonfinite(cfg)

@@ -1,0 +1,86 @@
+"""Answers that need no training import no torch: ``--version``, ``--help``, ``strategies`` and
+the refusals a job's fields and strategy id decide (issue 49). Behavioural, not timed: each runs
+in a fresh interpreter and looks at what it imported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+# Runs the CLI's main() in this interpreter and reports its exit code, whether torch was
+# imported, and what it printed (argparse's --version/--help exit through SystemExit).
+PROBE = """
+import contextlib, io, json, sys
+from polytrain.cli import main
+out, err = io.StringIO(), io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+        rc = main(sys.argv[1:])
+    except SystemExit as e:
+        rc = e.code
+print(json.dumps({"rc": rc, "torch": "torch" in sys.modules, "out": out.getvalue(),
+                  "err": err.getvalue()}))
+"""
+
+
+def _probe(*args: str) -> dict[str, object]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    r = subprocess.run([sys.executable, "-c", PROBE, *args], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    result: dict[str, object] = json.loads(r.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_importing_the_cli_imports_no_torch() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = "import sys, polytrain, polytrain.cli; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(("args", "expect"), [
+    (["--version"], "polytrain 0.1.0"),
+    (["--help"], "usage: polytrain"),
+    (["strategies"], "allreduce"),
+])
+def test_answers_without_torch(args: list[str], expect: str) -> None:
+    r = _probe(*args)
+    assert r["rc"] in (0, None) and expect in str(r["out"]) and r["torch"] is False
+
+
+@pytest.mark.parametrize(("args", "expect"), [
+    (["train", "--steps", "-1"], "'steps' = -1: must be at least 1"),
+    (["train", "--procs", "0"], "at least 1"),
+    (["train", "--strategy", "allreduc"], "Unknown strategy 'allreduc'.*allreduce"),
+    (["train", "--set", "slow_rank=5"], "slow_rank=5 is not a rank of this job"),
+    (["train", "--strategy", "gpipe", "--on-nonfinite", "skip"], "honoured by single, allreduce"),
+    (["train", "--set", "servers"], "--set expects KEY=VALUE"),
+    (["train", "--config", "/nonexistent/job.toml"], "Cannot read config file"),
+    (["compare", "--strategies", "single,nope"], "Unknown strategy 'nope'"),
+])
+def test_refusals_before_torch(args: list[str], expect: str) -> None:
+    import re
+
+    r = _probe(*args)
+    assert r["rc"] == 2, r
+    assert re.search(expect, " ".join(str(r["err"]).split())), r["err"]
+    assert r["torch"] is False
+
+
+def test_catalog_lists_what_the_registry_registers() -> None:
+    """The source-read catalogue and the imported classes agree on every id, family, summary."""
+    from polytrain.strategies import registry
+    from polytrain.strategies.catalog import catalog
+
+    imported = {n: (c.family, c.summary, c.__module__) for n, c in registry().items()}
+    read = {n: (e.family, e.summary, e.module) for n, e in catalog().items()}
+    assert read == imported
