@@ -14,7 +14,7 @@ solver with its own data):
   their shards and optimizer state at a consistent cut), replacing the collective default;
   ``quiesce``: every rank waits at a barrier before and after the snapshot (ranks that write
   into one shared copy, e.g. ``hogwild``, must not write while it is read); such ranks also
-  check their parameters for NaN/inf on a private copy (see ``check_finite``);
+  check their parameters for NaN/inf on a private copy (see ``all_finite``);
 * ``evaluate``: the strategy's own evaluation (default ``job.evaluate(eval_model)``),
   ``evaluates``: whether this rank evaluates (default: the leader, or every rank when the
   parameters are not replicated); ``final_eval``: whether it also evaluates at the end and
@@ -36,7 +36,7 @@ from torch import nn
 
 from polytrain.runtime import interrupt
 from polytrain.runtime.checkpoint import CheckpointStore
-from polytrain.runtime.divergence import all_finite, check_finite
+from polytrain.runtime.divergence import FiniteWatch, all_finite
 from polytrain.runtime.job import Job, RankContext, RankResult
 
 StepFn = Callable[[int, torch.Tensor, torch.Tensor], float]
@@ -201,20 +201,24 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
     eval_model = spec.eval_model or spec.model
     evaluate = spec.evaluate or (lambda: job.evaluate(eval_model))
     last = start
+    watch = FiniteWatch(spec.model, skipping=cfg.on_nonfinite == "skip", snapshot=spec.quiesce,
+                        has_loss=spec.reports, start=start)
     for step in range(start + 1, job.steps + 1):
         loss = run_step(step)
         if spec.after_update is not None:
             spec.after_update(step, loss)
-        check_finite(step, loss, spec.model, cfg.on_nonfinite == "skip",  # before record, checkpoint
-                     snapshot=spec.quiesce)
+        stop = step < job.steps and interrupt.stop_after(step, job.steps)  # SIGTERM / Ctrl-C
+        saves = bool(cfg.checkpoint_every) and (step % cfg.checkpoint_every == 0 or stop)
+        evals = bool(cfg.eval_every) and step % cfg.eval_every == 0
+        # before the step is recorded or checkpointed: a checkpoint is always a good state
+        watch.after_step(step, loss, must=saves or evals or stop or step == job.steps)
         if spec.reports:
             ctx.recorder.step(step, loss, samples=samples_at(step))
         ctx.recorder.sample_resources(step=step)
         if ctx.progress is not None:
             ctx.progress.update(step, loss)
         last = step
-        stop = step < job.steps and interrupt.stop_after(step, job.steps)  # SIGTERM / Ctrl-C
-        if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or stop):
+        if saves:
             if spec.save is not None:
                 ctx.recorder.flush()  # this rank's steps are in its file before the commit
                 spec.save(step)
