@@ -362,6 +362,9 @@ def cmd_datasets(console: Console) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from polytrain.runtime import startup_trace
+
+    startup_trace.begin()  # the run's startup.jsonl counts from this process's start
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     job: list[str] = []

@@ -31,6 +31,7 @@ from polytrain.launch.reaper import AGENT_LOGS_ENV
 from polytrain.launch.records import LAUNCHER_PID_ENV, free_port, read_error_record
 from polytrain.launch.rundir import new_run_dir, read_summary, write_config, write_interrupted
 from polytrain.launch.stores import BIND_ENV, LOOPBACK, stores_bound_to
+from polytrain.runtime import startup_trace
 from polytrain.runtime.progress import FollowProgress
 
 SHUTDOWN_TIMEOUT_S = 10
@@ -115,7 +116,10 @@ def launch(
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     started = time.time()
+    startup_trace.begin(started)
+    startup_trace.mark("launch: torch and the launcher imported")
     prepared = prepare(cfg, resume=resume)
+    startup_trace.mark("job prepared (strategy, model, data checked)")
     if resume and run_dir is not None:
         check_resume_steps(run_dir, cfg, prepared.steps)
     if run_dir is None:
@@ -159,6 +163,8 @@ def launch(
     rank0 = run_dir / "ranks" / "rank0.jsonl"
     label = f"{cfg.strategy} ×{cfg.procs}"
     states: dict[int, str] = {}  # the live ranks' process states when a failure stopped them
+    startup_trace.mark("agent starts the ranks")
+    startup_trace.write_launcher(run_dir)
     try:
         with FollowProgress(rank0, prepared.steps, label, console), \
                 rank_environment(cfg.procs, agent_dir), stores_bound_to(bind), \
@@ -171,6 +177,8 @@ def launch(
                           128 + int(exc.sigval)) from None
     finally:
         shutil.rmtree(agent_dir, ignore_errors=True)
+        startup_trace.mark("ranks ended")
+        startup_trace.write_launcher(run_dir)
     return read_summary(run_dir)
 
 

@@ -30,6 +30,7 @@ from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.progress import RankProgress
 from polytrain.runtime.recorder import Recorder
+from polytrain.runtime.startup_trace import rank_mark
 from polytrain.strategies import make_strategy
 from polytrain.strategies.base import job_fingerprint
 
@@ -123,6 +124,7 @@ def run_rank(payload: dict[str, Any]) -> None:
         cfg = make_config(payload["config"])
         device, backend = pick_device(local_rank)
         interrupt.install(init_distributed(backend, rank, world, cfg.timeout_s))
+        rank_mark(run_dir, rank, "process group ready")
         strategy = make_strategy(cfg.strategy, cfg.options)
         job = Job.from_config(cfg)
         store = CheckpointStore(run_dir / "checkpoints", job_fingerprint(cfg), clock=recorder.now)
@@ -144,12 +146,14 @@ def run_rank(payload: dict[str, Any]) -> None:
         if not ctx.resume and not fresh:
             recorder.rewind(0)  # a restart from scratch: the steps run again
         role = strategy.roles(world)[rank]
+        rank_mark(run_dir, rank, "job built (data, context)")
         result = strategy.run(job, ctx)
         result.role = role
         result.strategy_metrics.update(job.split_tracer)
         if ctx.progress is not None:
             ctx.progress.close()
         _finish(job, ctx, result)
+        rank_mark(run_dir, rank, "results written")
     except BaseException as exc:
         write_error_record(run_dir, rank, exc, step=recorder.last_step)
         raise

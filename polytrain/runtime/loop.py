@@ -38,6 +38,7 @@ from polytrain.runtime import interrupt
 from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.divergence import FiniteWatch, all_finite
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.startup_trace import rank_mark
 
 StepFn = Callable[[int, torch.Tensor, torch.Tensor], float]
 OwnStep = Callable[[int], float]
@@ -195,6 +196,7 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
     ctx.comm.barrier()
     ctx.recorder.start_clock()
     ctx.recorder.emit("start", first_step=start + 1, steps=job.steps)
+    rank_mark(ctx.run_dir, ctx.rank, "loop starts (after the start barrier)")
     t0 = time.perf_counter()
     loss = float("nan")
     evaluates = spec.evaluates if spec.evaluates is not None else ctx.is_leader or not spec.replicated
@@ -217,6 +219,8 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
         ctx.recorder.sample_resources(step=step)
         if ctx.progress is not None:
             ctx.progress.update(step, loss)
+        if step == start + 1:
+            rank_mark(ctx.run_dir, ctx.rank, "first step done")
         last = step
         if saves:
             if spec.save is not None:
