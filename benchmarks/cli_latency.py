@@ -2,8 +2,8 @@
 and refusals of bad input, each timed from process start to exit beside ``python -c pass`` (the
 interpreter's own start-up), the cases alternating repeat by repeat. Goal (issue 49): each under
 1 s on an idle machine. The refusals are of two kinds: those decided before torch is imported
-(the job's fields, the strategy id, the straggler rank, --on-nonfinite) and, for comparison,
-those that still need the strategy, model or dataset code (and so torch).
+(the job's fields, the strategy, model and dataset names, the straggler rank, --on-nonfinite)
+and, for comparison, those that still need the strategy's options or checks (and so torch).
 
     python benchmarks/cli_latency.py [--repeats 7]
 """
@@ -33,7 +33,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("train --steps -1", [*CLI, "train", "--steps", "-1"], "refusal, no torch"),
     ("train --strategy allreduc", [*CLI, "train", "--strategy", "allreduc"], "refusal, no torch"),
     ("train --set slow_rank=9", [*CLI, "train", "--set", "slow_rank=9"], "refusal, no torch"),
-    ("train --model resnet999", [*CLI, "train", "--model", "resnet999"], "refusal, needs torch"),
+    ("train --model resnet999", [*CLI, "train", "--model", "resnet999"], "refusal, no torch"),
+    ("train --procs 3", [*CLI, "train", "--procs", "3"], "refusal, needs torch"),
     ("train --set bucket=1", [*CLI, "train", "--set", "bucket=1"], "refusal, needs torch"),
 ]
 

@@ -62,6 +62,8 @@ def test_answers_without_torch(args: list[str], expect: str) -> None:
     (["train", "--procs", "0"], "at least 1"),
     (["train", "--strategy", "allreduc"], "Unknown strategy 'allreduc'.*allreduce"),
     (["train", "--set", "slow_rank=5"], "slow_rank=5 is not a rank of this job"),
+    (["train", "--model", "resnet999"], "Unknown model 'resnet999'"),
+    (["train", "--dataset", "imagenet"], "Unknown dataset 'imagenet'"),
     (["train", "--strategy", "gpipe", "--on-nonfinite", "skip"], "honoured by single, allreduce"),
     (["train", "--set", "servers"], "--set expects KEY=VALUE"),
     (["train", "--config", "/nonexistent/job.toml"], "Cannot read config file"),
@@ -84,3 +86,12 @@ def test_catalog_lists_what_the_registry_registers() -> None:
     imported = {n: (c.family, c.summary, c.__module__) for n, c in registry().items()}
     read = {n: (e.family, e.summary, e.module) for n, e in catalog().items()}
     assert read == imported
+
+
+def test_zoo_names_are_the_registries() -> None:
+    from polytrain.data import DATASETS
+    from polytrain.models import MODELS
+    from polytrain.strategies.catalog import zoo_names
+
+    assert zoo_names("models") == tuple(sorted(MODELS))
+    assert zoo_names("data") == tuple(sorted(DATASETS))

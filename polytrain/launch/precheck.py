@@ -1,7 +1,7 @@
 """The checks of a job that need neither torch nor the strategy modules, run first.
 
-They answer the commonest mistakes (an unknown strategy id, a straggler rank outside the job,
-an ``--on-nonfinite`` the strategy cannot honour) in well under a second: the CLI and the
+They answer the commonest mistakes (an unknown strategy id, model or dataset, a straggler rank
+outside the job, an ``--on-nonfinite`` the strategy cannot honour) in well under a second: the CLI and the
 Python API run them right after the job's fields are validated (:mod:`polytrain.config`) and
 before anything imports torch; :func:`polytrain.launch.prepare.prepare` runs them again (cheap)
 before the checks that need the strategy classes.
@@ -26,6 +26,18 @@ def check_strategy_id(name: str) -> None:
         raise unknown("strategy", name, ids, "List them with: polytrain strategies.")
 
 
+def check_zoo_names(cfg: JobConfig) -> None:
+    """An unknown built-in dataset or model is refused as the registries would refuse it (a
+    user's ``pkg.module:factory`` is checked when it is imported, after torch)."""
+    from polytrain.strategies.catalog import zoo_names
+
+    fix = "Or give your own as 'pkg.module:factory'."
+    if ":" not in cfg.dataset and cfg.dataset not in zoo_names("data"):
+        raise unknown("dataset", cfg.dataset, zoo_names("data"), fix=fix)
+    if ":" not in cfg.model and cfg.model not in zoo_names("models"):
+        raise unknown("model", cfg.model, zoo_names("models"), fix=fix)
+
+
 def check_on_nonfinite(cfg: JobConfig) -> None:
     if cfg.on_nonfinite == "skip" and cfg.strategy not in SKIPS:
         raise ConfigError(
@@ -37,6 +49,7 @@ def check_on_nonfinite(cfg: JobConfig) -> None:
 def precheck(cfg: JobConfig) -> None:
     """Raise ConfigError for what is wrong with ``cfg`` and checkable without torch."""
     check_strategy_id(cfg.strategy)
+    check_zoo_names(cfg)
     if cfg.slow_rank is not None and not 0 <= cfg.slow_rank < cfg.procs:
         raise ConfigError(
             f"slow_rank={cfg.slow_rank} is not a rank of this job (ranks 0..{cfg.procs - 1}). "

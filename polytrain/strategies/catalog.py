@@ -127,3 +127,24 @@ def _is_strategy_like(found: _Class) -> bool:
 
 def strategy_ids() -> list[str]:
     return list(catalog())
+
+
+@cache
+def zoo_names(kind: str) -> tuple[str, ...]:
+    """The names the built-in ``kind`` ("models" or "data") registers, read from the
+    ``ModelEntry(name=...)`` / ``DatasetEntry(name=...)`` calls of their source files (the
+    registries' own homes), so that an unknown ``--model``/``--dataset`` is refused before
+    torch is imported. Held equal to the registries by ``tests/test_cli_fast.py``."""
+    entry = {"models": "ModelEntry", "data": "DatasetEntry"}[kind]
+    names = set()
+    for path in sorted((_HERE.parent / kind).rglob("*.py")):
+        text = path.read_text()
+        if f"{entry}(" not in text:
+            continue
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, ast.Call) and _base_name(node.func) == entry:
+                for kw in node.keywords:
+                    name = _string(kw.value) if kw.arg == "name" else None
+                    if name:
+                        names.add(name)
+    return tuple(sorted(names))
