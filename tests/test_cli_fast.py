@@ -6,36 +6,38 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
-import pytest
-
 from tests.conftest import ROOT
 
-# Runs the CLI's main() in this interpreter and reports its exit code, whether torch was
-# imported, and what it printed (argparse's --version/--help exit through SystemExit).
+# Runs the CLI's main() on each argument list (JSON in argv[1]) in one fresh interpreter and
+# reports each exit code and output, and whether torch was imported by any of them (argparse's
+# --version/--help exit through SystemExit).
 PROBE = """
 import contextlib, io, json, sys
 from polytrain.cli import main
-out, err = io.StringIO(), io.StringIO()
-with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-    try:
-        rc = main(sys.argv[1:])
-    except SystemExit as e:
-        rc = e.code
-print(json.dumps({"rc": rc, "torch": "torch" in sys.modules, "out": out.getvalue(),
-                  "err": err.getvalue()}))
+results = []
+for args in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(args)
+        except SystemExit as e:
+            rc = e.code
+    results.append({"rc": rc, "out": out.getvalue(), "err": " ".join(err.getvalue().split())})
+print(json.dumps({"torch": "torch" in sys.modules, "results": results}))
 """
 
 
-def _probe(*args: str) -> dict[str, object]:
+def _probe(cases: list[list[str]]) -> tuple[bool, list[dict[str, object]]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    r = subprocess.run([sys.executable, "-c", PROBE, *args], env=env, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", PROBE, json.dumps(cases)], env=env,
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    result: dict[str, object] = json.loads(r.stdout.strip().splitlines()[-1])
-    return result
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    return got["torch"], got["results"]
 
 
 def test_importing_the_cli_imports_no_torch() -> None:
@@ -47,17 +49,12 @@ def test_importing_the_cli_imports_no_torch() -> None:
     assert r.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize(("args", "expect"), [
+ANSWERS = [
     (["--version"], "polytrain 0.1.0"),
     (["--help"], "usage: polytrain"),
     (["strategies"], "allreduce"),
-])
-def test_answers_without_torch(args: list[str], expect: str) -> None:
-    r = _probe(*args)
-    assert r["rc"] in (0, None) and expect in str(r["out"]) and r["torch"] is False
-
-
-@pytest.mark.parametrize(("args", "expect"), [
+]
+REFUSALS = [
     (["train", "--steps", "-1"], "'steps' = -1: must be at least 1"),
     (["train", "--procs", "0"], "at least 1"),
     (["train", "--strategy", "allreduc"], "Unknown strategy 'allreduc'.*allreduce"),
@@ -68,14 +65,17 @@ def test_answers_without_torch(args: list[str], expect: str) -> None:
     (["train", "--set", "servers"], "--set expects KEY=VALUE"),
     (["train", "--config", "/nonexistent/job.toml"], "Cannot read config file"),
     (["compare", "--strategies", "single,nope"], "Unknown strategy 'nope'"),
-])
-def test_refusals_before_torch(args: list[str], expect: str) -> None:
-    import re
+]
 
-    r = _probe(*args)
-    assert r["rc"] == 2, r
-    assert re.search(expect, " ".join(str(r["err"]).split())), r["err"]
-    assert r["torch"] is False
+
+def test_answers_and_refusals_without_torch() -> None:
+    """Every answer and refusal above, in one interpreter: none of them imports torch."""
+    torch_imported, results = _probe([args for args, _ in ANSWERS + REFUSALS])
+    for (args, expect), r in zip(ANSWERS, results[: len(ANSWERS)], strict=True):
+        assert r["rc"] in (0, None) and expect in str(r["out"]), (args, r)
+    for (args, expect), r in zip(REFUSALS, results[len(ANSWERS):], strict=True):
+        assert r["rc"] == 2 and re.search(expect, str(r["err"])), (args, r)
+    assert not torch_imported
 
 
 def test_catalog_lists_what_the_registry_registers() -> None:
