@@ -11,12 +11,16 @@ are, in each strategy's class; this module reads them from the syntax tree of th
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 _ATTRS = ("name", "family", "summary")
+# a file that may declare a strategy: an indented ``name = "..."`` (a registered class sets its
+# own) or a class deriving from one named ``...Strategy`` (an unnamed intermediate base)
+_DECLARES = re.compile(r'^\s+name\s*(?::[^=\n]*)?=\s*"|Strategy[),]', re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,7 @@ def catalog() -> dict[str, Entry]:
     classes: dict[str, _Class] = {}
     for path in sorted(_HERE.rglob("*.py")):
         text = path.read_text()
-        if "class " not in text:  # most helper modules: no need to parse them
+        if not _DECLARES.search(text):  # helper modules: no need to parse them (half the time)
             continue
         rel = path.relative_to(_HERE.parent.parent).with_suffix("")
         module = ".".join(rel.parts).removesuffix(".__init__")
