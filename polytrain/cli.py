@@ -252,6 +252,10 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
 
     run_dir = summary["config"]["out"]
     console.print(format_summary(summary, run_dir))
+    from polytrain.runtime import startup_trace
+
+    startup_trace.mark("summary printed")  # the trace's last mark: what follows is the exit
+    startup_trace.write_launcher(Path(run_dir))
     _report(console, Path(run_dir), args.no_report, args.tensorboard)
     return 0
 
