@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -104,8 +105,10 @@ def run_polytrain(steps: int) -> tuple[float, float]:
     proc.wait()
     if proc.returncode != 0:
         raise RuntimeError(f"polytrain train failed ({proc.returncode})")
+    down = time.perf_counter() - last
     PHASES.append(_trace(out))
-    return started - t0, time.perf_counter() - last
+    shutil.rmtree(out.parent, ignore_errors=True)
+    return started - t0, down
 
 
 def run_torchrun(steps: int) -> tuple[float, float]:
@@ -123,9 +126,11 @@ def run_torchrun(steps: int) -> tuple[float, float]:
         elif line.strip() == "done":
             last = time.perf_counter()
     proc.wait()
+    down = time.perf_counter() - last
+    shutil.rmtree(script.parent, ignore_errors=True)
     if proc.returncode != 0 or not started:
         raise RuntimeError(f"torchrun script failed ({proc.returncode})")
-    return started - t0, time.perf_counter() - last
+    return started - t0, down
 
 
 def main() -> None:
