@@ -24,7 +24,7 @@ from rich.console import Console
 
 from polytrain.config import JobConfig, load_config
 from polytrain.errors import ConfigError
-from polytrain.launch.prepare import resume_config
+from polytrain.launch.precheck import precheck
 
 REPORT_ENV = "POLYTRAIN_REPORT"  # "0": the API writes no plots/report.md (the test suite's default)
 
@@ -33,7 +33,9 @@ def _config(config: str | Path | None, sets: Sequence[str] | None, kw: dict[str,
     from polytrain.memory import resolve
 
     resolve(kw)  # model/dataset/loss objects -> names the ranks import, or files they load
-    return load_config(config, kw, list(sets or []))
+    cfg = load_config(config, kw, list(sets or []))
+    precheck(cfg)  # before torch is imported: the commonest refusals in well under a second
+    return cfg
 
 
 def train(*, config: str | Path | None = None, sets: Sequence[str] | None = None,
@@ -43,15 +45,19 @@ def train(*, config: str | Path | None = None, sets: Sequence[str] | None = None
 
     The run directory is the CLI's, report included (plots, timeline, report.md) unless
     ``report=False`` (default: on, or the environment's ``POLYTRAIN_REPORT=0``)."""
-    from polytrain.launch.local import launch
-
     if resume is not None:
+        from polytrain.launch.local import launch
+        from polytrain.launch.prepare import resume_config
+
         run_dir = Path(resume)
         cfg = resume_config(run_dir, options, list(sets or []))
         _check_checkpoints(run_dir, cfg, console or Console(stderr=True))
         summary = launch(cfg, resume=True, run_dir=run_dir, console=console)
     else:
-        summary = launch(_config(config, sets, options), console=console)
+        cfg = _config(config, sets, options)
+        from polytrain.launch.local import launch  # torch: after the job's fields are checked
+
+        summary = launch(cfg, console=console)
     _write_report(summary, report)
     return summary
 
@@ -86,12 +92,14 @@ def compare(strategies: Sequence[str], *, config: str | Path | None = None,
     caller's ``OMP_NUM_THREADS``), so that ``single`` is not timed with all the cores while each
     rank of the others has a share; compare.json records the threads each side's ranks ran with.
     """
-    from polytrain.launch.local import launch
-    from polytrain.launch.prepare import prepare
-
     if not strategies:
         raise ConfigError("compare needs at least one strategy, e.g. --strategies single,allreduce")
     base = _config(config, sets, options)
+    for name in strategies:
+        precheck(base.model_copy(update={"strategy": name, "procs": 1 if name == "single" else base.procs}))
+    from polytrain.launch.local import launch  # torch: after the torch-free checks
+    from polytrain.launch.prepare import prepare
+
     root = Path(base.out) if base.out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-compare"
     if (root / "compare.json").exists():
         raise ConfigError(f"--out {root} already holds a comparison; choose another --out.")

@@ -7,12 +7,13 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-
+from polytrain import __version__
 from polytrain.errors import ConfigError, Interrupted, PolytrainError
+
+if TYPE_CHECKING:  # rich loads when something is printed: --help and --version need none of it
+    from rich.console import Console
 
 # JobConfig field -> (flag, type, help). One table feeds `train` and `compare`.
 JOB_FLAGS: list[tuple[str, str, Any, str]] = [
@@ -90,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="polytrain",
         description="Train a PyTorch model with classic parallel techniques, measure, compare.",
     )
+    parser.add_argument("--version", action="version", version=f"polytrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("train", help="train one job (no arguments: CNN on digits, 2 processes)")
     _add_job_flags(p)
@@ -220,12 +222,6 @@ def _report(console: Console, path: Path, skip: bool, tensorboard: bool = False)
 
 def _resolve_auto(args: argparse.Namespace) -> None:
     """``--strategy auto``: the planner's first choice replaces the strategy and its options."""
-    import json
-
-    from polytrain.config import load_config
-    from polytrain.launch.rundir import TESTBED_ENV
-    from polytrain.plan.commands import auto_strategy
-
     if args.strategy != "auto":
         if args.cluster is not None:
             raise ConfigError("--cluster is read by --strategy auto only. Fix: add --strategy auto, "
@@ -234,7 +230,12 @@ def _resolve_auto(args: argparse.Namespace) -> None:
     if any("." not in s.split("=", 1)[0] for s in args.sets):
         raise ConfigError("--strategy auto chooses the strategy options itself. Fix: drop the strategy "
                           "--set options (model.* and data.* are fine), or name a strategy.")
+    import json
+
     from polytrain import api
+    from polytrain.config import load_config
+    from polytrain.launch.rundir import TESTBED_ENV
+    from polytrain.plan.commands import auto_strategy
 
     if api.under_torchrun():
         raise ConfigError("--strategy auto is resolved before launch, not on each torchrun rank (each "
@@ -245,6 +246,8 @@ def _resolve_auto(args: argparse.Namespace) -> None:
     best = auto_strategy(cfg, args.cluster, json.loads(testbed) if testbed else None)
     args.strategy, args.procs = best.strategy, best.procs
     args.sets = [*args.sets, *(f"{k}={v}" for k, v in best.options.items())]
+    from rich.console import Console
+
     Console(stderr=True).print(
         f"auto: {best.label} on {best.procs} process(es), predicted {best.estimate.step_s * 1e3:.1f} "
         f"ms/step ({best.samples_per_s:,.0f} samples/s)", highlight=False)
@@ -266,24 +269,33 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
         # a torchrun rank of the CLI ends as the local launcher's ranks do (see exit_now)
         exit_now(train_under_torchrun(args.config, _overrides(args), args.sets, args.resume,
                                       no_report=args.no_report))
-    from polytrain.report import format_summary
+    from rich.console import Console
 
     summary = api.train(config=args.config, sets=args.sets, resume=args.resume, report=False,
                         console=Console(stderr=True), **_overrides(args))
+    from polytrain.report import format_summary
+
     run_dir = summary["config"]["out"]
     console.print(format_summary(summary, run_dir))
+    from polytrain.runtime import startup_trace
+
+    startup_trace.mark("summary printed")  # the trace's last mark: what follows is the exit
+    startup_trace.write_launcher(Path(run_dir))
     _report(console, Path(run_dir), args.no_report, args.tensorboard)
     return 0
 
 
 def cmd_compare(args: argparse.Namespace, console: Console) -> int:
+    from rich.console import Console
+
     from polytrain import api
-    from polytrain.report import summary_table
 
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     result = api.compare(names, config=args.config, sets=args.sets,
                          target_accuracy=args.target_accuracy, console=Console(stderr=True),
                          **_overrides(args))
+    from polytrain.report import summary_table
+
     console.print(summary_table(result["strategies"], args.target_accuracy,
                                 title="comparison: same model, data and global batch"))
     console.print(f"compare.json: {Path(result['out']) / 'compare.json'}", highlight=False)
@@ -313,6 +325,7 @@ def cmd_testbed(args: argparse.Namespace, job: list[str], console: Console) -> i
 
 
 def cmd_strategy(name: str, console: Console) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from polytrain.strategies.describe import describe_strategy
@@ -337,13 +350,13 @@ def cmd_strategy(name: str, console: Console) -> int:
 def cmd_strategies(console: Console) -> int:
     from rich.table import Table
 
-    from polytrain.strategies import registry
+    from polytrain.strategies.catalog import catalog  # read from the source: no torch
 
     table = Table(title="strategies")
     for col in ("id", "family", "what it does"):
         table.add_column(col)
-    for name, cls in registry().items():
-        table.add_row(name, cls.family, cls.summary)
+    for name, entry in catalog().items():
+        table.add_row(name, entry.family, entry.summary)
     console.print(table)
     return 0
 
@@ -378,6 +391,9 @@ def cmd_datasets(console: Console) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from polytrain.runtime import startup_trace
+
+    startup_trace.begin()  # the run's startup.jsonl counts from this process's start
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     job: list[str] = []
@@ -385,6 +401,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cut = argv.index("--")
         argv, job = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv or ["train"])
+    from rich.console import Console
+    from rich.markup import escape
+
     console = Console()
     err = Console(stderr=True)
     debug = bool(getattr(args, "debug", False)) or os.environ.get("POLYTRAIN_DEBUG") == "1"

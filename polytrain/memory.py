@@ -22,11 +22,12 @@ import pickle
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from polytrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 LOADER = {"model": "polytrain.memory:load_model", "dataset": "polytrain.memory:load_dataset"}
 
@@ -88,6 +89,8 @@ def _read(path: str) -> Any:
 
 def load_model(path: str) -> torch.nn.Module:
     """The model instance the API was given (every rank: the same weights)."""
+    import torch
+
     obj = _read(path)
     if not isinstance(obj, torch.nn.Module):
         raise ConfigError(f"{path} holds a {type(obj).__name__}, not an nn.Module.")
@@ -100,6 +103,8 @@ def load_dataset(path: str) -> Any:
 
 
 def _is_data(obj: Any) -> bool:
+    import torch
+
     if isinstance(obj, torch.utils.data.Dataset | torch.Tensor):
         return True
     if isinstance(obj, (tuple, list)):
@@ -108,7 +113,12 @@ def _is_data(obj: Any) -> bool:
 
 
 def resolve(kw: dict[str, Any]) -> None:
-    """Turn the API's objects in ``kw`` (model, dataset, loss) into what a JobConfig holds."""
+    """Turn the API's objects in ``kw`` (model, dataset, loss) into what a JobConfig holds
+    (names stay names, and torch is imported only when an object is given)."""
+    if all(isinstance(kw.get(k), (str, type(None))) for k in ("model", "dataset", "loss")):
+        return
+    import torch
+
     folder = Path(kw.get("out") or "runs") / ".objects"
     model = kw.get("model")
     if isinstance(model, torch.nn.Module):

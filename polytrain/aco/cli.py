@@ -7,12 +7,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from polytrain.errors import ConfigError
+
+if TYPE_CHECKING:  # rich loads when something is printed, not with the parser
+    from rich.console import Console
+    from rich.table import Table
 
 # ACOConfig field -> (flag, type, help)
 ACO_FLAGS: list[tuple[str, str, Any, str]] = [
@@ -59,6 +60,8 @@ def add_aco_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def summary_table(s: dict[str, Any]) -> Table:
+    from rich.table import Table
+
     from polytrain.report.units import human_bytes
 
     t = Table(title=f"polytrain aco {s['variant']} on {s['instance']} (N={s['n']}) — "
@@ -117,6 +120,8 @@ def run_aco_cli(args: argparse.Namespace, console: Console) -> int:
         if summary is not None:
             console.print(summary_table(summary))
         exit_now(0)
+    from rich.console import Console
+
     summary = run_aco(cfg, Console(stderr=True), plots=not args.no_plots)
     console.print(summary_table(summary))
     return 0

@@ -38,6 +38,7 @@ from polytrain.launch.rundir import (
     write_interrupted,
 )
 from polytrain.launch.stores import BIND_ENV, LOOPBACK, stores_bound_to
+from polytrain.runtime import startup_trace
 from polytrain.runtime.live_log import LiveLog, make_sinks
 from polytrain.runtime.progress import FollowProgress
 
@@ -119,7 +120,10 @@ def launch(
 ) -> dict[str, Any]:
     """Validate, run the job on ``cfg.procs`` local processes, and return its summary."""
     started = time.time()
+    startup_trace.begin(started)
+    startup_trace.mark("launch: torch and the launcher imported")
     prepared = prepare(cfg, resume=resume)
+    startup_trace.mark("job prepared (strategy, model, data checked)")
     cfg = prepared.config  # e.g. single's one process
     if run_dir is None:
         run_dir = new_run_dir(cfg)
@@ -182,6 +186,8 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
     label = f"{cfg.strategy} ×{cfg.procs}"
     states: dict[int, str] = {}  # the live ranks' process states when a failure stopped them
     ooms = oom_kills()  # the kernel's OOM kills so far: a rise names a SIGKILLed rank's cause
+    startup_trace.mark("agent starts the ranks")
+    startup_trace.write_launcher(run_dir)
     try:
         sinks = make_sinks(list(cfg.log), run_dir, cfg.strategy, cfg.model_dump(mode="json"))
         with FollowProgress(rank0, prepared.steps, label, console), \
@@ -198,6 +204,8 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
                           128 + int(exc.sigval)) from None
     finally:
         shutil.rmtree(agent_dir, ignore_errors=True)
+        startup_trace.mark("ranks ended")
+        startup_trace.write_launcher(run_dir)
     return read_summary(run_dir)
 
 

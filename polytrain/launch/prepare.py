@@ -9,9 +9,9 @@ from typing import Any
 from polytrain.config import JobConfig, load_config, total_steps
 from polytrain.data import DataSpec, dataset_spec, validate_dataset_options
 from polytrain.errors import ConfigError
+from polytrain.launch.precheck import precheck
 from polytrain.models import is_user_model, validate_model
 from polytrain.models.contract import check_job
-from polytrain.runtime.divergence import check_on_divergence, check_on_nonfinite
 from polytrain.runtime.live_log import check_sinks
 from polytrain.runtime.supports import Request, refusal, requested, training_asked
 from polytrain.strategies import Strategy, get_strategy_class, make_strategy, registry
@@ -85,6 +85,7 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
     what the launch asks (``resume``, ``hosts`` > 1 under torchrun, ``testbed``); raise
     ConfigError otherwise."""
     cfg, note = fixed_world(cfg)
+    precheck(cfg)  # the torch-free checks first: their refusals read the same either way
     request = job_request(cfg, resume=resume, hosts=hosts, testbed=testbed)
     check_supports(cfg, request)
     strategy = make_strategy(cfg.strategy, cfg.options)
@@ -94,11 +95,6 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
     validate_model(cfg.model, spec, cfg.model_options)
     if is_user_model(cfg.model) or cfg.loss or ":" in cfg.dataset:
         check_job(cfg.model, cfg.model_options, spec, cfg.loss, cfg.dataset, cfg.data_options)
-    if cfg.slow_rank is not None and not 0 <= cfg.slow_rank < cfg.procs:
-        raise ConfigError(
-            f"slow_rank={cfg.slow_rank} is not a rank of this job (ranks 0..{cfg.procs - 1}). "
-            f"Use --set slow_rank=R with 0 <= R < --procs."
-        )
     strategy.check(cfg, cfg.procs)
     check_device(cfg.device)
     check_sinks(list(cfg.log))
@@ -107,8 +103,6 @@ def prepare(cfg: JobConfig, *, resume: bool = False, hosts: int = 1,
                           "written from rank 0's host, which sees only its own ranks' event files. "
                           "Drop --log (metrics.jsonl holds every rank's figures after the run), or "
                           "run on one host.")
-    check_on_nonfinite(cfg)
-    check_on_divergence(cfg)
     check_data_size(cfg, spec)
     steps = total_steps(cfg, spec.train_size)
     return Prepared(cfg, strategy, spec, steps, note)

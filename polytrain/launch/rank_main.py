@@ -23,13 +23,28 @@ def main(argv: list[str]) -> None:
     from polytrain.launch.worker import exit_now, run_rank
 
     try:
-        run_rank(json.loads(Path(argv[0]).read_text()))
+        payload = json.loads(Path(argv[0]).read_text())
+        _trace_start(Path(payload["run_dir"]))
+        run_rank(payload)
     except BaseException:  # recorded in rank{R}.error.json; the traceback goes to the rank log
         traceback.print_exc()
         # no interpreter shutdown: with a peer that stopped answering, tearing down the process
         # group waits on its stuck transfers (14 s measured after a 5 s timeout)
         exit_now(1)
     exit_now(0)  # finished: skip the interpreter's shutdown (see exit_now)
+
+
+def _trace_start(run_dir: Path) -> None:
+    """The rank's process start and the end of its imports, in the run's start-up trace."""
+    import os
+    import time
+
+    from polytrain.runtime.startup_trace import process_start, rank_mark
+
+    rank = int(os.environ.get("RANK", "0"))
+    now = time.time()
+    rank_mark(run_dir, rank, "process start", process_start())
+    rank_mark(run_dir, rank, "torch and polytrain imported", now)
 
 
 if __name__ == "__main__":

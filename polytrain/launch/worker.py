@@ -32,6 +32,7 @@ from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.progress import RankProgress
 from polytrain.runtime.recorder import Recorder
 from polytrain.runtime.same_data import check_same_data
+from polytrain.runtime.startup_trace import rank_mark
 from polytrain.strategies import make_strategy
 from polytrain.strategies.base import job_fingerprint
 
@@ -129,6 +130,7 @@ def run_rank(payload: dict[str, Any]) -> None:
         cfg = make_config(payload["config"])
         device, backend = pick_device(local_rank, cfg.device)
         interrupt.install(init_distributed(backend, rank, world, cfg.timeout_s))
+        rank_mark(run_dir, rank, "process group ready")
         strategy = make_strategy(cfg.strategy, cfg.options)
         job = Job.from_config(cfg)
         store = CheckpointStore(run_dir / "checkpoints", job_fingerprint(cfg), clock=recorder.now)
@@ -151,12 +153,14 @@ def run_rank(payload: dict[str, Any]) -> None:
             recorder.rewind(0)  # a restart from scratch: the steps run again
         check_same_data(job, ctx)  # a dataset factory that ignores its seed: caught here
         role = strategy.roles(world)[rank]
+        rank_mark(run_dir, rank, "job built (data, context)")
         result = strategy.run(job, ctx)
         result.role = role
         result.strategy_metrics.update(job.split_tracer)
         if ctx.progress is not None:
             ctx.progress.close()
         _finish(job, ctx, result)
+        rank_mark(run_dir, rank, "results written")
     except BaseException as exc:
         write_error_record(run_dir, rank, exc, step=recorder.last_step)
         raise

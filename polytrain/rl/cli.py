@@ -10,13 +10,13 @@ Every RLConfig field can also be set with ``--set KEY=VALUE`` (e.g. ``--set send
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from polytrain.errors import ConfigError
-from polytrain.rl.config import ALGOS, RLConfig
+
+if TYPE_CHECKING:  # rich loads when something is printed, not with the parser
+    from rich.console import Console
+    from rich.table import Table
 
 # RLConfig field -> (flag, type, help); the rest are reachable with --set.
 RL_FLAGS: list[tuple[str, str, Any, str]] = [
@@ -59,7 +59,9 @@ def add_rl_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "rl", help="distributed RL: dqn | apex | gorila on gymnasium classic control",
         description="Train a DQN agent single-process (dqn) or distributed (apex, gorila).")
-    p.add_argument("algo", choices=ALGOS, metavar="ALGO", help="dqn | apex | gorila")
+    # no argparse choices: they would import the RL config (pydantic, numpy) to build any parser;
+    # make_rl_config refuses an unknown algorithm with the valid ones
+    p.add_argument("algo", metavar="ALGO", help="dqn | apex | gorila")
     for field, flag, typ, help_ in RL_FLAGS:
         p.add_argument(flag, dest=field, type=typ, default=None, help=help_)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
@@ -105,7 +107,10 @@ def describe_lost(lost: dict[str, Any]) -> str:
 
 
 def summary_table(s: dict[str, Any]) -> Table:
+    from rich.table import Table
+
     from polytrain.report.units import human_bytes
+    from polytrain.rl.config import RLConfig
 
     cfg = RLConfig(**s["config"])
     solved = "[green]yes[/]" if s["solved"] else f"[yellow]no[/] ({s['stop_reason']})"
@@ -136,6 +141,8 @@ def summary_table(s: dict[str, Any]) -> Table:
 
 def run_rl(args: argparse.Namespace, console: Console) -> int:
     """``polytrain rl``: validate (ConfigError before any process starts), run, print a summary."""
+    from rich.console import Console
+
     from polytrain.rl.api import resume_config, run_config
     from polytrain.rl.config import make_rl_config
 

@@ -14,7 +14,7 @@ solver with its own data):
   their shards and optimizer state at a consistent cut), replacing the collective default;
   ``quiesce``: every rank waits at a barrier before and after the snapshot (ranks that write
   into one shared copy, e.g. ``hogwild``, must not write while it is read); such ranks also
-  check their parameters for NaN/inf on a private copy (see ``check_finite``);
+  check their parameters for NaN/inf on a private copy (see ``all_finite``);
 * ``evaluate``: the strategy's own evaluation (default ``job.evaluate(eval_model)``),
   ``evaluates``: whether this rank evaluates (default: the leader, or every rank when the
   parameters are not replicated); ``final_eval``: whether it also evaluates at the end and
@@ -40,13 +40,14 @@ from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.clip import GradSplit, clip_grad_norm, unique
 from polytrain.runtime.divergence import (
     DivergenceWatch,
+    FiniteWatch,
     all_finite,
-    check_finite,
     check_param_bound,
 )
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.precision import Precision
 from polytrain.runtime.schedule import updates_taken
+from polytrain.runtime.startup_trace import rank_mark
 
 StepFn = Callable[[int, torch.Tensor, torch.Tensor], float]
 OwnStep = Callable[[int], float]
@@ -259,6 +260,7 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
     ctx.comm.barrier()
     ctx.recorder.start_clock()
     ctx.recorder.emit("start", first_step=start + 1, steps=job.steps)
+    rank_mark(ctx.run_dir, ctx.rank, "loop starts (after the start barrier)")
     t0 = time.perf_counter()
     loss = float("nan")
     evaluates = spec.evaluates if spec.evaluates is not None else ctx.is_leader or not spec.replicated
@@ -266,12 +268,17 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
     evaluate = spec.evaluate or (lambda: job.evaluate(eval_model))
     last = start
     watch = DivergenceWatch(cfg) if spec.reports else None
+    finite = FiniteWatch(spec.model, skipping=cfg.on_nonfinite == "skip", snapshot=spec.quiesce,
+                         has_loss=spec.reports, start=start)
     for step in range(start + 1, job.steps + 1):
         loss = run_step(step)
         if spec.after_update is not None:
             spec.after_update(step, loss)
-        check_finite(step, loss, spec.model, cfg.on_nonfinite == "skip",  # before record, checkpoint
-                     snapshot=spec.quiesce)
+        stop = step < job.steps and interrupt.stop_after(step, job.steps)  # SIGTERM / Ctrl-C
+        saves = bool(cfg.checkpoint_every) and (step % cfg.checkpoint_every == 0 or stop)
+        evals = bool(cfg.eval_every) and step % cfg.eval_every == 0
+        # before the step is recorded or checkpointed: a checkpoint is always a good state
+        finite.after_step(step, loss, must=saves or evals or stop or step == job.steps)
         if watch is not None and watch.observe(step, loss) == "warn":
             ctx.recorder.emit("divergence", step=step, loss=loss, bound=watch.bound(),
                               text=f"warning: loss {loss:.4g} above the divergence bound")
@@ -280,9 +287,10 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
         ctx.recorder.sample_resources(step=step)
         if ctx.progress is not None:
             ctx.progress.update(step, loss)
+        if step == start + 1:
+            rank_mark(ctx.run_dir, ctx.rank, "first step done")
         last = step
-        stop = step < job.steps and interrupt.stop_after(step, job.steps)  # SIGTERM / Ctrl-C
-        if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or stop):
+        if saves:
             check_param_bound(step, spec.model, cfg.max_param, cfg.divergence_window)
             if spec.save is not None:
                 ctx.recorder.tally(step, ctx.comm.bytes_sent)
