@@ -119,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loss", help="packet loss, e.g. 0.1%% (needs sch_netem)")
     p.add_argument("--procs-per-host", type=int, help="processes per host (default --procs / hosts)")
     _add_plan_parsers(sub)
+    p = sub.add_parser("export", help="a checkpoint as a plain state_dict in your model's own key names")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest good one)")
+    p.add_argument("--out", required=True, help="file to write (load it with torch.load)")
     p = sub.add_parser("report", help="plots, timeline and report.md of a run or compare directory")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard scalars")
@@ -308,6 +312,18 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace, console: Console) -> int:
+    import torch
+
+    from polytrain.models.export import export_checkpoint
+
+    state, step = export_checkpoint(Path(args.run_dir), args.step)
+    torch.save(state, args.out)
+    console.print(f"{args.out}: step {step}, {len(state)} tensors in your model's key names",
+                  highlight=False)
+    return 0
+
+
 def cmd_schedule(args: argparse.Namespace, console: Console) -> int:
     from polytrain.strategies.pipeline.draw import parse_cost, schedule_cli
 
@@ -424,6 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_aco_cli(args, console)
         if args.command == "report":
             return cmd_report(args, console)
+        if args.command == "export":
+            return cmd_export(args, console)
         if args.command == "schedule":
             return cmd_schedule(args, console)
         if args.command in ("profile", "plan"):

@@ -147,3 +147,21 @@ def test_model_pt_loads_into_the_users_class(singles: dict[str, Path]) -> None:
     hf = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=1024, n_layer=2, n_head=2, n_embd=16))
     hf.load_state_dict(state, strict=True)
     assert torch.equal(hf.transformer.wte.weight, state["transformer.wte.weight"])
+
+
+def test_export_of_a_pipeline_checkpoint_is_model_pt(tmp_path: Path) -> None:
+    """``polytrain export`` puts a checkpoint's stages together in the user's key names: at the
+    last step it equals the run's model.pt, and it loads into nanoGPT's own GPT."""
+    from tests.conftest import run_cli
+
+    job = MODELS["nanogpt"]
+    train(tmp_path / "run", "1f1b", 2, {"microbatches": 2}, SPLIT, steps=2, checkpoint_every=2, **job)
+    r = run_cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "x.pt"))
+    assert r.returncode == 0, r.stderr
+    exported = torch.load(tmp_path / "x.pt", weights_only=True)
+    assert_same_params(exported, load_model(tmp_path / "run"), atol=0, rtol=0)
+    from tests.nanogpt.model import GPT, GPTConfig
+
+    vocab = exported["transformer.wte.weight"].shape[0]
+    GPT(GPTConfig(block_size=16, vocab_size=vocab, n_layer=2, n_head=2, n_embd=16)
+        ).load_state_dict(exported, strict=True)
