@@ -10,7 +10,9 @@ micro-batches in flight (forward done, backward not yet). For each action of its
   computes the loss instead.
 - ``B m``: take the gradient of m's output (the last stage: backward of loss × loss_scale), run
   backward, send the input's gradient back, and — for schedules that update after every
-  backward — let the weight policy step.
+  backward — let the weight policy step. Where the order also lists ``W m`` (zero-bubble
+  schedules), B computes the input gradient only and ``W m`` the weight gradients later
+  (`split_backward`: the forward of such a micro-batch is cut at layer boundaries).
 
 A neighbouring stage may be replicated: its replicas take micro-batches in turn (m mod R), so the
 peer of micro-batch m is ``peer(ranks, m)`` and there is one FIFO channel per neighbouring rank.
@@ -39,11 +41,16 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
-from polytrain.errors import ConfigError
 from polytrain.plan.profile import TensorMeta
 from polytrain.runtime.job import Job, RankContext
 from polytrain.strategies.pipeline.actions import Action
 from polytrain.strategies.pipeline.activations_wire import AHEAD, STOP, Inbox, Outbox, StreamStop
+from polytrain.strategies.pipeline.split_backward import (
+    SplitGraph,
+    backward_input,
+    backward_weight,
+    forward_pieces,
+)
 from polytrain.strategies.pipeline.weights import FlushWeights, Params
 
 CHECKPOINT_MODES = ("never", "except_last", "always")
@@ -152,6 +159,8 @@ class StageExecutor:
         self.outbox = Outbox(ctx.comm, rec, s)
         self.meter = MemoryMeter()
         self.flight: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.split: set[int] = set()  # micro-batches of this segment whose backward is split (B, W)
+        self.graphs: dict[int, SplitGraph] = {}
         self.losses: dict[int, float] = {}
         self._last_mb = -1
         self.stopped: int | None = None  # the first micro-batch an early stop left out
@@ -168,6 +177,7 @@ class StageExecutor:
             for r, inbox in inboxes.items():
                 inbox.expect(sum(a.op == op and peer(ranks, a.microbatch) == r for a in order))
         self._last_mb = max(forwards, default=-1)
+        self.split = {a.microbatch for a in order if a.op == "W"}
         self.weights.begin_segment(order)
         self.stopped = None
         window = Window()
@@ -187,10 +197,7 @@ class StageExecutor:
             elif a.op == "B":
                 done(a.microbatch, self._backward(a.microbatch, feed, window))
             else:
-                raise ConfigError(
-                    f"The pipeline executor runs F and B actions; {a} is a split weight-gradient "
-                    "action, which no built-in strategy schedules. Fix: fold W into B."
-                )
+                self._weight(a.microbatch, feed, window)
             self.outbox.poll()
         if self.stopped is not None:
             self._pad(order, self.stopped)
@@ -280,10 +287,15 @@ class StageExecutor:
             params = self.weights.forward_params(mb, tag)
             self._trace("F", mb, step)
             with self.meter.track(self.weights.held_ptrs()) as saved:
-                out = self._run_module(inp, params, mb)
+                if mb in self.split:  # cut at layer boundaries, so W need not repeat B's work
+                    out, self.graphs[mb] = forward_pieces(self.spec.module, inp)
+                else:
+                    out = self._run_module(inp, params, mb)
                 if not self.grads:  # last stage: the loss of micro-batch mb (a mean over it)
                     out = self.job.loss(out, feed.target(mb))
                     self.losses[mb] = float(out.detach())
+                    if mb in self.graphs:  # B starts from the loss: the last piece ends there
+                        self.graphs[mb].pieces[-1].y = out
             self.meter.hold(mb, saved, inp, out)
             self.meter.note(self.weights.stash_bytes())
         self.flight[mb] = (inp, out)
@@ -301,6 +313,8 @@ class StageExecutor:
         else:
             grad, loss = self._take(self.grads[peer(self.spec.next_ranks, mb)], mb, step, window)
         self._trace("B", mb, step)
+        if mb in self.split:
+            return self._backward_input(mb, step, window, inp, out, grad, loss)
         with self._compute("backward", mb, step, window):
             if not out.requires_grad:  # a parameter-free stage fed by data: nothing to differentiate
                 pass
@@ -318,6 +332,26 @@ class StageExecutor:
                 self.weights.after_backward(mb)
             self.meter.note(self.weights.stash_bytes())
         return loss
+
+    def _backward_input(self, mb: int, step: int, window: Window, inp: torch.Tensor, out: torch.Tensor,
+                        grad: torch.Tensor | None, loss: float) -> float:
+        """B of a split backward: the input's gradient only, sent at once; W follows later."""
+        with self._compute("backward", mb, step, window):
+            if grad is None:  # the last stage: this micro-batch's share of the mini-batch loss
+                grad = torch.full_like(out, self.spec.loss_scale)
+            g = backward_input(self.graphs[mb], grad)
+        if self.acts:
+            g = g if g is not None else torch.zeros_like(inp)
+            src = peer(self.spec.prev_ranks, mb)
+            self.outbox.send(g, src, "gradient", loss, mb, step, ack=self.acts[src].taken)
+        return loss
+
+    def _weight(self, mb: int, feed: Feed, window: Window) -> None:
+        """W of a split backward: the weight gradients, into ``.grad`` (summed with the others')."""
+        step = feed.step(mb)
+        with self._compute("weight", mb, step, window):
+            backward_weight(self.graphs.pop(mb))
+        self.meter.release(mb)
 
     @torch.no_grad()
     def infer(self, x: torch.Tensor) -> torch.Tensor | None:
