@@ -35,6 +35,7 @@ from polytrain.plan.profile import boundary_metas
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.strategies.pipeline.activations_wire import recv_state, send_state
 from polytrain.strategies.pipeline.executor import StageExecutor, StageSpec
+from polytrain.strategies.pipeline.heap import keep_heap
 from polytrain.strategies.pipeline.meter import MemoryMeter, Window
 from polytrain.strategies.pipeline.metrics import summarise
 from polytrain.strategies.pipeline.options import FlushOptions
@@ -110,6 +111,7 @@ class VirtualRun:
 
     def __init__(self, job: Job, ctx: RankContext, opts: FlushOptions, schedule: str, virtual: int) -> None:
         self.job, self.ctx, self.opts, self.schedule = job, ctx, opts, schedule
+        self.heap_kept = opts.heap == "keep" and keep_heap()  # before the chunks allocate anything
         spec, m = get_schedule(schedule), opts.microbatches
         ranks = ctx.world
         self.orders = stage_orders(schedule, ranks, m, virtual)
