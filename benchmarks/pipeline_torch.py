@@ -290,6 +290,8 @@ def main() -> None:
     what = {"mlp": "mlp depth 3 width 1024 cut 2,2, global batch 256",
             "gpt": "UntiedGPT (tests/userzoo/nanogpt.py: 4 blocks, n_embd 128, 4 heads) on chars windows "
                    "of 64, traced and cut at transformer.h.2, global batch 32"}[args.model]
+    if any(s in VIRTUAL for s in args.schedules.split(",")):
+        what += " (V = 2 rows: the same mlp cut into 4 one-layer chunks, 2 per rank, placed alike on both sides)"
     notes = (
         f"{what}, SGD momentum, 2 ranks on gloo; {args.repeats} "
         f"pairs of runs of {args.steps} steps, the order alternating within each pair; throughput: rank "
@@ -297,7 +299,9 @@ def main() -> None:
         "sides). Both under the same plain torchrun with the same process settings (heap kept, setup "
         "frozen out of the collector, collector paused in the loop). Median (min–max) of the runs; "
         "paired ratio: polytrain / torch within each pair. polytrain_train: the same job through "
-        "polytrain.train (its own launcher, timer over all steps), for reference only. Measured on the "
+        "polytrain.train (its own launcher, timer over all steps), for reference only. polytrain bubble: "
+        "the median over steps of the idle share of the ranks' compute windows (PyTorch reports none). "
+        "Measured on the "
         "shared 2-vCPU development machine with other jobs running (load average in the JSON)."
     )
     write_results(
