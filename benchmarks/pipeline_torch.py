@@ -291,7 +291,7 @@ def main() -> None:
             "gpt": "UntiedGPT (tests/userzoo/nanogpt.py: 4 blocks, n_embd 128, 4 heads) on chars windows "
                    "of 64, traced and cut at transformer.h.2, global batch 32"}[args.model]
     if any(s in VIRTUAL for s in args.schedules.split(",")):
-        what += " (V = 2 rows: the same mlp cut into 4 one-layer chunks, 2 per rank, placed alike on both sides)"
+        what += " (V = 2 rows: the same mlp cut into 4 one-layer chunks, 2 per rank, placed alike)"
     notes = (
         f"{what}, SGD momentum, 2 ranks on gloo; {args.repeats} "
         f"pairs of runs of {args.steps} steps, the order alternating within each pair; throughput: rank "
