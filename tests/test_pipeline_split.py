@@ -95,3 +95,13 @@ def test_split_backward_equals_backward(index: int) -> None:
         assert g is None  # token ids take no gradient
     if index == 0:  # cut after Linear(18, 6), Tanh, _Join and at the end; never after the tuple
         assert len(graph.pending) == 0 and out.shape == (4, 2)
+
+
+def test_timeline_draws_w_apart_from_b() -> None:
+    """The executor's W spans are named ``weight``: the timeline gives them their own colour."""
+    from polytrain.report.gantt import COLOURS
+    from polytrain.report.timeline import kind_of
+
+    assert kind_of({"name": "weight", "cat": "compute"}) == "weight"
+    assert kind_of({"name": "backward", "cat": "compute"}) == "backward"
+    assert COLOURS["weight"] != COLOURS["backward"]
