@@ -58,7 +58,8 @@ def test_owt_refuses_models_it_cannot_cut_before_any_process() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout,extra", [("pp", ()), ("tp", ()), ("pp", ("schedule=zb-h1",))])
+@pytest.mark.parametrize("layout,extra", [("pp", ()), ("tp", ()), ("pp", ("schedule=zb-h1",))],
+                         ids=["pp", "tp", "pp-zb-h1"])
 def test_mesh_equals_single(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
                             layout: str, extra: tuple[str, ...]) -> None:
     base = MLP if layout == "pp" else GPT
