@@ -1,6 +1,12 @@
-"""polytrain's gpipe/1f1b against PyTorch's own ``torch.distributed.pipelining`` (ScheduleGPipe,
-Schedule1F1B): same model, initial weights, partition, micro-batches, data, optimizer and processes.
-Target: polytrain's throughput / PyTorch's >= 1.0.
+"""polytrain's pipelines against PyTorch's own ``torch.distributed.pipelining``: same model,
+initial weights, partition, micro-batches, data, optimizer and processes. Target: polytrain's
+throughput / PyTorch's >= 1.0.
+
+Schedules both have: gpipe (ScheduleGPipe), 1f1b (Schedule1F1B), and with V = 2 chunks per rank
+(``--virtual 2``: the mlp cut into 2P one-layer chunks, each rank holding the same chunks on both
+sides) interleaved-1f1b (ScheduleInterleaved1F1B), looped-bfs (ScheduleLoopedBFS), zbv
+(ScheduleZBVZeroBubble) and dualpipev (ScheduleDualPipeV). polytrain's side also reports its
+measured bubble fraction (idle share of the ranks' compute windows); PyTorch's runtime reports none.
 
     python benchmarks/pipeline_torch.py [--steps 40] [--warmup 5] [--microbatches 4] [--repeats 5]
                                          [--schedules gpipe,1f1b] [--launcher 0|1] [--name NAME]
@@ -43,6 +49,11 @@ sys.path.insert(0, str(HERE))
 
 from harness import fmt_spread, write_results  # noqa: E402
 
+VIRTUAL = ("interleaved-1f1b", "looped-bfs", "zbv", "dualpipev")  # schedules with 2 chunks per rank
+V_SHAPE = ("zbv", "dualpipev")
+TORCH_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+                 "interleaved-1f1b": "ScheduleInterleaved1F1B", "looped-bfs": "ScheduleLoopedBFS",
+                 "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
 # name -> model, dataset, data options, model options, layer counts per stage, global batch
 MODELS: dict[str, dict[str, Any]] = {
     "mlp": {"model": "mlp", "dataset": "digits", "data": {}, "options": {"depth": 3, "hidden": 1024},
@@ -69,7 +80,8 @@ def worker(schedule_name: str, steps: int, microbatches: int, warmup: int, name:
     keep_heap()
     import torch
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed import pipelining
+    from torch.distributed.pipelining import PipelineStage
 
     from polytrain.data import load_dataset, task_loss
     from polytrain.models import resolve_model
@@ -83,11 +95,21 @@ def worker(schedule_name: str, steps: int, microbatches: int, warmup: int, name:
     data = load_dataset(m["dataset"], m["data"], seed=SEED)
     torch.manual_seed(SEED)
     model = resolve_model(m["model"], data.spec, m["options"])
-    module = cut(model, Partition(m["counts"]))[rank]
-    stage = PipelineStage(module, rank, world, torch.device("cpu"))
-    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule_name]
-    schedule = cls(stage, n_microbatches=microbatches, loss_fn=lambda out, y: task_loss(data.spec, out, y))
-    optimizer = torch.optim.SGD(module.parameters(), lr=LR, momentum=0.9)
+    cls = getattr(pipelining, TORCH_CLASSES[schedule_name])
+    loss = lambda out, y: task_loss(data.spec, out, y)  # noqa: E731
+    if schedule_name in VIRTUAL:  # one-layer chunks, placed as polytrain places them
+        pieces = cut(model, Partition((1,) * (2 * world)))
+        mine = [rank, 2 * world - 1 - rank] if schedule_name in V_SHAPE else [rank, rank + world]
+        stages = [PipelineStage(pieces[c], c, 2 * world, torch.device("cpu")) for c in mine]
+        schedule = cls(stages, n_microbatches=microbatches, loss_fn=loss)
+        params = [p for c in mine for p in pieces[c].parameters()]
+        first, last = 0 in mine, 2 * world - 1 in mine
+    else:
+        module = cut(model, Partition(m["counts"]))[rank]
+        schedule = cls(PipelineStage(module, rank, world, torch.device("cpu")), n_microbatches=microbatches,
+                       loss_fn=loss)
+        params, first, last = list(module.parameters()), rank == 0, rank == world - 1
+    optimizer = torch.optim.SGD(params, lr=LR, momentum=0.9)
     batches = GlobalBatches(data.x_train, data.y_train, m["batch"], SEED)
     gc.freeze()
     gc.disable()
@@ -98,12 +120,7 @@ def worker(schedule_name: str, steps: int, microbatches: int, warmup: int, name:
             t0 = time.perf_counter()
         x, y = batches.shard(step)
         optimizer.zero_grad(set_to_none=True)
-        if rank == 0:
-            schedule.step(x)
-        elif rank == world - 1:
-            schedule.step(target=y, losses=[])
-        else:
-            schedule.step()
+        schedule.step(*([x] if first else []), **({"target": y, "losses": []} if last else {}))
         optimizer.step()
     t1 = time.perf_counter()
     cpu = time.process_time() - c0
@@ -112,15 +129,16 @@ def worker(schedule_name: str, steps: int, microbatches: int, warmup: int, name:
     _report((steps - warmup) * m["batch"] / (t1 - t0), cpu)
 
 
-def _report(samples_per_s: float, cpu_s: float) -> None:
-    """Rank 0 prints throughput and the CPU seconds of all ranks together (robust to host load)."""
+def _report(samples_per_s: float, cpu_s: float, bubble: float | None = None) -> None:
+    """Rank 0 prints throughput and the CPU seconds of all ranks together (robust to host load),
+    and polytrain's measured bubble fraction."""
     import torch
     import torch.distributed as dist
 
     total = torch.tensor([cpu_s], dtype=torch.float64)
     dist.all_reduce(total)
     if dist.get_rank() == 0:
-        print(json.dumps({"samples_per_s": samples_per_s, "cpu_s": float(total)}))
+        print(json.dumps({"samples_per_s": samples_per_s, "cpu_s": float(total), "bubble": bubble}))
     dist.destroy_process_group()
 
 
@@ -142,7 +160,8 @@ def polytrain_worker(schedule_name: str, steps: int, microbatches: int, warmup: 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     m = MODELS[name]
-    sets = {"microbatches": microbatches, "partition": ",".join(map(str, m["counts"])),
+    counts = (1,) * (2 * world) if schedule_name in VIRTUAL else m["counts"]
+    sets = {"microbatches": microbatches, "partition": ",".join(map(str, counts)),
             "heap": os.environ.get("POLYTRAIN_HEAP", "keep")}
     cfg = make_config(
         {
@@ -173,13 +192,14 @@ def polytrain_worker(schedule_name: str, steps: int, microbatches: int, warmup: 
         checkpoints=CheckpointStore(tmp / "checkpoints", "bench"),
     )
     c0 = time.process_time()
-    make_strategy(cfg.strategy, cfg.options).run(Job.from_config(cfg), ctx)
+    result = make_strategy(cfg.strategy, cfg.options).run(Job.from_config(cfg), ctx)
     ends = {e["step"]: e["t"] for e in ctx.recorder.events if e["event"] == "step"}
-    _report((steps - warmup) * m["batch"] / (ends[steps] - ends[warmup]), time.process_time() - c0)
+    _report((steps - warmup) * m["batch"] / (ends[steps] - ends[warmup]), time.process_time() - c0,
+            result.strategy_metrics.get("bubble_fraction_median"))
 
 
-def torchrun_side(worker_name: str, steps: int, microbatches: int, warmup: int, name: str) -> float:
-    """samples/s of ``--worker worker_name`` on 2 ranks under plain torchrun."""
+def torchrun_side(worker_name: str, steps: int, microbatches: int, warmup: int, name: str) -> dict[str, Any]:
+    """The report (samples/s, CPU s, bubble) of ``--worker worker_name`` on 2 ranks under plain torchrun."""
     # faulthandler: a rank that aborts at exit prints every thread's Python stack (kept below)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
            "PYTHONFAULTHANDLER": "1"}
@@ -192,7 +212,7 @@ def torchrun_side(worker_name: str, steps: int, microbatches: int, warmup: int, 
         raise RuntimeError(f"{worker_name} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     if proc.returncode != 0:  # the loop finished and reported; a rank died at interpreter exit
         TEARDOWN_CRASHES.append(f"{worker_name} (exit {proc.returncode}): {proc.stderr[-1500:]}")
-    return float(json.loads(lines[-1])["samples_per_s"])
+    return dict(json.loads(lines[-1]))
 
 
 def launcher_side(schedule: str, steps: int, microbatches: int, root: Path, name: str) -> float:
@@ -214,13 +234,15 @@ def compare(schedule: str, args: argparse.Namespace, root: Path) -> dict[str, An
     pair alternates (a side that always runs first or second would meet a drifting host load
     alone). Each pair gives one ratio: its two runs are seconds apart, so the pair's ratio is less
     exposed to the host's drift than the ratio of the two medians."""
-    ours, theirs, launched = [], [], []
+    ours, theirs, launched, bubbles = [], [], [], []
     crashes_before = len(TEARDOWN_CRASHES)
     for i in range(args.repeats):
         pair = [("ours", f"polytrain-{schedule}"), ("theirs", schedule)]
         for side, worker_name in pair if i % 2 == 0 else pair[::-1]:
-            (ours if side == "ours" else theirs).append(
-                torchrun_side(worker_name, args.steps, args.microbatches, args.warmup, args.model))
+            got = torchrun_side(worker_name, args.steps, args.microbatches, args.warmup, args.model)
+            (ours if side == "ours" else theirs).append(float(got["samples_per_s"]))
+            if side == "ours" and got.get("bubble") is not None:
+                bubbles.append(float(got["bubble"]))
         if args.launcher:
             launched.append(launcher_side(schedule, args.steps, args.microbatches, root, args.model))
     med = statistics.median
@@ -229,12 +251,15 @@ def compare(schedule: str, args: argparse.Namespace, root: Path) -> dict[str, An
         "model": args.model,
         "schedule": schedule,
         "P": 2,
+        "V": 2 if schedule in VIRTUAL else 1,
         "M": args.microbatches,
         "polytrain samples/s": fmt_spread(ours, 0),
         "torch.pipelining samples/s": fmt_spread(theirs, 0),
         "ratio of medians": med(ours) / med(theirs),
         "paired ratio": fmt_spread(paired, 3),
         "pairs_at_or_above_1": f"{sum(r >= 1.0 for r in paired)}/{len(paired)}",
+        "polytrain bubble (median per step)": fmt_spread(bubbles, 3) if bubbles else "n/a",
+        "polytrain_bubbles": bubbles,
         "polytrain_train_samples_per_s": med(launched) if launched else float("nan"),
         "polytrain_runs": ours,
         "torch_runs": theirs,
@@ -245,7 +270,7 @@ def compare(schedule: str, args: argparse.Namespace, root: Path) -> dict[str, An
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--worker", choices=["gpipe", "1f1b", "polytrain-gpipe", "polytrain-1f1b"])
+    ap.add_argument("--worker", choices=[*TORCH_CLASSES, *(f"polytrain-{s}" for s in TORCH_CLASSES)])
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5, help="steps outside the timer on both sides")
     ap.add_argument("--microbatches", type=int, default=4)
@@ -265,6 +290,8 @@ def main() -> None:
     what = {"mlp": "mlp depth 3 width 1024 cut 2,2, global batch 256",
             "gpt": "UntiedGPT (tests/userzoo/nanogpt.py: 4 blocks, n_embd 128, 4 heads) on chars windows "
                    "of 64, traced and cut at transformer.h.2, global batch 32"}[args.model]
+    if any(s in VIRTUAL for s in args.schedules.split(",")):
+        what += " (V = 2 rows: the same mlp cut into 4 one-layer chunks, 2 per rank, placed alike)"
     notes = (
         f"{what}, SGD momentum, 2 ranks on gloo; {args.repeats} "
         f"pairs of runs of {args.steps} steps, the order alternating within each pair; throughput: rank "
@@ -272,14 +299,17 @@ def main() -> None:
         "sides). Both under the same plain torchrun with the same process settings (heap kept, setup "
         "frozen out of the collector, collector paused in the loop). Median (min–max) of the runs; "
         "paired ratio: polytrain / torch within each pair. polytrain_train: the same job through "
-        "polytrain.train (its own launcher, timer over all steps), for reference only. Measured on the "
+        "polytrain.train (its own launcher, timer over all steps), for reference only. polytrain bubble: "
+        "the median over steps of the idle share of the ranks' compute windows (PyTorch reports none). "
+        "Measured on the "
         "shared 2-vCPU development machine with other jobs running (load average in the JSON)."
     )
     write_results(
         args.name,
         rows,
-        ["model", "schedule", "P", "M", "polytrain samples/s", "torch.pipelining samples/s",
-         "ratio of medians", "paired ratio", "pairs_at_or_above_1", "polytrain_train_samples_per_s"],
+        ["model", "schedule", "P", "V", "M", "polytrain samples/s", "torch.pipelining samples/s",
+         "ratio of medians", "paired ratio", "pairs_at_or_above_1", "polytrain bubble (median per step)",
+         "polytrain_train_samples_per_s"],
         notes,
     )
 

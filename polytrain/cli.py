@@ -105,10 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-accuracy", type=float, help="report time to reach this test accuracy")
     _add_job_flags(p, with_strategy=False)
     p = sub.add_parser("schedule", help="print and draw a pipeline schedule (pure data, no processes)")
-    p.add_argument("name", help="gpipe | 1f1b | pipedream")
-    p.add_argument("--stages", type=int, default=4, help="pipeline stages P; default 4")
+    p.add_argument("name", help="gpipe | 1f1b | pipedream | interleaved-1f1b | looped-bfs | zb-h1 |"
+                                        " zbv | dualpipev")
+    p.add_argument("--stages", type=int, default=4, help="pipeline stages (ranks) P; default 4")
     p.add_argument("--microbatches", type=int, default=8, help="micro-batches M; default 8")
-    p.add_argument("--cost", help="slot cost per op, e.g. F=1,B=2 (default F=1,B=1)")
+    p.add_argument("--virtual-stages", type=int, help="model chunks per rank V (interleaved, looped)")
+    p.add_argument("--cost", help="slot cost per op, e.g. F=1,B=2,W=1 (default 1 each)")
     p.add_argument("--png", help="also draw it to this PNG file")
     p = sub.add_parser("testbed", help="run a train/compare/aco job on an emulated cluster (root)",
                        usage="polytrain testbed --hosts N --nic RATE [--latency T] [--loss P] "
@@ -329,7 +331,8 @@ def cmd_schedule(args: argparse.Namespace, console: Console) -> int:
 
     cost = parse_cost(args.cost) if args.cost else None
     png = Path(args.png) if args.png else None
-    console.print(schedule_cli(args.name, args.stages, args.microbatches, png, cost=cost),
+    console.print(schedule_cli(args.name, args.stages, args.microbatches, png, cost=cost,
+                               virtual=args.virtual_stages),
                   highlight=False, markup=False)
     return 0
 

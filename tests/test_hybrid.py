@@ -58,14 +58,15 @@ def test_owt_refuses_models_it_cannot_cut_before_any_process() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["pp", "tp"])
+@pytest.mark.parametrize("layout,extra", [("pp", ()), ("tp", ()), ("pp", ("schedule=zb-h1",))],
+                         ids=["pp", "tp", "pp-zb-h1"])
 def test_mesh_equals_single(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
-                            layout: str) -> None:
+                            layout: str, extra: tuple[str, ...]) -> None:
     base = MLP if layout == "pp" else GPT
     ref = single_reference(tmp_path_factory, base)
     out = tmp_path / f"mesh-{layout}"
     summary = polytrain.train(strategy="mesh", procs=4, out=str(out),
-                              **job(base, "dp=2", f"{layout}=2"))
+                              **job(base, "dp=2", f"{layout}=2", *extra))
     assert_same_run(out, ref)
     assert summary["strategy_metrics"]["layout"] == {"dp": 2, "pp": 2 if layout == "pp" else 1,
                                                      "tp": 2 if layout == "tp" else 1,

@@ -82,6 +82,7 @@ def test_every_family_is_priced() -> None:
         "ps",
         "gpipe",
         "1f1b",
+        "zb-h1",
         "pipedream",
         "layerwise",
         "owt",
@@ -195,6 +196,7 @@ def test_plan_cli_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[
         ("ps", ["servers=2", "sharding=size", "consistency=async"]),
         ("gpipe", ["microbatches=8"]),
         ("1f1b", ["partition=4,4,4,4"]),
+        ("zb-h1", ["microbatches=8"]),
         ("pipedream", []),
         ("layerwise", ["partition=params"]),
         ("owt", []),
@@ -345,3 +347,14 @@ def test_executor_and_server_own_times_by_hand() -> None:
 
         assert step(served, "bsp") - step(bare, "bsp") == pytest.approx((world - servers) * 2e-3)
         assert step(served, "async") >= step(bare, "async")  # async: the busiest link may hide it
+
+
+def test_zb_h1_priced_below_1f1b_from_the_same_orders() -> None:
+    """The planner replays zb-h1's own orders (W = half of each backward): on the same cut and M it
+    never predicts a longer step than 1f1b, and strictly shorter once the pipe has a bubble to fill."""
+    from polytrain.plan.estimate_pipe import pipeline
+
+    scene = Scene(vgg_like(), CLUSTER, 64)
+    one, _ = pipeline(scene, "1f1b", 4, 8)
+    zb, _ = pipeline(scene, "zb-h1", 4, 8)
+    assert zb.step_s < one.step_s

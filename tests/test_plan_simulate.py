@@ -6,8 +6,16 @@ import itertools
 
 import pytest
 
-from polytrain.plan.simulate import StageTimes, makespan_s, pipeline_step, pipeline_timeline
-from polytrain.strategies.pipeline.schedule import schedule_names, stage_orders
+from polytrain.plan.simulate import StageTimes, action_seconds, makespan_s, pipeline_step, pipeline_timeline
+from polytrain.strategies.pipeline.schedule import get_schedule, schedule_names, stage_orders
+
+
+def _chunks(name: str, times: StageTimes) -> StageTimes:
+    """``times`` per rank as per chunk for ``name``: each rank's times repeated for its V chunks
+    (with virtual stages the planner prices P·V chunks)."""
+    v = get_schedule(name).default_virtual
+    msgs = (*times.message_s, times.message_s[-1]) if times.message_s else (0.0,)
+    return StageTimes(times.forward_s * v, times.backward_s * v, (msgs * v)[: times.stages * v - 1])
 
 
 @pytest.mark.parametrize("p,m", [(2, 1), (2, 4), (4, 8), (4, 3), (8, 32)])
@@ -21,14 +29,18 @@ def test_uniform_bubble_is_textbook(p: int, m: int, fwd: float, bwd: float) -> N
 
 @pytest.mark.parametrize("name", schedule_names())
 def test_action_order_is_the_runtimes(name: str) -> None:
-    times = StageTimes((1.0, 3.0, 2.0), (2.0, 1.0, 4.0), (0.5, 0.25))
+    times = _chunks(name, StageTimes((1.0, 3.0, 2.0), (2.0, 1.0, 4.0), (0.5, 0.25)))
     timeline = pipeline_timeline(name, times, 6)
     orders = stage_orders(name, 3, 6)  # what the executor runs
     assert {s: [a for a, _, _ in row] for s, row in timeline.items()} == orders
+    seconds = action_seconds(orders, times)
     for row in timeline.values():  # one action at a time per stage, durations as given
         for (a, t0, t1), (_, n0, _) in itertools.pairwise(row):
             assert t1 <= n0 + 1e-12
-            assert t1 - t0 == pytest.approx((times.forward_s if a.op == "F" else times.backward_s)[a.stage])
+            assert t1 - t0 == pytest.approx(seconds[a])
+            whole = (times.forward_s if a.op == "F" else times.backward_s)[a.stage]
+            if not get_schedule(name).split:  # no W: every action is a whole F or B
+                assert seconds[a] == whole
 
 
 def test_messages_delay_the_next_stage() -> None:
@@ -49,7 +61,8 @@ def test_more_microbatches_never_bigger_gpipe_bubble() -> None:
 def test_faster_links_never_slower() -> None:
     for name in schedule_names():
         steps = [
-            pipeline_step(name, StageTimes((1.0, 2.0, 1.5), (2.0, 3.0, 2.5), (msg, msg * 2)), 6).step_s
+            pipeline_step(name, _chunks(name, StageTimes((1.0, 2.0, 1.5), (2.0, 3.0, 2.5), (msg, msg * 2))),
+                          6).step_s
             for msg in (1.0, 0.5, 0.1, 0.0)
         ]
         assert all(b <= a + 1e-12 for a, b in itertools.pairwise(steps)), name
@@ -110,15 +123,16 @@ def test_a_waiting_stage_is_woken_late_by_hand() -> None:
 def test_shared_cores_enough_equals_own_cores(name: str) -> None:
     """With a core per stage the shared-core clock is the plain one, action for action; with fewer
     the step never shrinks, and on one core it is at least the total work."""
-    times = StageTimes((1.0, 3.0, 2.0, 0.5), (2.0, 1.0, 4.0, 1.5), (0.5, 0.25, 1.0))
-    own = pipeline_timeline(name, times, 5)
-    shared = pipeline_timeline(name, times, 5, cores=4.0)
+    times = _chunks(name, StageTimes((1.0, 3.0, 2.0, 0.5), (2.0, 1.0, 4.0, 1.5), (0.5, 0.25, 1.0)))
+    m = 8 if get_schedule(name).placement == "loop" else 5  # interleaving runs rounds of P
+    own = pipeline_timeline(name, times, m)
+    shared = pipeline_timeline(name, times, m, cores=4.0)
     assert {s: [a for a, _, _ in row] for s, row in shared.items()} == {
         s: [a for a, _, _ in row] for s, row in own.items()
     }
     flat = [t for row in own.values() for _, t0, t1 in row for t in (t0, t1)]
     assert [t for row in shared.values() for _, t0, t1 in row for t in (t0, t1)] == pytest.approx(flat)
-    spans = [makespan_s(pipeline_timeline(name, times, 5, cores=c)) for c in (4.0, 3.0, 2.0, 1.5, 1.0)]
+    spans = [makespan_s(pipeline_timeline(name, times, m, cores=c)) for c in (4.0, 3.0, 2.0, 1.5, 1.0)]
     assert all(b >= a - 1e-9 for a, b in itertools.pairwise(spans))
     work = sum(t1 - t0 for row in own.values() for _, t0, t1 in row)
     assert spans[-1] >= work - 1e-9

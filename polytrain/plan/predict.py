@@ -30,7 +30,7 @@ from polytrain.plan.partition import Partition, balanced, uniform
 from polytrain.plan.profile import Profile, measure_profile
 from polytrain.strategies.pipeline.schedule import get_schedule
 
-PIPES = ("gpipe", "1f1b", "pipedream", "spectrain", "layerwise")
+PIPES = ("gpipe", "1f1b", "zb-h1", "pipedream", "spectrain", "layerwise")
 MODELLED = ("single", "allreduce", "local-sgd", "ps", "owt", "tensor", "mesh", *PIPES)
 
 

@@ -23,7 +23,7 @@ from polytrain.report.units import human_bytes
 
 PS_CONSISTENCY = ("bsp", "async", "ssp", "k-of-n")
 # strategies whose parameters equal single-process training's (the others change the algorithm)
-EXACT = ("single", "allreduce", "gpipe", "1f1b", "layerwise", "tensor", "owt", "mesh")
+EXACT = ("single", "allreduce", "gpipe", "1f1b", "zb-h1", "layerwise", "tensor", "owt", "mesh")
 HYBRIDS = ("owt", "mesh")
 
 
@@ -81,7 +81,7 @@ def _pipelines(scene: Scene, w: int) -> Iterator[tuple[str, dict[str, Any], Call
         return
     for m in sorted({w, 2 * w, 4 * w}):
         if m <= b and _divides(b, m):
-            for sched in ("gpipe", "1f1b"):
+            for sched in ("gpipe", "1f1b", "zb-h1"):  # zb-h1: W split from B (half each, `StageTimes`)
                 yield sched, {"microbatches": m}, partial(_piped, scene, sched, w, m)
     yield "pipedream", {}, lambda: _piped(scene, "pipedream", w, 1)
     if scene.profile.optimizer in ("sgd", "momentum"):

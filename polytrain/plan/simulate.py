@@ -21,7 +21,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from polytrain.strategies.pipeline.actions import Action, Orders
-from polytrain.strategies.pipeline.checks import _deadlock, check_rows, needs, simulate_times, timed_bubble
+from polytrain.strategies.pipeline.checks import (
+    _deadlock,
+    check_rows,
+    chunk_count,
+    chunk_rows,
+    full_backwards,
+    needs,
+    simulate_times,
+    timed_bubble,
+)
 from polytrain.strategies.pipeline.schedule import get_schedule
 
 Timeline = dict[int, list[tuple[Action, float, float]]]
@@ -29,21 +38,27 @@ Timeline = dict[int, list[tuple[Action, float, float]]]
 
 @dataclass(frozen=True)
 class StageTimes:
-    """Per stage: forward and backward seconds of one micro-batch; per boundary s→s+1: the seconds
-    of one message (activation forward, its gradient backward; same size)."""
+    """Per stage (model chunk, with virtual stages): forward and backward seconds of one
+    micro-batch; per boundary s→s+1: the seconds of one message (activation forward, its gradient
+    backward; same size). ``weight_s``: the weight-gradient part of each backward, for schedules
+    that split it (B = backward − weight, W = weight); empty: half of each backward (a linear
+    layer's two gradients are two matrix products of the same size)."""
 
     forward_s: tuple[float, ...]
     backward_s: tuple[float, ...]
     message_s: tuple[float, ...] = ()
+    weight_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         p = len(self.forward_s)
         message = tuple(self.message_s) or (0.0,) * max(0, p - 1)
         object.__setattr__(self, "message_s", message)
-        if len(self.backward_s) != p or len(message) != max(0, p - 1):
+        weight = tuple(self.weight_s) or tuple(b / 2 for b in self.backward_s)
+        object.__setattr__(self, "weight_s", weight)
+        if len(self.backward_s) != p or len(message) != max(0, p - 1) or len(weight) != p:
             raise ValueError(
-                f"StageTimes: {p} forwards, {len(self.backward_s)} backwards, "
-                f"{len(message)} boundaries; need P, P and P-1"
+                f"StageTimes: {p} forwards, {len(self.backward_s)} backwards, {len(weight)} weight "
+                f"parts, {len(message)} boundaries; need P, P, P and P-1"
             )
 
     @property
@@ -55,22 +70,45 @@ class StageTimes:
         return cls((forward_s,) * stages, (backward_s,) * stages, (message_s,) * (stages - 1))
 
 
-def schedule_orders(schedule: str, stages: int, microbatches: int) -> Orders:
+def schedule_orders(schedule: str, stages: int, microbatches: int, virtual: int | None = None) -> Orders:
     """The orders the runtime executes (the registry's builder; never re-described here)."""
-    return get_schedule(schedule).orders(stages, microbatches)
+    return get_schedule(schedule).build(stages, microbatches, virtual)
+
+
+def schedule_ranks(schedule: str, chunks: int) -> int:
+    """Ranks that run ``chunks`` model chunks under ``schedule`` (its virtual stages per rank)."""
+    virtual = get_schedule(schedule).default_virtual
+    if chunks % virtual:
+        raise ValueError(f"{schedule} places {virtual} chunks per rank; {chunks} chunks do not divide")
+    return chunks // virtual
+
+
+def action_seconds(orders: Orders, times: StageTimes) -> dict[Action, float]:
+    """Each action's seconds: F the chunk's forward; W its weight part; B the input part where the
+    order splits that backward, else the whole backward."""
+    full = full_backwards(orders)
+    split = any(a.op == "W" for row in orders.values() for a in row)
+    out = {}
+    for row in orders.values():
+        for a in row:
+            c = a.stage
+            if a.op == "F":
+                out[a] = times.forward_s[c]
+            elif a.op == "W":
+                out[a] = times.weight_s[c]
+            else:
+                out[a] = times.backward_s[c] - (times.weight_s[c] if split and a not in full else 0.0)
+    return out
 
 
 def pipeline_timeline(
     schedule: str, times: StageTimes, microbatches: int, cores: float | None = None, wake_s: float = 0.0
 ) -> Timeline:
-    """(action, start, end) per stage for one run of ``schedule`` over ``microbatches``; ``cores``:
-    the stages share that many cores (`shared_times`, with ``wake_s``), None: each has its own."""
-    orders = schedule_orders(schedule, times.stages, microbatches)
-    durations = {
-        a: (times.forward_s if a.op == "F" else times.backward_s)[a.stage]
-        for row in orders.values()
-        for a in row
-    }
+    """(action, start, end) per stage (rank) for one run of ``schedule`` over ``microbatches``;
+    ``times`` per model chunk (P·V of them with V virtual stages); ``cores``: the ranks share that
+    many cores (`shared_times`, with ``wake_s``), None: each has its own."""
+    orders = schedule_orders(schedule, schedule_ranks(schedule, times.stages), microbatches)
+    durations = action_seconds(orders, times)
 
     def message(need: Action, action: Action) -> float:
         return times.message_s[min(need.stage, action.stage)]
@@ -95,7 +133,7 @@ def shared_times(
     `Cluster.wake_s`); one still busy, or woken by a message alone in flight, pays nothing. With
     ``cores`` ≥ the number of stages and no ``wake_s`` this is `simulate_times(..., queue=True)`."""
     check_rows(orders)
-    stages = len(orders)
+    stages, home = chunk_count(orders), chunk_rows(orders)
     consumers: dict[Action, list[Action]] = {}
     for row in orders.values():
         for a in row:
@@ -118,7 +156,7 @@ def shared_times(
         for d in needs(a, stages):
             if d not in done:
                 return None
-            if d.stage == s:
+            if home[d.stage] == s:
                 local.append(done[d])
             else:
                 messages.append((arrived[(d, a)], (d, a)))
@@ -162,8 +200,8 @@ def shared_times(
             done[a] = idle_since[s] = step
             pos[s] += 1
             for c in consumers.get(a, []):
-                if c.stage != s:
-                    key = (s, c.stage)
+                if home[c.stage] != s:
+                    key = (s, home[c.stage])
                     link_free[key] = max(step, link_free.get(key, 0.0)) + message(a, c)
                     arrived[(a, c)] = link_free[key]
                     sent[(a, c)] = step

@@ -20,6 +20,7 @@ from polytrain.report.units import human_seconds
 COLOURS = {
     "forward": "#4C72B0",
     "backward": "#DD8452",
+    "weight": "#CCB974",
     "optimizer": "#55A868",
     "other compute": "#937860",
     "comm": "#C44E52",

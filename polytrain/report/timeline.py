@@ -24,7 +24,7 @@ Event = Mapping[str, Any]
 
 LANES = ("compute", "comm")
 _SPAN_KEYS = frozenset({"event", "rank", "t", "name", "cat", "start", "end"})
-KINDS = ("forward", "backward", "optimizer", "other compute", "comm")
+KINDS = ("forward", "backward", "weight", "optimizer", "other compute", "comm")
 """Colour classes of boxes, in legend order."""
 
 
@@ -65,11 +65,12 @@ class RankRow:
 
 
 def kind_of(span: Event) -> str:
-    """Colour class of a span: forward, backward, optimizer, comm or other compute."""
+    """Colour class of a span: forward, backward, weight (the W of a split backward), optimizer,
+    comm or other compute."""
     if span.get("cat") == "comm":
         return "comm"
     name = str(span.get("name", "")).lower()
-    for kind in ("forward", "backward", "optimizer"):
+    for kind in ("forward", "backward", "weight", "optimizer"):
         if name.startswith(kind):
             return kind
     return "other compute"

@@ -7,7 +7,7 @@ pipelines) or ``dp × tp`` (replicated tensor-parallel groups).
 Replica d trains on part d of D of every global batch. Inside a replica the model is cut into
 consecutive stages run with a flush schedule (``schedule``, ``microbatches``, ``partition``)
 through the pipeline executor (`polytrain.strategies.pipeline.flush`, as ``layerwise`` and the
-``gpipe``/``1f1b`` strategies), or split Megatron-style over a tensor group (that of ``tensor``;
+``gpipe``/``1f1b``/``zb-h1`` strategies), or split Megatron-style over a tensor group (that of ``tensor``;
 the pipeline options do not apply there and are refused). At the flush the ranks holding the
 same piece in every replica all-reduce its gradients (mean over D) — ``dp_allreduce`` bytes — so
 every replica applies the update single-process training applies to the whole batch. The rank
@@ -58,7 +58,7 @@ class MeshOptions(CollectiveOptions, CodecOptions):
     dp: int = -1
     pp: int = 1
     tp: int = 1
-    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    schedule: Literal["gpipe", "1f1b", "zb-h1"] = "1f1b"  # zb-h1: split backward (B, then W)
     microbatches: int = Field(0, ge=0, description="per replica and step; 0: pp")
     partition: str = "uniform"
 

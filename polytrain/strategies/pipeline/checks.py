@@ -27,8 +27,22 @@ def _show(order: list[Action], index: int, width: int = 4) -> str:
     return f"step {index}: {'… ' if lo else ''}{' '.join(cells)}{' …' if hi < len(order) else ''}"
 
 
+def chunk_count(orders: Mapping[int, list[Action]]) -> int:
+    """Model chunks (stages of the model) the orders run: the rows' count, or more with virtual
+    stages, where a row (a rank) runs several chunks and ``Action.stage`` names the chunk."""
+    return max([len(orders)] + [a.stage + 1 for row in orders.values() for a in row])
+
+
+def chunk_rows(orders: Mapping[int, list[Action]]) -> dict[int, int]:
+    """Chunk -> the row (rank) that runs it; with one chunk per row, chunk s is row s."""
+    if chunk_count(orders) == len(orders):
+        return {s: s for s in orders}
+    return {a.stage: r for r, row in orders.items() for a in row}
+
+
 def check_rows(orders: Mapping[int, list[Action]], stages: int | None = None) -> None:
-    """Rows must be stages 0..P-1 and hold only their own stage's actions."""
+    """Rows must be stages (ranks) 0..P-1; with one chunk per row, row s holds only stage s's
+    actions; with virtual stages (more chunks than rows), each chunk lives on one row."""
     want = list(range(len(orders) if stages is None else stages))
     if sorted(orders) != want:
         raise ConfigError(
@@ -36,6 +50,9 @@ def check_rows(orders: Mapping[int, list[Action]], stages: int | None = None) ->
             f"0..{len(want) - 1}. Fix: add the missing rows (an empty list for an idle stage) "
             "and drop the others."
         )
+    if chunk_count(orders) > len(orders):
+        _check_chunk_homes(orders)
+        return
     for s, order in orders.items():
         for i, a in enumerate(order):
             if a.stage != s:
@@ -46,33 +63,50 @@ def check_rows(orders: Mapping[int, list[Action]], stages: int | None = None) ->
                 )
 
 
+def _check_chunk_homes(orders: Mapping[int, list[Action]]) -> None:
+    homes: dict[int, set[int]] = {}
+    for r, row in orders.items():
+        for a in row:
+            homes.setdefault(a.stage, set()).add(r)
+    split = {c: sorted(rs) for c, rs in homes.items() if len(rs) > 1}
+    if split:
+        c, rs = min(split.items())
+        raise ConfigError(
+            f"Chunk {c} has actions on rows {rs}. Rule: with virtual stages each model chunk lives "
+            f"on one rank. Fix: move every action of chunk {c} to one row."
+        )
+
+
 def _count_problems(s: int, order: list[Action], microbatches: int) -> list[str]:
-    counts = Counter((a.op, a.microbatch) for a in order)
+    """Every chunk of the row runs F and B of every micro-batch once (W at most once)."""
+    chunks = sorted({a.stage for a in order}) or [s]
+    counts = Counter((a.stage, a.op, a.microbatch) for a in order)
     out = [
-        f"stage {s}: {Action(s, op, m)} micro-batch {m} is outside 0..{microbatches - 1}"
-        for op, m in sorted(counts)
+        f"stage {s}: {Action(c, op, m)} micro-batch {m} is outside 0..{microbatches - 1}"
+        for c, op, m in sorted(counts)
         if not 0 <= m < microbatches
     ]
-    for m in range(microbatches):
-        for op in ("F", "B"):
-            n = counts[(op, m)]
-            if n != 1:
-                what = "is missing" if n == 0 else f"appears {n} times"
-                out.append(f"stage {s}: {Action(s, op, m)} {what} (need exactly one)")
-        if counts[("W", m)] > 1:
-            out.append(f"stage {s}: {Action(s, 'W', m)} appears {counts[('W', m)]} times")
+    for c in chunks:
+        for m in range(microbatches):
+            for op in ("F", "B"):
+                n = counts[(c, op, m)]
+                if n != 1:
+                    what = "is missing" if n == 0 else f"appears {n} times"
+                    out.append(f"stage {s}: {Action(c, op, m)} {what} (need exactly one)")
+            if counts[(c, "W", m)] > 1:
+                out.append(f"stage {s}: {Action(c, 'W', m)} appears {counts[(c, 'W', m)]} times")
     return out
 
 
 def _precedence_problems(s: int, order: list[Action]) -> list[str]:
     """On its own stage a micro-batch goes F, then B, then (optionally) W."""
-    first: dict[tuple[str, int], int] = {}
+    first: dict[tuple[int, str, int], int] = {}
     for i, a in enumerate(order):
-        first.setdefault((a.op, a.microbatch), i)
+        first.setdefault((a.stage, a.op, a.microbatch), i)
     out = []
-    for (op, m), i in sorted(first.items(), key=lambda kv: kv[1]):
+    for (c, op, m), i in sorted(first.items(), key=lambda kv: kv[1]):
         before = {"B": "F", "W": "B"}.get(op)
-        j = first.get((before, m)) if before else None
+        j = first.get((c, before, m)) if before else None
         if j is not None and j > i:
             out.append(
                 f"stage {s}: {order[i]} runs before {order[j]} ({_show(order, i)}); "
@@ -87,10 +121,11 @@ def _fifo_problems(orders: Mapping[int, list[Action]]) -> list[str]:
     Why: the runtime can then post untagged, in-order sends and receives between stages.
     """
     out = []
-    for s in range(1, len(orders)):
+    home = chunk_rows(orders)
+    for s in range(1, chunk_count(orders)):
         for op, src, dst in (("F", s - 1, s), ("B", s, s - 1)):
-            sent = [a.microbatch for a in orders[src] if a.op == op]
-            got = [a.microbatch for a in orders[dst] if a.op == op]
+            sent = [a.microbatch for a in orders[home[src]] if a.op == op and a.stage == src]
+            got = [a.microbatch for a in orders[home[dst]] if a.op == op and a.stage == dst]
             if sent != got:
                 out.append(
                     f"stage {dst} runs {op} in micro-batch order {got} but stage {src} sends them "
@@ -137,21 +172,23 @@ def needs(a: Action, stages: int) -> list[Action]:
 
 def _deadlock(orders: Mapping[int, list[Action]], pos: dict[int, int], t: int) -> ConfigError:
     lines = []
+    home, chunks = chunk_rows(orders), chunk_count(orders)
     for s, order in orders.items():
         if pos[s] == len(order):
             continue
         a = order[pos[s]]
-        for need in needs(a, len(orders)):
-            row = orders.get(need.stage, [])
-            if need in row[: pos[need.stage]]:
+        for need in needs(a, chunks):
+            r = home.get(need.stage, need.stage)
+            row = orders.get(r, [])
+            if need in row[: pos.get(r, 0)]:
                 continue
             if need not in row:
-                why = f"never scheduled on stage {need.stage}"
-            elif need.stage == s:
+                why = f"never scheduled on stage {r}"
+            elif r == s:
                 why = f"comes later on stage {s}, at step {row.index(need)}"
             else:
-                k = pos[need.stage]
-                why = f"stage {need.stage} is stuck at step {k}: {row[k]}"
+                k = pos[r]
+                why = f"stage {r} is stuck at step {k}: {row[k]}"
             lines.append(f"stage {s} at step {pos[s]}: {a} waits for {need} ({why})")
     left = sum(len(o) - pos[s] for s, o in orders.items())
     return ConfigError(
@@ -162,8 +199,21 @@ def _deadlock(orders: Mapping[int, list[Action]], pos: dict[int, int], t: int) -
     )
 
 
+def full_backwards(orders: Mapping[int, list[Action]]) -> set[Action]:
+    """The B actions that compute both gradients in a schedule that splits others (DualPipeV runs
+    some backwards whole): in an order with W actions, a B without its W. In an order with no W
+    at all, B is the whole backward by definition and this set is empty."""
+    ws = {(a.stage, a.microbatch) for row in orders.values() for a in row if a.op == "W"}
+    if not ws:
+        return set()
+    return {a for row in orders.values() for a in row if a.op == "B" and (a.stage, a.microbatch) not in ws}
+
+
 def simulate(orders: Mapping[int, list[Action]], cost: Mapping[str, int] | None = None) -> Grid:
     """Time grid of ``orders``: each stage starts its next action as soon as its needs are met.
+
+    Costs: ``B`` is the input gradient where the order has W actions (a B without its W then costs
+    B + W: the whole backward, `full_backwards`), and the whole backward where it has none.
 
     Sends are free and buffered (a stage never waits for its receiver); deadlocks raise.
     """
@@ -173,15 +223,17 @@ def simulate(orders: Mapping[int, list[Action]], cost: Mapping[str, int] | None 
     pos = dict.fromkeys(orders, 0)
     free_at = dict.fromkeys(orders, 0)
     grid: Grid = {s: [] for s in sorted(orders)}
+    chunks, full = chunk_count(orders), full_backwards(orders)
     t = 0
     while any(pos[s] < len(orders[s]) for s in grid):
         for s in grid:
             if free_at[s] > t or pos[s] == len(orders[s]):
                 continue
             a = orders[s][pos[s]]
-            if all(finish.get(d, math.inf) <= t for d in needs(a, len(orders))):
-                grid[s] += [None] * (t - len(grid[s])) + [a] * costs[a.op]
-                finish[a] = free_at[s] = t + costs[a.op]
+            if all(finish.get(d, math.inf) <= t for d in needs(a, chunks)):
+                slots = costs[a.op] + (costs["W"] if a in full else 0)
+                grid[s] += [None] * (t - len(grid[s])) + [a] * slots
+                finish[a] = free_at[s] = t + slots
                 pos[s] += 1
         later = [u for u in free_at.values() if u > t]
         if not later and any(pos[s] < len(orders[s]) for s in grid):
@@ -230,11 +282,12 @@ def simulate_times(
     out: dict[int, list[tuple[Action, float, float]]] = {s: [] for s in sorted(orders)}
     delay = latency if callable(latency) else (lambda _need, _a: float(latency))  # type: ignore[misc]
     link_free: dict[tuple[int, int], float] = {}  # (from stage, to stage) -> last arrival (queue)
+    home, chunks = chunk_rows(orders), chunk_count(orders)
 
     def arrival(d: Action, a: Action) -> float:
         if not queue:
             return finish[d] + delay(d, a)
-        key = (d.stage, a.stage)
+        key = (home[d.stage], home[a.stage])  # one link per pair of ranks, whatever the chunks
         link_free[key] = max(finish[d], link_free.get(key, 0.0)) + delay(d, a)
         return link_free[key]
 
@@ -244,10 +297,11 @@ def simulate_times(
         for s, order in orders.items():
             while pos[s] < len(order):
                 a = order[pos[s]]
-                deps = needs(a, len(orders))
+                deps = needs(a, chunks)
                 if any(d not in finish for d in deps):
                     break
-                ready = max((arrival(d, a) if d.stage != s else finish[d] for d in deps), default=0.0)
+                ready = max((arrival(d, a) if home[d.stage] != s else finish[d] for d in deps),
+                            default=0.0)
                 start = max(free_at[s], ready)
                 end = start + durations[a]
                 out[s].append((a, start, end))

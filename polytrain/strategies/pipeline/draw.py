@@ -42,10 +42,13 @@ def parse_cost(text: str) -> dict[str, int]:
 
 
 def format_grid(grid: Mapping[int, list[Action | None]]) -> str:
-    """ASCII table: a row per stage (stage 0 on top), a column per slot, ``.`` for idle."""
+    """ASCII table: a row per stage (stage 0 on top), a column per slot, ``.`` for idle. With virtual
+    stages (a row runs several chunks) each cell names its chunk too: ``4F1``."""
     span = makespan(grid)
+    virtual = _virtual(grid)
     rows = {
-        s: [a.cell if a else "." for a in row] + ["."] * (span - len(row)) for s, row in sorted(grid.items())
+        s: [(str(a) if virtual else a.cell) if a else "." for a in row] + ["."] * (span - len(row))
+        for s, row in sorted(grid.items())
     }
     width = max([len(str(span - 1)), *(len(c) for row in rows.values() for c in row)])
     label = max((len(f"stage {s}") for s in rows), default=5)
@@ -54,6 +57,11 @@ def format_grid(grid: Mapping[int, list[Action | None]]) -> str:
         f"stage {s}".ljust(label) + "  " + " ".join(c.ljust(width) for c in row) for s, row in rows.items()
     ]
     return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def _virtual(grid: Mapping[int, list[Action | None]]) -> bool:
+    """Whether some row runs a chunk other than its own index (virtual stages)."""
+    return any(a is not None and a.stage != s for s, row in grid.items() for a in row)
 
 
 def format_orders(orders: Mapping[int, list[Action]]) -> str:
@@ -116,7 +124,9 @@ def draw_grid(
     fig = Figure(figsize=(1.8 + slot_in * span, 1.7 + 0.55 * stages))
     ax = fig.add_subplot()
     font = max(5.0, min(10.0, slot_in * 48))
+    virtual = _virtual(grid)
     for s, row in grid.items():
+        chunks = sorted({a.stage for a in row if a is not None})
         for t, n, a in _runs(row):
             if a is None:
                 ax.add_patch(Rectangle((t, s - 0.4), n, 0.8, color=_IDLE, hatch="///", fill=False))
@@ -128,20 +138,23 @@ def draw_grid(
                     n,
                     0.8,
                     facecolor=_COLOURS[a.op],
+                    alpha=1.0 - 0.45 * chunks.index(a.stage) / max(1, len(chunks) - 1),  # later chunk: paler
                     edgecolor="black",
                     linewidth=0.8,
                     linestyle=dash,
                 )
             )
             if n * slot_in >= 0.12:
-                ax.text(t + n / 2, s, str(a.microbatch), ha="center", va="center", fontsize=font)
+                text = f"{a.stage}:{a.microbatch}" if virtual else str(a.microbatch)
+                size = font * (0.75 if virtual else 1)
+                ax.text(t + n / 2, s, text, ha="center", va="center", fontsize=size)
     ax.set_xlim(0, span)
     ax.set_ylim(stages - 0.5, -0.5)  # stage 0 on top, as in the survey's figures
     ax.set_yticks(range(stages))
     if span <= 48:
         ax.set_xticks(range(0, span + 1, 1 if span <= 24 else 2))
     ax.set_xlabel("time (slots)")
-    ax.set_ylabel("stage")
+    ax.set_ylabel("rank (boxes: chunk:micro-batch)" if virtual else "stage")
     ops = sorted({a.op for row in grid.values() for a in row if a}, key="FBW".index)
     handles = [Patch(facecolor=_COLOURS[o], edgecolor="black", label=_OP_NAMES[o]) for o in ops]
     handles.append(Patch(facecolor="white", edgecolor=_IDLE, hatch="///", label="idle (bubble)"))
@@ -168,10 +181,12 @@ def schedule_cli(
     microbatches: int,
     out_png: Path | None = None,
     cost: Mapping[str, int] | None = None,
+    virtual: int | None = None,
 ) -> str:
-    """The text ``polytrain schedule NAME --stages P --microbatches M [--png FILE]`` prints."""
+    """The text ``polytrain schedule NAME --stages P --microbatches M [--virtual-stages V]
+    [--png FILE]`` prints."""
     spec = get_schedule(name)
-    orders = spec.orders(stages, microbatches)
+    orders = spec.build(stages, microbatches, virtual)
     validate(orders, stages, microbatches)
     dry_run(orders)
     costs = check_cost(cost)
@@ -184,9 +199,12 @@ def schedule_cli(
         if spec.flush
         else "each stage steps after every backward (weight stashing)"
     )
+    chunks = "" if spec.placement == "none" else f", V={virtual or spec.default_virtual} chunks per rank"
+    split = f" W={costs['W']} (B = input gradient; a B without W costs B+W)" if spec.split else ""
     lines = [
         f"{name}: {spec.description}",
-        f"P={stages} stages, M={microbatches} {spec.unit}es, cost F={costs['F']} B={costs['B']},"
+        f"P={stages} stages{chunks}, M={microbatches} {spec.unit}es,"
+        f" cost F={costs['F']} B={costs['B']}{split},"
         f" makespan {span} slots; {update}",
         "",
         format_grid(grid),

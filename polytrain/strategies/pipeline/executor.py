@@ -10,7 +10,9 @@ micro-batches in flight (forward done, backward not yet). For each action of its
   computes the loss instead.
 - ``B m``: take the gradient of m's output (the last stage: backward of loss × loss_scale), run
   backward, send the input's gradient back, and — for schedules that update after every
-  backward — let the weight policy step.
+  backward — let the weight policy step. Where the order also lists ``W m`` (zero-bubble
+  schedules), B computes the input gradient only and ``W m`` the weight gradients later
+  (`split_backward`: the forward of such a micro-batch is cut at layer boundaries).
 
 A neighbouring stage may be replicated: its replicas take micro-batches in turn (m mod R), so the
 peer of micro-batch m is ``peer(ranks, m)`` and there is one FIFO channel per neighbouring rank.
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -39,11 +41,18 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
-from polytrain.errors import ConfigError
+from polytrain.comm import Comm
 from polytrain.plan.profile import TensorMeta
 from polytrain.runtime.job import Job, RankContext
 from polytrain.strategies.pipeline.actions import Action
 from polytrain.strategies.pipeline.activations_wire import AHEAD, STOP, Inbox, Outbox, StreamStop
+from polytrain.strategies.pipeline.meter import MemoryMeter, Window
+from polytrain.strategies.pipeline.split_backward import (
+    SplitGraph,
+    backward_input,
+    backward_weight,
+    forward_pieces,
+)
 from polytrain.strategies.pipeline.weights import FlushWeights, Params
 
 CHECKPOINT_MODES = ("never", "except_last", "always")
@@ -79,79 +88,32 @@ class Feed(Protocol):
     def target(self, mb: int) -> torch.Tensor: ...
 
 
-@dataclass
-class Window:
-    """The compute of one segment on one stage: first start, last end, busy seconds, the seconds
-    spent waiting for messages after the first compute began, and each action's compute seconds
-    in the order run (``[op, mb, seconds]``; an optimizer step after a backward counts in that
-    backward), from which `metrics` replays the schedule without the runtime."""
-
-    start: float = float("inf")
-    end: float = float("-inf")
-    busy: float = 0.0
-    wait: float = 0.0
-    ops: list[list[Any]] = field(default_factory=list)
-
-    def to_json(self) -> list[float]:
-        return [self.start, self.end, self.busy, self.wait] if self.end >= self.start else []
-
-
-class MemoryMeter:
-    """Activation bytes held per in-flight micro-batch, and the peak with stashed weights."""
-
-    def __init__(self) -> None:
-        self.live: dict[int, int] = {}
-        self.peak_activation = 0
-        self.peak_total = 0
-        self.peak_in_flight = 0
-
-    @contextmanager
-    def track(self, exclude: set[int]) -> Iterator[dict[int, int]]:
-        """Count storages autograd saves inside the block (storage pointer -> bytes)."""
-        saved: dict[int, int] = {}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in exclude:
-                saved[storage.data_ptr()] = storage.nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            yield saved
-
-    def hold(self, mb: int, saved: dict[int, int], *tensors: torch.Tensor) -> None:
-        for t in tensors:
-            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        self.live[mb] = sum(saved.values())
-        self.peak_in_flight = max(self.peak_in_flight, len(self.live))
-
-    def release(self, mb: int) -> None:
-        self.live.pop(mb, None)
-
-    def note(self, stash_bytes: int) -> None:
-        act = sum(self.live.values())
-        self.peak_activation = max(self.peak_activation, act)
-        self.peak_total = max(self.peak_total, act + stash_bytes)
-
-
 class StageExecutor:
     """Runs orders for one stage; keeps its channels and meters across segments."""
 
-    def __init__(self, job: Job, ctx: RankContext, spec: StageSpec, weights: FlushWeights) -> None:
+    def __init__(self, job: Job, ctx: RankContext, spec: StageSpec, weights: FlushWeights,
+                 comms: tuple[Comm, Comm] | None = None, meter: MemoryMeter | None = None) -> None:
+        """``comms``: the (previous, next) neighbour's communicator, whose ranks ``spec`` names;
+        default both ``ctx.comm``. Virtual stages give each chunk boundary its own, so the chunks
+        of one rank never share a FIFO stream; ``meter``: one shared by a rank's chunks."""
         self.job, self.ctx, self.spec, self.weights = job, ctx, spec, weights
         rec, s = ctx.recorder, spec.stage
+        back, fwd = comms or (ctx.comm, ctx.comm)
         # one FIFO channel per neighbouring replica and direction
         self.acts: dict[int, Inbox] = {}
         if spec.in_meta is not None:
-            self.acts = {r: Inbox(ctx.comm, rec, r, spec.in_meta, "activation", s, ctx.device)
+            self.acts = {r: Inbox(back, rec, r, spec.in_meta, "activation", s, ctx.device)
                          for r in spec.prev_ranks}
         self.grads: dict[int, Inbox] = {}
         if spec.out_meta is not None:
-            self.grads = {r: Inbox(ctx.comm, rec, r, spec.out_meta, "gradient", s, ctx.device)
+            self.grads = {r: Inbox(fwd, rec, r, spec.out_meta, "gradient", s, ctx.device)
                           for r in spec.next_ranks}
-        self.outbox = Outbox(ctx.comm, rec, s)
-        self.meter = MemoryMeter()
+        self.outbox = Outbox(fwd, rec, s)  # activations on
+        self.back_out = self.outbox if back is fwd else Outbox(back, rec, s)  # gradients back
+        self.meter = meter or MemoryMeter()
         self.flight: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.split: set[int] = set()  # micro-batches of this segment whose backward is split (B, W)
+        self.graphs: dict[int, SplitGraph] = {}
         self.losses: dict[int, float] = {}
         self._last_mb = -1
         self.stopped: int | None = None  # the first micro-batch an early stop left out
@@ -162,40 +124,53 @@ class StageExecutor:
 
         ``stop`` (a stream's input stage): asked before each forward of micro-batch m > 0; True
         ends the stream early — see :meth:`_stop`. ``stopped``: the first micro-batch left out."""
+        window = self.begin(order)
+        todo, i = order, 0
+        while i < len(todo):
+            a = todo[i]
+            i += 1
+            if a.op == "F" and stop is not None and not self.acts and a.microbatch > 0 and stop(a.microbatch):
+                todo, i = self._stop(todo[i - 1 :], a.microbatch), 0
+                continue
+            try:
+                self.act(a, feed, window, done)
+            except StreamStop as halt:  # raised by a forward's receive
+                todo, i = self._stop(todo[i - 1 :], halt.first), 0
+        if self.stopped is not None:
+            self._pad(order, self.stopped)
+        self.end()
+        return window
+
+    def begin(self, order: list[Action]) -> Window:
+        """Start a segment of ``order`` (this stage's actions): post its receives, reset."""
         forwards = [a.microbatch for a in order if a.op == "F"]
         channels = ((self.acts, self.spec.prev_ranks, "F"), (self.grads, self.spec.next_ranks, "B"))
         for inboxes, ranks, op in channels:
             for r, inbox in inboxes.items():
                 inbox.expect(sum(a.op == op and peer(ranks, a.microbatch) == r for a in order))
         self._last_mb = max(forwards, default=-1)
+        self.split = {a.microbatch for a in order if a.op == "W"}
         self.weights.begin_segment(order)
         self.stopped = None
-        window = Window()
-        todo, i = order, 0
-        while i < len(todo):
-            a = todo[i]
-            i += 1
-            if a.op == "F":
-                if stop is not None and not self.acts and a.microbatch > 0 and stop(a.microbatch):
-                    todo, i = self._stop(todo[i - 1 :], a.microbatch), 0
-                    continue
-                try:
-                    self._forward(a.microbatch, feed, window)
-                except StreamStop as halt:
-                    todo, i = self._stop(todo[i - 1 :], halt.first), 0
-                    continue
-            elif a.op == "B":
-                done(a.microbatch, self._backward(a.microbatch, feed, window))
-            else:
-                raise ConfigError(
-                    f"The pipeline executor runs F and B actions; {a} is a split weight-gradient "
-                    "action, which no built-in strategy schedules. Fix: fold W into B."
-                )
-            self.outbox.poll()
-        if self.stopped is not None:
-            self._pad(order, self.stopped)
+        return Window()
+
+    def act(self, a: Action, feed: Feed, window: Window, done: Callable[[int, float], None]) -> None:
+        """Run one action (F, B or W) of this stage."""
+        if a.op == "F":
+            self._forward(a.microbatch, feed, window)
+        elif a.op == "B":
+            done(a.microbatch, self._backward(a.microbatch, feed, window))
+        else:
+            self._weight(a.microbatch, feed, window)
+        self.outbox.poll()
+        if self.back_out is not self.outbox:
+            self.back_out.poll()
+
+    def end(self) -> None:
+        """Wait for this segment's sends."""
         self.outbox.drain()
-        return window
+        if self.back_out is not self.outbox:
+            self.back_out.drain()
 
     def _stop(self, rest: list[Action], first: int) -> list[Action]:
         """End the stream before micro-batch ``first``: what is left of the order without it and
@@ -225,7 +200,7 @@ class StageExecutor:
         if self.spec.in_meta is not None:  # gradients to the previous stage
             expected = sum(a.op == "B" for a in order)
             sent = sum(a.op == "B" and a.microbatch < first for a in order)
-            self.outbox.pad(self.spec.prev_ranks[0], self.spec.in_meta, self.ctx.device,
+            self.back_out.pad(self.spec.prev_ranks[0], self.spec.in_meta, self.ctx.device,
                             min(ahead, expected - sent), "gradient")
         for inbox in [*self.acts.values(), *self.grads.values()]:
             inbox.close()
@@ -263,7 +238,7 @@ class StageExecutor:
         """The next message of ``inbox``; the wait counts once this segment's compute has begun."""
         start = self.ctx.recorder.now()
         got = inbox.take(mb, step)
-        self.outbox.acknowledged(inbox.peer, inbox.acked)
+        (self.back_out if inbox.op == "activation" else self.outbox).acknowledged(inbox.peer, inbox.acked)
         if start >= window.start:
             window.wait += self.ctx.recorder.now() - start
         return got
@@ -280,11 +255,16 @@ class StageExecutor:
             params = self.weights.forward_params(mb, tag)
             self._trace("F", mb, step)
             with self.meter.track(self.weights.held_ptrs()) as saved:
-                out = self._run_module(inp, params, mb)
+                if mb in self.split:  # cut at layer boundaries, so W need not repeat B's work
+                    out, self.graphs[mb] = forward_pieces(self.spec.module, inp)
+                else:
+                    out = self._run_module(inp, params, mb)
                 if not self.grads:  # last stage: the loss of micro-batch mb (a mean over it)
                     out = self.job.loss(out, feed.target(mb))
                     self.losses[mb] = float(out.detach())
-            self.meter.hold(mb, saved, inp, out)
+                    if mb in self.graphs:  # B starts from the loss: the last piece ends there
+                        self.graphs[mb].pieces[-1].y = out
+            self.meter.hold((self.spec.stage, mb), saved, inp, out)
             self.meter.note(self.weights.stash_bytes())
         self.flight[mb] = (inp, out)
         if self.grads:
@@ -301,6 +281,8 @@ class StageExecutor:
         else:
             grad, loss = self._take(self.grads[peer(self.spec.next_ranks, mb)], mb, step, window)
         self._trace("B", mb, step)
+        if mb in self.split:
+            return self._backward_input(mb, step, window, inp, out, grad, loss)
         with self._compute("backward", mb, step, window):
             if not out.requires_grad:  # a parameter-free stage fed by data: nothing to differentiate
                 pass
@@ -308,16 +290,36 @@ class StageExecutor:
                 (out * self.spec.loss_scale).backward()
             else:
                 out.backward(grad)
-        self.meter.release(mb)
+        self.meter.release((self.spec.stage, mb))
         if self.acts:
             g = inp.grad if inp.grad is not None else torch.zeros_like(inp)
             src = peer(self.spec.prev_ranks, mb)
-            self.outbox.send(g, src, "gradient", loss, mb, step, ack=self.acts[src].taken)
+            self.back_out.send(g, src, "gradient", loss, mb, step, ack=self.acts[src].taken)
         if self.weights.updates_per_backward:  # after the send: the previous stage need not wait
             with self._compute("optimizer", mb, step, window):
                 self.weights.after_backward(mb)
             self.meter.note(self.weights.stash_bytes())
         return loss
+
+    def _backward_input(self, mb: int, step: int, window: Window, inp: torch.Tensor, out: torch.Tensor,
+                        grad: torch.Tensor | None, loss: float) -> float:
+        """B of a split backward: the input's gradient only, sent at once; W follows later."""
+        with self._compute("backward", mb, step, window):
+            if grad is None:  # the last stage: this micro-batch's share of the mini-batch loss
+                grad = torch.full_like(out, self.spec.loss_scale)
+            g = backward_input(self.graphs[mb], grad)
+        if self.acts:
+            g = g if g is not None else torch.zeros_like(inp)
+            src = peer(self.spec.prev_ranks, mb)
+            self.back_out.send(g, src, "gradient", loss, mb, step, ack=self.acts[src].taken)
+        return loss
+
+    def _weight(self, mb: int, feed: Feed, window: Window) -> None:
+        """W of a split backward: the weight gradients, into ``.grad`` (summed with the others')."""
+        step = feed.step(mb)
+        with self._compute("weight", mb, step, window):
+            backward_weight(self.graphs.pop(mb))
+        self.meter.release((self.spec.stage, mb))
 
     @torch.no_grad()
     def infer(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -362,7 +364,7 @@ class StageExecutor:
             "peak_activation_bytes": m.peak_activation,
             "peak_memory_bytes": m.peak_total,
             "peak_in_flight": m.peak_in_flight,
-            "peak_outstanding_sends": self.outbox.peak_outstanding,
+            "peak_outstanding_sends": max(self.outbox.peak_outstanding, self.back_out.peak_outstanding),
         }
 
 

@@ -2,12 +2,13 @@
 
 ``layerwise`` (a pipeline with one micro-batch), ``mesh`` dp × pp (one pipeline per replica) and
 ``distbelief`` (a model-parallel replica per parameter-server client) cut the model into
-consecutive stages over a list of ranks and run each step as a flush schedule — ``gpipe`` or
-``1f1b``, the same `schedule.stage_orders` data the ``gpipe``/``1f1b`` strategies and the planner
-use — through `executor.StageExecutor` and its `wire`. What happens at the flush is the caller's:
-``layerwise`` steps its optimizer, ``mesh`` all-reduces the stage gradients across replicas
-first, ``distbelief`` pushes them to its stage's servers instead. Weights tied across stages have
-their gradient summed over those stages at the flush (`ties`); distbelief refuses them.
+consecutive stages over a list of ranks and run each step as a flush schedule — ``gpipe``,
+``1f1b`` or ``zb-h1`` (its W actions run the split backward), the same `schedule.stage_orders`
+data the pipeline strategies and the planner use — through `executor.StageExecutor` and its
+`wire`. What happens at the flush is the caller's: ``layerwise`` steps its optimizer, ``mesh``
+all-reduces the stage gradients across replicas first, ``distbelief`` pushes them to its stage's
+servers instead. Weights tied across stages have their gradient summed over those stages at the
+flush (`ties`); distbelief refuses them.
 
 A step's batch (B rows) is split into M equal micro-batches; micro-batch m's loss is its mean
 scaled by 1/M, so the accumulated gradients equal one full-batch backward and the step loss is

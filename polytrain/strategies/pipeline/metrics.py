@@ -93,9 +93,10 @@ def schedule_bubble(ops: list[list[list[list[Any]]]], latency: float = 0.0) -> t
 
 
 def op_seconds(ops: list[list[list[Any]]]) -> dict[str, float]:
-    """One stage's median compute seconds per forward (``F``) and backward (``B``) action."""
+    """One stage's median compute seconds per forward (``F``), backward (``B``; the input gradient
+    alone in a split backward) and weight-gradient (``W``) action."""
     out = {}
-    for op in ("F", "B"):
+    for op in ("F", "B", "W"):
         secs = [float(sec) for seg in ops for o, _, sec in seg if o == op]
         if secs:
             out[op] = statistics.median(secs)
@@ -118,7 +119,8 @@ def summarise(records: list[dict[str, Any]], head: dict[str, Any]) -> dict[str, 
     if per_segment:  # robust to a mini-batch that a busy host stalled
         out["bubble_fraction_median"] = statistics.median(per_segment)
     if head.get("flush"):
-        out["bubble_fraction_theory"] = theoretical_bubble(len(records), head["microbatches"])
+        if head.get("schedule") in ("gpipe", "1f1b"):  # the others: the replay below is their theory
+            out["bubble_fraction_theory"] = theoretical_bubble(len(records), head["microbatches"])
         if len(lanes) == len(records) and all(r.get("ops") for r in lanes):  # one rank per stage
             replayed, per_seg = schedule_bubble([r["ops"] for r in lanes])
             out["bubble_fraction_schedule"] = replayed

@@ -16,7 +16,7 @@ from polytrain.plan.partition import Partition, check_cuttable
 from polytrain.strategies.pipeline.ties import refuse_ties
 
 PARTITION_MODES = ("auto", "uniform", "params", "time")
-REPLICA_SCHEDULES = ("gpipe", "1f1b")
+REPLICA_SCHEDULES = ("gpipe", "1f1b", "zb-h1")  # the flush schedules
 PARTITION_HELP = (
     "auto (PipeDream's planner on a measured profile), uniform (equal layer counts), params "
     "(balance parameter bytes), time (balance measured forward+backward time), or layer counts "

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from polytrain.errors import ConfigError, unknown
+from polytrain.strategies.pipeline import schedule_virtual
 from polytrain.strategies.pipeline.actions import (
     OPS,
     Action,
@@ -138,12 +139,30 @@ class ScheduleSpec:
 
     name: str
     description: str
-    orders: Callable[[int, int], Orders] = field(repr=False)
+    orders: Callable[..., Orders] = field(repr=False)  # (stages, microbatches[, virtual]) -> Orders
     flush: bool = True
     unit: str = "micro-batch"
+    placement: str = "none"  # "none": one chunk per rank; "loop": chunk c on rank c mod P; "v"
+    split: bool = False  # schedules W (weight gradient) apart from B (input gradient)
 
-    def grid(self, stages: int, microbatches: int, cost: Mapping[str, int] | None = None) -> Grid:
-        return simulate(self.orders(stages, microbatches), cost)
+    @property
+    def default_virtual(self) -> int:
+        return 1 if self.placement == "none" else 2
+
+    def build(self, stages: int, microbatches: int, virtual: int | None = None) -> Orders:
+        """The orders for ``stages`` ranks; ``virtual`` chunks per rank (None: the default)."""
+        if self.placement == "none":
+            if virtual not in (None, 1):
+                raise ConfigError(
+                    f"'{self.name}' runs virtual_stages={virtual}. Rule: it places one chunk per rank. "
+                    "Fix: --set virtual_stages=1, or a schedule with virtual stages (interleaved-1f1b)."
+                )
+            return self.orders(stages, microbatches)
+        return self.orders(stages, microbatches, self.default_virtual if virtual is None else virtual)
+
+    def grid(self, stages: int, microbatches: int, cost: Mapping[str, int] | None = None,
+             virtual: int | None = None) -> Grid:
+        return simulate(self.build(stages, microbatches, virtual), cost)
 
 
 SCHEDULES: dict[str, ScheduleSpec] = {}
@@ -172,6 +191,22 @@ register_schedule(
 )
 
 
+_NEW = (
+    ("interleaved-1f1b", "Interleaved 1F1B (Megatron): V chunks per rank, bubble / V",
+     schedule_virtual.interleaved_orders, "loop", False),
+    ("looped-bfs", "Looped BFS: GPipe looped over V chunks per rank, earlier chunk first",
+     schedule_virtual.looped_bfs_orders, "loop", False),
+    ("zb-h1", "ZB-H1 zero bubble: 1F1B with B and W split, W deferred into the bubble",
+     schedule_virtual.zb_h1_orders, "none", True),
+    ("zbv", "ZB-V zero bubble: 2 chunks per rank in a V, B and W split",
+     schedule_virtual.zbv_orders, "v", True),
+    ("dualpipev", "DualPipeV (DeepSeek-V3, cut in half): 2 chunks per rank in a V, bidirectional",
+     schedule_virtual.dualpipev_orders, "v", True),
+)
+for _name, _text, _build, _place, _split in _NEW:
+    register_schedule(ScheduleSpec(_name, _text, _build, placement=_place, split=_split))
+
+
 def schedule_names() -> list[str]:
     return list(SCHEDULES)
 
@@ -182,9 +217,9 @@ def get_schedule(name: str) -> ScheduleSpec:
     return SCHEDULES[name]
 
 
-def stage_orders(name: str, stages: int, microbatches: int) -> Orders:
-    """The order of work per stage of a registered schedule: what the runtime executes."""
-    return get_schedule(name).orders(stages, microbatches)
+def stage_orders(name: str, stages: int, microbatches: int, virtual: int | None = None) -> Orders:
+    """The order of work per stage (rank) of a registered schedule: what the runtime executes."""
+    return get_schedule(name).build(stages, microbatches, virtual)
 
 
 def gpipe(stages: int, microbatches: int, cost: Mapping[str, int] | None = None) -> Grid:
@@ -228,14 +263,15 @@ def in_flight(orders: Mapping[int, list[Action]]) -> dict[int, int]:
     """Peak micro-batches per stage whose forward is done and whose backward is not.
 
     That is the peak count of stored activations (and, for PipeDream, of stashed weight
-    versions). A micro-batch's activations are freed by its last B or W on the stage.
+    versions). A micro-batch's activations are freed by its last B or W on the stage. With
+    virtual stages a rank counts (chunk, micro-batch) pairs, each holding one chunk's activations.
     """
     peaks = {}
     for s, order in orders.items():
-        last = {a.microbatch: i for i, a in enumerate(order) if a.op in ("B", "W")}
+        last = {(a.stage, a.microbatch): i for i, a in enumerate(order) if a.op in ("B", "W")}
         live = peak = 0
         for i, a in enumerate(order):
-            live += (a.op == "F") - (last.get(a.microbatch) == i)
+            live += (a.op == "F") - (last.get((a.stage, a.microbatch)) == i)
             peak = max(peak, live)
         peaks[s] = peak
     return peaks

@@ -1,0 +1,110 @@
+"""The pipelines with virtual stages: ``interleaved-1f1b``, ``looped-bfs``, ``zbv``, ``dualpipev``.
+
+Each runs its registered schedule (`schedule_virtual`) over P·V model chunks, V per rank
+(`virtual_run`), with one optimizer step per mini-batch, so each equals ``single``.
+
+    polytrain train --strategy interleaved-1f1b --procs 2 --set virtual_stages=2 --set microbatches=4
+    polytrain train --strategy zbv --procs 2 --set microbatches=4
+
+Refused before launch, in one line each: V the schedule cannot place (a V-shape places 2), M not
+a multiple of P for interleaving, V·P chunks that do not divide the layers (``uniform``) or
+counts that do not give V·P chunks, a split backward with checkpointing, replicated stages,
+weights tied across chunks, checkpoints and resume.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from polytrain.config import JobConfig
+from polytrain.errors import ConfigError
+from polytrain.plan.partition import Partition, check_cuttable
+from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.strategies.base import Strategy
+from polytrain.strategies.pipeline.options import FlushOptions, check_microbatches, meta_model
+from polytrain.strategies.pipeline.schedule import get_schedule
+from polytrain.strategies.pipeline.ties import refuse_ties
+from polytrain.strategies.pipeline.virtual_run import VirtualRun
+from polytrain.strategies.pipeline.zb_h1 import check_split
+
+
+class VirtualOptions(FlushOptions):
+    """Flush options plus ``virtual_stages``: model chunks per rank (V)."""
+
+    partition: str = "uniform"
+    virtual_stages: int = Field(2, ge=1, description="model chunks per rank V (the model is cut into P·V)")
+
+
+def check_virtual_job(name: str, opts: VirtualOptions, cfg: JobConfig, world: int) -> None:
+    """Everything `VirtualRun` needs, checked on the job description before any process starts."""
+    v = opts.virtual_stages
+    get_schedule(name).build(world, opts.microbatches, v)  # V and M for this schedule
+    if opts.checkpoint != "never":
+        check_split(name, opts)
+    if opts.replicate or opts.partition in ("params", "time"):
+        raise ConfigError(
+            f"'{name}' with partition={opts.partition}{' and replicate' if opts.replicate else ''}. "
+            "Rule: virtual stages cut the model uniformly or by counts, one rank per chunk set. "
+            "Fix: --set partition=uniform or layer counts per chunk, e.g. partition=1,1,1,1."
+        )
+    if cfg.checkpoint_every:
+        raise ConfigError(
+            f"'{name}' with checkpoint_every={cfg.checkpoint_every}. Rule: checkpoints of virtual "
+            "stages are not built. Fix: drop --checkpoint-every, or use --strategy 1f1b."
+        )
+    chunks = world * v
+    model = meta_model(cfg)
+    layers = None if model is None else check_cuttable(model, chunks)
+    if opts.partition in ("uniform", "auto"):
+        if layers is not None and layers % chunks:
+            raise ConfigError(
+                f"'{name}' cuts {layers} layers into {world} ranks x {v} virtual stages = {chunks} "
+                f"chunks. Rule: with partition=uniform the chunks must divide the layers. Fix: a "
+                f"--procs and virtual_stages whose product divides {layers}, or layer counts per "
+                "chunk: --set partition=a,b,c,..."
+            )
+    else:
+        part = Partition.parse(opts.partition)
+        if part.stages != chunks or any(r > 1 for r in part.replicas):
+            raise ConfigError(
+                f"'{name}': partition={opts.partition} gives {part.stages} stages. Rule: one layer "
+                f"count per chunk, {world} ranks x {v} = {chunks}, no replicas. "
+                f"Fix: --set partition= with {chunks} counts."
+            )
+        if layers is not None:
+            part.check(layers, chunks)
+    refuse_ties(model, cfg, name, "its chunks keep separate copies of a tied weight")
+
+
+class _Virtual(Strategy):
+    family = "pipeline"
+    Options = VirtualOptions
+
+    def check(self, cfg: JobConfig, world: int) -> None:
+        opts: VirtualOptions = self.options  # type: ignore[assignment]
+        check_microbatches(self.name, cfg, opts.microbatches)
+        check_virtual_job(self.name, opts, cfg, world)
+
+    def run(self, job: Job, ctx: RankContext) -> RankResult:
+        opts: VirtualOptions = self.options  # type: ignore[assignment]
+        return VirtualRun(job, ctx, opts, self.name, opts.virtual_stages).run()
+
+
+class Interleaved1F1B(_Virtual):
+    name = "interleaved-1f1b"
+    summary = "Interleaved 1F1B (Megatron): V chunks per rank, bubble / V, one synchronous update"
+
+
+class LoopedBFS(_Virtual):
+    name = "looped-bfs"
+    summary = "Looped BFS: GPipe looped over V chunks per rank, one synchronous update"
+
+
+class ZeroBubbleV(_Virtual):
+    name = "zbv"
+    summary = "ZB-V: 2 chunks per rank in a V, split backward (B now, W later), one update"
+
+
+class DualPipeV(_Virtual):
+    name = "dualpipev"
+    summary = "DualPipeV (DeepSeek-V3 cut in half): 2 chunks per rank in a V, one update"
