@@ -109,7 +109,8 @@ class CheckpointStore:
     def commit(self, step: int, keep: int) -> Path:
         """Seal the staged directory: manifest, rename into place, move LATEST, prune old ones."""
         tmp = self.stage(step)
-        files = {p.name: _sha256(p) for p in sorted(tmp.glob("rank*.pt"))}
+        # rank files, and any other tensor file a strategy staged (e.g. zero's consolidated model.pt)
+        files = {p.name: _sha256(p) for p in sorted(tmp.glob("*.pt"))}
         meta: dict[str, Any] = {"step": step, "job_fingerprint": self.fingerprint,
                                 "files": sorted(files)}
         if self.clock is not None:
