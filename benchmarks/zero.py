@@ -4,6 +4,8 @@ time per step, bytes sent per step per rank, bytes held, peak memory per rank.
 
     .venv/bin/python benchmarks/zero.py [--ranks 2 4] [--repeats 5] [--steps 6] [--d-model 192]
 
+Writes results/zero_w<W>.json and .md for each world size as soon as it is measured.
+
 One launch of W real gloo processes per world size; inside it the variants alternate (order
 reversed every repeat), each built afresh per repeat from the same seed: one warm-up step, then
 ``--steps`` timed steps. Every variant drives its model exactly as its strategy does (``zero``:
@@ -63,7 +65,8 @@ def build(variant: str, job: Any, comm: Any) -> tuple[Any, Any, Any]:
     import torch.distributed as dist
 
     from polytrain.strategies.data import fsdp as fsdp_mod
-    from polytrain.strategies.data.zero_shard import ShardedModel, bucket_units, held_bytes, layer_units
+    from polytrain.strategies.data.zero_memory import held_bytes
+    from polytrain.strategies.data.zero_shard import ShardedModel, bucket_units, layer_units
 
     model = job.build_model()
     if variant.startswith("zero"):
@@ -79,7 +82,7 @@ def build(variant: str, job: Any, comm: Any) -> tuple[Any, Any, Any]:
             loss.backward()
             sm.finish_backward()
             sm.optimizer_step(opt)
-            return float(loss)
+            return float(loss.detach())
 
         return model, zstep, lambda: sum(v for k, v in held_bytes(sm, opt).items())
     if variant.startswith("fsdp"):
@@ -119,7 +122,7 @@ def build(variant: str, job: Any, comm: Any) -> tuple[Any, Any, Any]:
         loss = job.forward_loss(forward, x, y)
         loss.backward()
         opt.step()
-        return float(loss)
+        return float(loss.detach())
 
     def held() -> int:
         inner = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer keeps its shard's optimizer
@@ -196,6 +199,21 @@ def worker(rank: int, world: int, port: int, a: argparse.Namespace, out: str) ->
     dist.destroy_process_group()
 
 
+def summarize(world: int, per: list[dict[str, Any]], repeats: int) -> list[dict[str, Any]]:
+    """One row per variant from every rank's repeats."""
+    rows = []
+    for v in VARIANTS:
+        reps = [x for r in per for x in r["rows"][v]]  # every rank's every repeat
+        step = [max(r["rows"][v][i]["step_ms"] for r in per) for i in range(repeats)]
+        rows.append({"W": world, "variant": v, "step ms": fmt_spread(step, 1),
+                     "MB sent/step/rank": spread([x["sent_per_step"] / 1e6 for x in reps])["median"],
+                     "held MB/rank": spread([x["held"] / 1e6 for x in reps])["median"],
+                     "peak RSS MB/rank": fmt_spread([x["peak_rss"] / 1e6 for x in reps], 0),
+                     "transient MB/rank": fmt_spread([x["transient"] / 1e6 for x in reps], 1),
+                     "params": per[0]["params"]})
+    return rows
+
+
 def main() -> None:
     import json
 
@@ -206,32 +224,24 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--d-model", type=int, default=192)
+    p.add_argument("--raw", help="only summarise the rank files (r<rank>.json) a run of this "
+                   "script wrote into DIR for the one --ranks W, when it was stopped before writing")
     a = p.parse_args()
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # read by each spawned rank's malloc at start
-    rows, raw = [], {}
-    for world in a.ranks:
-        out = tempfile.mkdtemp()
-        mp.spawn(worker, args=(world, _port(), a, out), nprocs=world, join=True)
+    for world in a.ranks:  # one results file per world size: a stopped run keeps the finished ones
+        out = a.raw or tempfile.mkdtemp()
+        if not a.raw:
+            mp.spawn(worker, args=(world, _port(), a, out), nprocs=world, join=True)
         per = [json.loads(Path(out, f"r{r}.json").read_text()) for r in range(world)]
-        raw[str(world)] = per
-        psi = per[0]["params"]
-        for v in VARIANTS:
-            reps = [x for r in per for x in r["rows"][v]]  # every rank's every repeat
-            step = [max(r["rows"][v][i]["step_ms"] for r in per) for i in range(a.repeats)]
-            rows.append({"W": world, "variant": v, "step ms": fmt_spread(step, 1),
-                         "MB sent/step/rank": spread([x["sent_per_step"] / 1e6 for x in reps])["median"],
-                         "held MB/rank": spread([x["held"] / 1e6 for x in reps])["median"],
-                         "peak RSS MB/rank": fmt_spread([x["peak_rss"] / 1e6 for x in reps], 0),
-                         "transient MB/rank": fmt_spread([x["transient"] / 1e6 for x in reps], 1),
-                         "params": psi})
-    write_results("zero", rows, list(rows[0]), extra={"repeats": raw}, notes=(
-        f"gpt-mini (d_model {a.d_model}, 4 layers) on chars (T 32), Adam, 8 samples per rank per "
-        f"step, one torch thread per rank; {a.repeats} repeats, the variants alternating; "
-        f"{a.steps} timed steps after one warm-up. step ms: the slowest rank's mean per repeat, "
-        "median (min–max). MB sent: polytrain's counted bytes per rank per step (median over ranks "
-        "and repeats). held: tensors alive after a step (parameters, gradients, optimizer state), "
-        "counted. peak RSS: VmHWM over the timed steps; transient: its growth over the RSS at the "
-        "reset, median (min–max) over ranks and repeats."))
+        rows = summarize(world, per, a.repeats)
+        write_results(f"zero_w{world}", rows, list(rows[0]), extra={"repeats": per}, notes=(
+            f"gpt-mini (d_model {a.d_model}, 4 layers) on chars (T 32), Adam, 8 samples per rank "
+            f"per step, one torch thread per rank; {a.repeats} repeats, the variants alternating; "
+            f"{a.steps} timed steps after one warm-up. step ms: the slowest rank's mean per repeat, "
+            "median (min–max). MB sent: polytrain's counted bytes per rank per step (median over "
+            "ranks and repeats). held: tensors alive after a step (parameters, gradients, "
+            "optimizer state), counted. peak RSS: VmHWM over the timed steps; transient: its "
+            "growth over the RSS at the reset, median (min–max) over ranks and repeats."))
 
 
 if __name__ == "__main__":

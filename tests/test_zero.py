@@ -29,12 +29,8 @@ from polytrain.comm import Comm
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job
-from polytrain.strategies.data.zero_shard import (
-    ShardedModel,
-    bucket_units,
-    held_bytes,
-    layer_units,
-)
+from polytrain.strategies.data.zero_memory import held_bytes
+from polytrain.strategies.data.zero_shard import ShardedModel, bucket_units, layer_units
 from tests.conftest import assert_same_params, load_model, read_summary, step_losses
 from tests.test_comm import _port
 
@@ -42,14 +38,15 @@ K = {"sgd": 0, "momentum": 4, "adam": 8}  # optimizer bytes per fp32 parameter
 DIGITS: dict[str, Any] = {"dataset": "digits"}
 GPT: dict[str, Any] = {"dataset": "chars", "model_options": {"d_model": 16, "n_layer": 2, "n_head": 2},
                        "data_options": {"seq_len": 8, "chars": 4000}}
-# (model, data, optimizer, lr, W, stage, bucket_mb): every stage at every W, SGD/momentum/Adam,
-# the zoo and a transformer; mlp (26,122 parameters) is divisible by neither 3 nor 4
+# (model, data, optimizer, lr, W, stage, knob): every stage at every W, SGD/momentum/Adam, the zoo
+# and a transformer; knob: bucket_mb at stages 1-2, prefetch at stage 3. mlp (26,122 parameters)
+# is divisible by neither 3 nor 4
 CASES: list[tuple[str, dict[str, Any], str, float, int, int, float]] = [
     ("mlp", DIGITS, "sgd", 0.1, 2, 1, 0.02), ("mlp", DIGITS, "adam", 1e-3, 3, 1, 25.0),
     ("cnn", DIGITS, "momentum", 0.05, 4, 1, 0.01), ("cnn", DIGITS, "adam", 1e-3, 2, 2, 0.01),
     ("mlp", DIGITS, "momentum", 0.05, 3, 2, 0.05), ("mlp", DIGITS, "adam", 1e-3, 4, 2, 25.0),
-    ("mlp", DIGITS, "sgd", 0.1, 2, 3, 0), ("cnn", DIGITS, "adam", 1e-3, 3, 3, 0),
-    ("mlp", DIGITS, "adam", 1e-3, 4, 3, 0), ("gpt-mini", GPT, "adam", 1e-3, 3, 3, 0),
+    ("mlp", DIGITS, "sgd", 0.1, 2, 3, 0), ("cnn", DIGITS, "adam", 1e-3, 3, 3, 1),
+    ("mlp", DIGITS, "adam", 1e-3, 4, 3, 0), ("gpt-mini", GPT, "adam", 1e-3, 3, 3, 1),
     ("gpt-mini", GPT, "sgd", 0.1, 2, 2, 0.01), ("gpt-mini", GPT, "momentum", 0.05, 4, 1, 0.02),
 ]
 STEPS, BATCH = 3, 12
@@ -71,14 +68,14 @@ def _reference(job: Job) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def _sharded(job: Job, comm: Comm, stage: int, bucket_mb: float) -> dict[str, Any]:
+def _sharded(job: Job, comm: Comm, stage: int, knob: float) -> dict[str, Any]:
     """``STEPS`` steps of the engine exactly as ``zero_step`` makes them; what it held and sent."""
     model = job.build_model()
     params = list(model.parameters())
     total = sum(p.numel() for p in params)  # before sharding: stage 3 leaves them empty
     units = (layer_units(model, comm.world) if stage == 3 else
-             bucket_units(params, comm.world, bucket_mb))
-    sm = ShardedModel(model, units, comm, stage)
+             bucket_units(params, comm.world, knob))
+    sm = ShardedModel(model, units, comm, stage, prefetch=int(knob) if stage == 3 else 0)
     optimizer = job.make_optimizer(sm.optimizer_params())
     batches = job.batches()
     for i in range(1, STEPS + 1):
@@ -98,11 +95,11 @@ def _engine_worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     groups = {2: dist.new_group([0, 1]), 3: dist.new_group([0, 1, 2]), 4: None}
     results = []
-    for model, data, opt, lr, world, stage, bucket_mb in CASES:
+    for model, data, opt, lr, world, stage, knob in CASES:
         if rank >= world:
             continue
         job = _job(model, data, opt, lr)
-        got = _sharded(job, Comm(rank, world, group=groups[world], check=True), stage, bucket_mb)
+        got = _sharded(job, Comm(rank, world, group=groups[world], check=True), stage, knob)
         if rank == 0:
             ref = _reference(job)
             got["max_diff"] = max(float((got["state"][k] - v).abs().max()) for k, v in ref.items())
@@ -134,8 +131,8 @@ def _case_results(engine: dict[int, list[dict[str, Any]]], index: int) -> list[d
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("index", range(len(CASES)),
-                         ids=[f"{c[0]}-{c[2]}-W{c[4]}-stage{c[5]}" for c in CASES])
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[
+    f"{c[0]}-{c[2]}-W{c[4]}-stage{c[5]}" + ("-prefetch" if c[5] == 3 and c[6] else "") for c in CASES])
 def test_engine_equals_single_holds_and_sends_the_formulas(engine: dict[int, list[dict[str, Any]]],
                                                            index: int) -> None:
     _, _, opt, _, world, stage, _ = CASES[index]
@@ -191,7 +188,8 @@ def one_parameter() -> nn.Module:
 
 
 @pytest.mark.parametrize("strategy,sets,rule", [
-    ("zero", ["stage=4"], "option 'stage' = 4"),
+    ("zero", ["stage=4"], "option 'stage' = 4: stage must be 1"),
+    ("zero", ["prefetch=1"], "prefetches parameters at stage 3 only"),
     ("zero", ["compression=fp16"], "does not support compression"),
     ("zero", ["reshard_after_forward=false"], "unknown option 'reshard_after_forward'"),
     ("zero", ["stage=3", "bucket_mb=4"], "bucket_mb (got 4) does not apply"),

@@ -20,7 +20,7 @@ import resource
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from polytrain.comm.ddp_hooks import sync_buffers
 from polytrain.config import JobConfig
@@ -32,13 +32,8 @@ from polytrain.runtime.loop import LoopSpec, StepFn, commit_checkpoint, newest_c
 from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
-from polytrain.strategies.data.zero_shard import (
-    ShardedModel,
-    bucket_units,
-    formula_bytes,
-    held_bytes,
-    layer_units,
-)
+from polytrain.strategies.data.zero_memory import formula_bytes, held_bytes
+from polytrain.strategies.data.zero_shard import ShardedModel, bucket_units, layer_units
 
 DEFAULT_BUCKET_MB = 25.0
 NO_CODEC = ("zero's reduce-scatter and all-gather carry dense shards, and no codec is wired into "
@@ -47,10 +42,20 @@ NO_CODEC = ("zero's reduce-scatter and all-gather carry dense shards, and no cod
 
 class ZeroOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    stage: int = Field(2, ge=1, le=3, description="1: optimizer state, 2: + gradients, "
+    stage: int = Field(2, description="1: optimizer state, 2: + gradients, "
                        "3: + parameters sharded over the ranks")
     bucket_mb: float | None = Field(None, gt=0, description="stages 1-2: MiB of parameters per "
                                     f"flat unit (default {DEFAULT_BUCKET_MB:g}); stage 3 shards by layer")
+    prefetch: int = Field(0, ge=0, le=1, description="stage 3: 1 gathers the next layer while "
+                          "this one computes (forward and backward)")
+
+    @field_validator("stage")
+    @classmethod
+    def _stage(cls, v: int) -> int:
+        if v not in (1, 2, 3):
+            raise ValueError("stage must be 1 (optimizer state), 2 (+ gradients) or 3 "
+                             "(+ parameters sharded); use --set stage=1, 2 or 3")
+        return v
 
 
 def optimizer_state_bytes(cfg: JobConfig) -> int:
@@ -70,7 +75,7 @@ def check_param_count(total: int, world: int) -> None:
     if total < world:
         raise ConfigError(
             f"Strategy 'zero' shards every parameter over the {world} ranks, so the model needs at "
-            f"least {world} parameters (it has {total}). Use --procs {max(total, 1)} or fewer, or "
+            f"least {world} parameters (it has {total}). Use at most --procs {max(total, 1)}, or "
             "--strategy allreduce.")
 
 
@@ -88,6 +93,11 @@ class Zero(Strategy):
             raise ConfigError(
                 f"Strategy 'zero' at stage 3 gathers one layer at a time, so bucket_mb (got "
                 f"{opts.bucket_mb:g}) does not apply. Drop --set bucket_mb, or use stage=1 or 2.")
+        if opts.stage < 3 and opts.prefetch:
+            raise ConfigError(
+                f"Strategy 'zero' prefetches parameters at stage 3 only (got prefetch=1 with "
+                f"stage={opts.stage}): stages 1-2 keep every parameter. Drop --set prefetch, or "
+                "use --set stage=3.")
         total = count_params(cfg)
         if total is not None:
             check_param_count(total, world)
@@ -100,13 +110,13 @@ class Zero(Strategy):
         check_param_count(sum(p.numel() for p in params), ctx.world)
         units = (layer_units(model, ctx.world) if opts.stage == 3 else
                  bucket_units(params, ctx.world, opts.bucket_mb or DEFAULT_BUCKET_MB))
-        sm = ShardedModel(model, units, ctx.comm, opts.stage)
+        sm = ShardedModel(model, units, ctx.comm, opts.stage, opts.prefetch)
         optimizer = job.make_optimizer(sm.optimizer_params())
         spec = LoopSpec(model=model, optimizer=optimizer, step_fn=zero_step(job, ctx, sm, optimizer),
                         part=ctx.rank, parts=ctx.world, replicated=opts.stage < 3,
                         save=lambda step: save_sharded(job, ctx, sm, optimizer, step),
                         restore=lambda: restore_sharded(ctx, sm, optimizer),
-                        metrics={"stage": opts.stage, "units": len(units)})
+                        metrics={"stage": opts.stage, "units": len(units), "prefetch": opts.prefetch})
         result = run_loop(job, ctx, spec)
         result.strategy_metrics.update(memory_report(job, ctx, sm, optimizer))
         if opts.stage == 3 and result.model_state is not None:

@@ -133,8 +133,11 @@ class ShardedModel:
     ``optimizer_params()`` are the tensors the optimizer steps (one shard (S_u,) per unit; their
     ``.grad`` is the unit's reduced gradient shard, the mean over ranks)."""
 
-    def __init__(self, model: nn.Module, units: list[Unit], comm: Comm, stage: int) -> None:
+    def __init__(self, model: nn.Module, units: list[Unit], comm: Comm, stage: int,
+                 prefetch: int = 0) -> None:
         self.model, self.units, self.comm, self.stage = model, units, comm, stage
+        self.prefetch = prefetch  # stage 3: gather the next layer while this one computes
+        self._inflight: dict[int, tuple[Any, torch.Tensor]] = {}  # prefetched gathers
         self.world, self.rank = comm.world, comm.rank
         p0 = units[0].params[0]
         self.device, self.dtype = p0.device, p0.dtype
@@ -192,19 +195,36 @@ class ShardedModel:
 
     # ---- gathering --------------------------------------------------------------------------
     def gather(self, u: Unit, op: str = "allgather") -> None:
-        """All-gather unit ``u`` from every rank's shard (stage 3: into a fresh buffer)."""
+        """All-gather unit ``u`` from every rank's shard (stage 3: into a fresh buffer, or by
+        waiting for its prefetch)."""
         full = self.full[u.index]
         if self.stage == 3:
-            if full is not None:
+            if u.index in self._inflight:
+                work, full = self._inflight.pop(u.index)
+                work.wait()
+            elif full is not None:
                 return  # already gathered (a layer called twice, or tied layers)
-            full = torch.empty(u.padded, dtype=self.dtype, device=self.device)
-            self.comm.all_gather_into(full, self.shards[u.index], op=op)
+            else:
+                full = torch.empty(u.padded, dtype=self.dtype, device=self.device)
+                self.comm.all_gather_into(full, self.shards[u.index], op=op)
             self.full[u.index] = full
             self._view(u, full)
             return
         assert full is not None
         # the shard is a view of ``full``: send a copy, the backend must not read what it writes
         self.comm.all_gather_into(full, self.shards[u.index].clone(), op=op)
+
+    def _prefetch(self, index: int, op: str) -> None:
+        """Stage 3, ``prefetch=1``: start gathering unit ``index`` (asynchronously) unless it is
+        gathered, on its way, or already reduced this step."""
+        if not self.prefetch or not 0 <= index < len(self.units) or index in self._inflight:
+            return
+        if self.full[index] is not None or (op != "allgather" and self._launched[index]):
+            return
+        u = self.units[index]
+        full = torch.empty(u.padded, dtype=self.dtype, device=self.device)
+        work = self.comm.all_gather_into(full, self.shards[index], op=op, async_op=True)
+        self._inflight[index] = (work, full)
 
     def gather_all(self, op: str = "allgather") -> None:
         with torch.no_grad():
@@ -218,7 +238,9 @@ class ShardedModel:
 
     def _hook_layers(self, u: Unit) -> None:
         def before(_m: nn.Module, _args: Any) -> None:
-            self.gather(u, "allgather" if torch.is_grad_enabled() else "eval-allgather")
+            op = "allgather" if torch.is_grad_enabled() else "eval-allgather"
+            self.gather(u, op)
+            self._prefetch(u.index + 1, op)  # forward runs the units in order
 
         def after(_m: nn.Module, _args: Any, out: Any) -> None:
             for t in _tensors(out):
@@ -231,9 +253,10 @@ class ShardedModel:
         self._handles.append(u.modules[-1].register_forward_hook(after))
 
     def _regather(self, u: Unit, grad: torch.Tensor) -> torch.Tensor:
-        if self.full[u.index] is None and not self._launched[u.index]:
+        if not self._launched[u.index]:
             with torch.no_grad():
                 self.gather(u, "allgather-backward")
+                self._prefetch(u.index - 1, "allgather-backward")  # backward runs them in reverse
         return grad
 
     # ---- gradients --------------------------------------------------------------------------
@@ -348,38 +371,3 @@ def _tensors(out: Any) -> Iterator[torch.Tensor]:
     elif isinstance(out, dict):
         for o in out.values():
             yield from _tensors(o)
-
-
-def _storages(tensors: Iterator[torch.Tensor | None]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (a view counts with its base, once)."""
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if t is not None and t.numel() > 0:
-            st = t.untyped_storage()
-            seen[st.data_ptr()] = st.nbytes()
-    return sum(seen.values())
-
-
-def held_bytes(sm: ShardedModel, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """What this rank holds, counted from its tensors: parameters, gradients, optimizer state per
-    element (tensors shaped like a shard) and the optimizer's per-tensor scalars (e.g. Adam's step)."""
-    params = _storages(iter([*(p for p in sm.model.parameters()), *sm.shards]))
-    grads = _storages(iter([*(p.grad for p in sm.model.parameters()), *(s.grad for s in sm.shards)]))
-    per_elem: list[torch.Tensor] = []
-    scalars: list[torch.Tensor] = []
-    for s in sm.shards:
-        for v in optimizer.state.get(s, {}).values():
-            if isinstance(v, torch.Tensor):
-                (per_elem if v.shape == s.shape else scalars).append(v)
-    return {"params": params, "grads": grads, "optimizer": _storages(iter(per_elem)),
-            "optimizer_scalars": _storages(iter(scalars))}
-
-
-def formula_bytes(stage: int, padded: int, world: int, k: int, elem: int = 4) -> dict[str, int]:
-    """ZeRO's held bytes for Ψ' = ``padded`` elements of ``elem`` bytes, K = ``k`` bytes of
-    optimizer state per element: (4+4+K/W)Ψ', (4+(4+K)/W)Ψ', (4+4+K)Ψ'/W for fp32."""
-    shard = padded // world
-    return {"params": elem * (padded if stage < 3 else shard),
-            "grads": elem * (padded if stage == 1 else shard),
-            "optimizer": k * shard}
-
