@@ -38,6 +38,10 @@ from torch import nn
 from polytrain.comm.accounted import Comm
 
 EMPTY_SHAPE = (0,)
+# Reduce-scatters in flight at once: each holds its unit's full-size gradient copy (stages 2–3),
+# so an unbounded queue would keep a whole model's gradient alive until backward ends (measured:
+# zero-3's transient memory 11.6 MB against allreduce's 6.1 MB on gpt-mini before this bound).
+MAX_INFLIGHT = 2
 
 
 @dataclass
@@ -311,20 +315,27 @@ class ShardedModel:
                 self._release(u)
         work = self.comm.reduce_scatter(out, flat, op="reducescatter", async_op=True)
         self._pending.append((u, work, out, flat))
+        if len(self._pending) > MAX_INFLIGHT:  # bound the gradient copies alive at once
+            self._complete(*self._pending.pop(0))
+
+    def _complete(self, u: Unit, work: Any, out: torch.Tensor, flat: torch.Tensor) -> None:
+        """Wait for unit ``u``'s reduce-scatter; its shard's ``.grad`` becomes the mean over ranks
+        (and ``flat``, a full-size copy at stages 2–3, is dropped)."""
+        work.wait()
+        out.div_(self.world)
+        if self.stage == 1:  # the reduced chunk replaces this rank's chunk of the full gradient
+            chunk = self._chunk(flat, u)
+            chunk.copy_(out)
+            self.shards[u.index].grad = chunk
+        else:
+            self.shards[u.index].grad = out
 
     def finish_backward(self) -> None:
         """After backward: reduce what no hook launched (unused parameters), wait for every
-        reduce-scatter, and set each shard's ``.grad`` to the mean over ranks."""
+        reduce-scatter still in flight."""
         self._launch_ready(force=True)
-        for u, work, out, flat in self._pending:
-            work.wait()
-            out.div_(self.world)
-            if self.stage == 1:  # the reduced chunk replaces this rank's chunk of the full gradient
-                chunk = self._chunk(flat, u)
-                chunk.copy_(out)
-                self.shards[u.index].grad = chunk
-            else:
-                self.shards[u.index].grad = out
+        for entry in self._pending:
+            self._complete(*entry)
         self._pending = []
 
     # ---- update -----------------------------------------------------------------------------
