@@ -191,8 +191,8 @@ def worker(rank: int, world: int, port: int, a: argparse.Namespace, out: str) ->
                     data_options={"seq_len": 32, "chars": 20000})
     job = Job.from_config(cfg)
     comm = Comm(rank, world)
-    rows: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
-    for _, v in alternating(VARIANTS, a.repeats):
+    rows: dict[str, list[dict[str, float]]] = {v: [] for v in a.variants}
+    for _, v in alternating(a.variants, a.repeats):
         rows[v].append(measure(v, job, comm, a.steps))
     params = sum(p.numel() for p in job.build_model().parameters())
     Path(out, f"r{rank}.json").write_text(json.dumps({"rows": rows, "params": params}))
@@ -202,7 +202,7 @@ def worker(rank: int, world: int, port: int, a: argparse.Namespace, out: str) ->
 def summarize(world: int, per: list[dict[str, Any]], repeats: int) -> list[dict[str, Any]]:
     """One row per variant from every rank's repeats."""
     rows = []
-    for v in VARIANTS:
+    for v in per[0]["rows"]:
         reps = [x for r in per for x in r["rows"][v]]  # every rank's every repeat
         step = [max(r["rows"][v][i]["step_ms"] for r in per) for i in range(repeats)]
         rows.append({"W": world, "variant": v, "step ms": fmt_spread(step, 1),
@@ -224,6 +224,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--d-model", type=int, default=192)
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=VARIANTS)
     p.add_argument("--raw", help="only summarise the rank files (r<rank>.json) a run of this "
                    "script wrote into DIR for the one --ranks W, when it was stopped before writing")
     a = p.parse_args()
@@ -234,7 +235,8 @@ def main() -> None:
             mp.spawn(worker, args=(world, _port(), a, out), nprocs=world, join=True)
         per = [json.loads(Path(out, f"r{r}.json").read_text()) for r in range(world)]
         rows = summarize(world, per, a.repeats)
-        write_results(f"zero_w{world}", rows, list(rows[0]), extra={"repeats": per}, notes=(
+        subset = "" if a.variants == VARIANTS else "_" + "_".join(a.variants)
+        write_results(f"zero_w{world}{subset}", rows, list(rows[0]), extra={"repeats": per}, notes=(
             f"gpt-mini (d_model {a.d_model}, 4 layers) on chars (T 32), Adam, 8 samples per rank "
             f"per step, one torch thread per rank; {a.repeats} repeats, the variants alternating; "
             f"{a.steps} timed steps after one warm-up. step ms: the slowest rank's mean per repeat, "

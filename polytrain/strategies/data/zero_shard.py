@@ -146,6 +146,7 @@ class ShardedModel:
         p0 = units[0].params[0]
         self.device, self.dtype = p0.device, p0.dtype
         self.full: list[torch.Tensor | None] = []  # gathered units (stages 1–2: always)
+        self._buf: list[torch.Tensor] = []  # stage 3: each unit's buffer, its memory freed in place
         self.gbuf: list[torch.Tensor] = []  # stage 1: full-size gradient of each unit
         self.shards: list[torch.Tensor] = []  # (S_u,) each, this rank's chunk
         self._pending: list[Any] = []  # in-flight reduce-scatters
@@ -172,7 +173,8 @@ class ShardedModel:
         full = torch.zeros(u.padded, dtype=self.dtype, device=self.device)
         torch.cat([p.detach().reshape(-1) for p in u.params], out=full[: u.numel])
         if self.stage == 3:
-            self.shards.append(self._chunk(full, u).clone())  # owns its memory; full is dropped
+            self.shards.append(self._chunk(full, u).clone())  # owns its memory
+            self._buf.append(full)
             self.full.append(None)
             self._release(u)
             return
@@ -192,15 +194,27 @@ class ShardedModel:
     def _release(self, u: Unit) -> None:
         for p in u.params:
             p.data = torch.empty(EMPTY_SHAPE, dtype=self.dtype, device=self.device)
+        if self.stage == 3:
+            # free the memory itself, not just our reference: autograd's saved views of the
+            # parameters (e.g. a weight's transpose) share it and would keep it alive until
+            # backward; gathering again refills this same storage, so those views stay valid
+            self._buf[u.index].untyped_storage().resize_(0)
         self.full[u.index] = None
+
+    def _alloc(self, u: Unit) -> torch.Tensor:
+        """Stage 3: unit ``u``'s buffer with its memory back (contents undefined until gathered)."""
+        buf = self._buf[u.index]
+        if buf.untyped_storage().nbytes() == 0:
+            buf.untyped_storage().resize_(u.padded * buf.element_size())
+        return buf
 
     def optimizer_params(self) -> list[torch.Tensor]:
         return self.shards
 
     # ---- gathering --------------------------------------------------------------------------
     def gather(self, u: Unit, op: str = "allgather") -> None:
-        """All-gather unit ``u`` from every rank's shard (stage 3: into a fresh buffer, or by
-        waiting for its prefetch)."""
+        """All-gather unit ``u`` from every rank's shard (stage 3: into its buffer, or by waiting
+        for its prefetch)."""
         full = self.full[u.index]
         if self.stage == 3:
             if u.index in self._inflight:
@@ -209,7 +223,7 @@ class ShardedModel:
             elif full is not None:
                 return  # already gathered (a layer called twice, or tied layers)
             else:
-                full = torch.empty(u.padded, dtype=self.dtype, device=self.device)
+                full = self._alloc(u)
                 self.comm.all_gather_into(full, self.shards[u.index], op=op)
             self.full[u.index] = full
             self._view(u, full)
@@ -226,7 +240,7 @@ class ShardedModel:
         if self.full[index] is not None or (op != "allgather" and self._launched[index]):
             return
         u = self.units[index]
-        full = torch.empty(u.padded, dtype=self.dtype, device=self.device)
+        full = self._alloc(u)
         work = self.comm.all_gather_into(full, self.shards[index], op=op, async_op=True)
         self._inflight[index] = (work, full)
 
