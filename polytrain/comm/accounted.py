@@ -5,7 +5,9 @@ Bytes are counted per (peer, operation) on the sending side, from the tensors ac
 * point-to-point (``send``/``isend``): the payload, exactly;
 * ``all_reduce``: what a ring all-reduce sends — each rank passes 2·(W−1)/W of the tensor to its
   successor (reduce-scatter, then all-gather);
-* ``all_gather``: ring all-gather — (W−1) chunks of the local tensor to the successor;
+* ``all_gather`` / ``all_gather_into``: ring all-gather — (W−1) chunks of the local tensor to the
+  successor;
+* ``reduce_scatter``: ring reduce-scatter — (W−1) chunks of the output's size to the successor;
 * ``broadcast``: a flat tree — the source sends the tensor once to every other rank.
 
 With ``check=True`` (``--debug``, and always in the test suite) every collective first compares
@@ -53,6 +55,11 @@ def _describe(sig: list[int]) -> str:
     op = sig[0].to_bytes(7, "little").rstrip(b"\0").decode(errors="replace")
     shape = [d for d in sig[4:] if d >= 0]
     return f"{op}(shape={shape}, numel={sig[2]})"
+
+
+# torch 2.13 names the flat collectives *_single and deprecates *_tensor (a FutureWarning per call)
+_all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -167,6 +174,23 @@ class Comm:
         if self.world > 1:
             self.record(op, self._ring_next(), (self.world - 1) * _nbytes(tensor))
         dist.all_gather(out, tensor, group=self.group)
+
+    def all_gather_into(self, out: torch.Tensor, tensor: torch.Tensor, op: str = "allgather",
+                        async_op: bool = False) -> Any:
+        """Ring all-gather of ``tensor`` (S,) into the flat ``out`` (W·S,), rank r's at [rS, (r+1)S)."""
+        self.verify(op, tensor)
+        if self.world > 1:
+            self.record(op, self._ring_next(), (self.world - 1) * _nbytes(tensor))
+        return _all_gather_single(out, tensor, group=self.group, async_op=async_op)
+
+    def reduce_scatter(self, out: torch.Tensor, tensor: torch.Tensor, op: str = "reducescatter",
+                       async_op: bool = False) -> Any:
+        """Sum the flat ``tensor`` (W·S,) over ranks; rank r receives chunk r in ``out`` (S,).
+        Counted as a ring reduce-scatter: (W−1) chunks of S elements to the successor."""
+        self.verify(op, tensor)
+        if self.world > 1:
+            self.record(op, self._ring_next(), (self.world - 1) * _nbytes(out))
+        return _reduce_scatter_single(out, tensor, group=self.group, async_op=async_op)
 
     def broadcast(self, tensor: torch.Tensor, src: int, op: str = "broadcast") -> None:
         self.verify(op, tensor)

@@ -147,23 +147,30 @@ def counted_ddp(model: torch.nn.Module, comm: Comm, **kwargs: Any) -> Any:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ddp = DDP(model, broadcast_buffers=False, **kwargs)
-    buffers = [b for b in model.buffers() if b.numel() > 0]
-    if buffers and comm.world > 1:
-
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for b in buffers:
-            by_dtype.setdefault(b.dtype, []).append(b)
-
-        def sync(module: torch.nn.Module, _args: Any) -> None:
-            if not module.training:
-                return
-            for group in by_dtype.values():  # one coalesced broadcast per dtype, as DDP does
-                flat = torch.cat([b.reshape(-1) for b in group])
-                comm.broadcast(flat, 0, op="buffers")
-                at = 0
-                for b in group:
-                    b.copy_(flat[at : at + b.numel()].view_as(b))
-                    at += b.numel()
-
-        model.register_forward_pre_hook(sync)
+    sync_buffers(model, comm)
     return ddp
+
+
+def sync_buffers(model: torch.nn.Module, comm: Comm) -> None:
+    """Before each training forward, rank 0's buffers (BatchNorm statistics) reach every rank
+    through ``comm`` (op ``buffers``): DDP's ``broadcast_buffers`` semantics, counted where sent.
+    A model without buffers, or a world of one, sends nothing."""
+    buffers = [b for b in model.buffers() if b.numel() > 0]
+    if not buffers or comm.world == 1:
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for b in buffers:
+        by_dtype.setdefault(b.dtype, []).append(b)
+
+    def sync(module: torch.nn.Module, _args: Any) -> None:
+        if not module.training:
+            return
+        for group in by_dtype.values():  # one coalesced broadcast per dtype, as DDP does
+            flat = torch.cat([b.reshape(-1) for b in group])
+            comm.broadcast(flat, 0, op="buffers")
+            at = 0
+            for b in group:
+                b.copy_(flat[at : at + b.numel()].view_as(b))
+                at += b.numel()
+
+    model.register_forward_pre_hook(sync)

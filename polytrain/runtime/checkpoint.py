@@ -177,7 +177,8 @@ class CheckpointStore:
 
     def _commit(self, step: int, keep: int, window: int) -> Path:
         tmp = self.stage(step)
-        files = {p.name: _sha256(p) for p in sorted(tmp.glob("rank*.pt"))}
+        # rank files, and any other tensor file a strategy staged (e.g. zero's consolidated model.pt)
+        files = {p.name: _sha256(p) for p in sorted(tmp.glob("*.pt"))}
         meta: dict[str, Any] = {"step": step, "job_fingerprint": self.fingerprint,
                                 "files": sorted(files),
                                 "schema": {n: schema(_load_mapped(tmp / n)[0]) for n in files}}

@@ -1,0 +1,136 @@
+"""``fsdp``: PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``), the anchor users know for
+sharded data parallelism (Zhao et al., "PyTorch FSDP: Experiences on Scaling Fully Sharded Data
+Parallel", VLDB 2023; FSDP2 shards each parameter on dim 0 as a DTensor).
+
+Each layer (child module) is one ``fully_shard`` group by default (``wrap=layer``), the root a
+last one for the parameters no layer owns; ``wrap=model`` makes the whole model one group.
+``reshard_after_forward=true`` (default) frees a layer's gathered parameters after its forward and
+gathers them again for backward (ZeRO stage 3); ``false`` keeps them until backward (stage 2's
+memory for parameters, one all-gather per step fewer).
+
+FSDP2 calls ``torch.distributed`` itself, not polytrain's communicator; its all-gathers and
+reduce-scatters are counted at the same ring rates through a counting view of
+``torch.distributed`` installed into FSDP2's collectives module (as ``allreduce`` does for
+PyTorch's PowerSGD hook), so ``bytes_sent`` stays measured.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from polytrain.comm.accounted import Comm
+from polytrain.config import JobConfig
+from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
+from polytrain.runtime.supports import Supports
+from polytrain.strategies.base import Strategy
+from polytrain.strategies.data.allreduce import check_divisible
+from polytrain.strategies.data.zero import optimizer_state_bytes, peak_memory
+from polytrain.strategies.data.zero_shard import layers_of
+
+NO_CHECKPOINT = ("its parameters are FSDP2 DTensor shards, which polytrain's checkpoint store does "
+                 "not write yet")
+
+
+class FsdpOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reshard_after_forward: bool = Field(True, description="free a layer's gathered parameters after "
+                                        "its forward and gather them again for backward")
+    wrap: Literal["layer", "model"] = Field("layer", description="one fully_shard group per layer "
+                                            "(child module), or one for the whole model")
+
+
+class _CountingCollectives:
+    """``torch.distributed`` as FSDP2's collectives see it, each all-gather and reduce-scatter
+    counted on ``comm`` at ring rates (W−1 chunks of the shard to the successor)."""
+
+    def __init__(self, real: Any, comm: Comm) -> None:
+        self._real, self._comm = real, comm
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def all_gather_single(self, out: torch.Tensor, inp: torch.Tensor, *a: Any, **k: Any) -> Any:
+        self._count("allgather", inp)
+        return self._real.all_gather_single(out, inp, *a, **k)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              *a: Any, **k: Any) -> Any:
+        self._count("reducescatter", output)
+        return self._real.reduce_scatter_single(output, input, *a, **k)
+
+    def all_reduce(self, tensor: torch.Tensor, *a: Any, **k: Any) -> Any:
+        self._comm._count_ring_allreduce(tensor, "allreduce")
+        return self._real.all_reduce(tensor, *a, **k)
+
+    def _count(self, op: str, t: torch.Tensor) -> None:
+        c = self._comm
+        if c.world > 1:
+            c.record(op, (c.rank + 1) % c.world, (c.world - 1) * t.numel() * t.element_size())
+
+
+def count_fsdp_traffic(comm: Comm) -> None:
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives
+
+    real = getattr(_fsdp_collectives.dist, "_real", _fsdp_collectives.dist)  # never wrap twice
+    _fsdp_collectives.dist = _CountingCollectives(real, comm)  # type: ignore[assignment]
+
+
+def _local(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t.to_local() if t is not None and hasattr(t, "to_local") else t
+
+
+def fsdp_held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of this rank's local shards of parameters, gradients and optimizer state."""
+    def nbytes(ts: Any) -> int:
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+    params = list(model.parameters())
+    state = [_local(v) for p in params for v in optimizer.state.get(p, {}).values()
+             if isinstance(v, torch.Tensor)]
+    per_elem = [t for t in state if t is not None and t.dim() > 0]
+    return {"params": nbytes(_local(p) for p in params),
+            "grads": nbytes(_local(p.grad) for p in params),
+            "optimizer": nbytes(per_elem),
+            "optimizer_scalars": nbytes(t for t in state if t is not None and t.dim() == 0)}
+
+
+class Fsdp(Strategy):
+    name = "fsdp"
+    family = "data"
+    summary = "PyTorch FSDP2 (fully_shard per layer): parameters, gradients, optimizer state sharded"
+    Options = FsdpOptions
+    supports = Supports().without(NO_CHECKPOINT, "checkpoint", "resume")
+
+    def check(self, cfg: JobConfig, world: int) -> None:
+        check_divisible(cfg, world, self.name)
+
+    def run(self, job: Job, ctx: RankContext) -> RankResult:
+        from torch.distributed.fsdp import fully_shard
+
+        opts: FsdpOptions = self.options  # type: ignore[assignment]
+        model = job.build_model().to(ctx.device)
+        count_fsdp_traffic(ctx.comm)
+        if opts.wrap == "layer":
+            for layer in layers_of(model):
+                if any(True for _ in layer.parameters()):
+                    fully_shard(layer, reshard_after_forward=opts.reshard_after_forward)
+        fully_shard(model, reshard_after_forward=opts.reshard_after_forward)
+        optimizer = job.make_optimizer(model.parameters())
+        spec = LoopSpec(model=model, optimizer=optimizer, step_fn=plain_step(job, ctx, model, optimizer),
+                        part=ctx.rank, parts=ctx.world, replicated=False,
+                        metrics={"wrap": opts.wrap, "reshard_after_forward": opts.reshard_after_forward})
+        result = run_loop(job, ctx, spec)  # every rank evaluates: a forward gathers collectively
+        result.strategy_metrics.update({
+            "params_total": sum(p.numel() for p in model.parameters()),
+            "optimizer_bytes_per_param": optimizer_state_bytes(job.config),
+            "held_bytes": fsdp_held_bytes(model, optimizer), **peak_memory(ctx.device)})
+        if result.model_state is not None:
+            full = {k: v.full_tensor() if hasattr(v, "full_tensor") else v
+                    for k, v in model.state_dict().items()}  # collective on every rank
+            result.model_state = {k: v.detach().clone() for k, v in full.items()} if ctx.is_leader else None
+        return result
