@@ -104,7 +104,9 @@ class Fsdp(Strategy):
     family = "data"
     summary = "PyTorch FSDP2 (fully_shard per layer): parameters, gradients, optimizer state sharded"
     Options = FsdpOptions
-    supports = Supports().without(NO_CHECKPOINT, "checkpoint", "resume")
+    supports = Supports().without(NO_CHECKPOINT, "checkpoint", "resume").without(
+        "not wired to FSDP2's sharded parameters and mixed-precision policy yet",
+        "lr_schedule", "clip", "grad_accum", "precision", "recompute")
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_divisible(cfg, world, self.name)

@@ -84,7 +84,9 @@ class Zero(Strategy):
     family = "data"
     summary = "ZeRO stages 1-3: optimizer state, gradients and parameters sharded over the ranks"
     Options = ZeroOptions
-    supports = Supports(why={"compression": NO_CODEC})
+    supports = Supports(why={"compression": NO_CODEC}).without(
+        "its sharded step does not apply it yet (the hooks exist: optimizer_step, grad_norm_sq)",
+        "lr_schedule", "clip", "grad_accum", "precision", "recompute")
 
     def check(self, cfg: JobConfig, world: int) -> None:
         opts: ZeroOptions = self.options  # type: ignore[assignment]
