@@ -230,7 +230,9 @@ class PlainLines:
         self.offsets: dict[Path, int] = {}
         self.latest: dict[int, dict[str, Any]] = {}  # rank -> its newest step event
         self.eval: dict[str, Any] | None = None  # the newest evaluation (any rank's)
-        self.shown: tuple[int, int] = (-1, -1)  # (step, eval step) of the last line printed
+        # (step, eval step, ranks that reported the step) of the last line printed: a line is
+        # printed again when a late rank's loss of the same step changes the mean
+        self.shown: tuple[int, int, int] = (-1, -1, 0)
 
     def read(self) -> None:
         for path in sorted(self.ranks.glob("rank*.jsonl")):
@@ -263,7 +265,8 @@ class PlainLines:
             return None
         head = self.latest[0]
         step = int(head["step"])
-        at = (step, int(self.eval["step"]) if self.eval else -1)
+        reported = sum(1 for e in self.latest.values() if e.get("step") == step)
+        at = (step, int(self.eval["step"]) if self.eval else -1, reported)
         if at == self.shown:
             return None
         self.shown = at
