@@ -6,6 +6,8 @@
   results files give, and each options table carries what ``polytrain strategies NAME`` prints.
 - Every strategy's options table is included by a docs page; every results page the README links
   exists.
+- No docs page but the generated ones (docs/results/, docs/snippets/) types a measured figure in
+  the form median (min–max): the pages link or include the results pages instead.
 - No tracked file holds an absolute path of a development machine; tracked benchmark results stay
   under 5 MB.
 """
@@ -70,6 +72,31 @@ def test_readme_headline_figures_come_from_the_results_pages() -> None:
                 assert fig in text, f"README quotes {fig!r} but docs/results/{page} does not hold it"
                 quoted += 1
     assert quoted >= 10
+
+
+# A measured figure as the results pages print it: median (min–max), e.g. 1.017 (0.898–1.176).
+MEDIAN_RANGE = re.compile(r"\d[\d.,]*\s*\(\s*-?\d[\d.,]*\s*[–-]\s*-?\d[\d.,]*\s*\)")
+GENERATED_DOCS = ("results", "snippets")
+
+
+def test_median_range_pattern_catches_figures_and_spares_formulas() -> None:
+    for fig in ("1400 (911–2244)", "77.7 (52.4-85.9)", "-1.1 (-11.4–1.4)", "229,692 (1,000–2,000)"):
+        assert MEDIAN_RANGE.search(fig), fig
+    for text in ("median (min–max)", "(W−1)·Ψ'/W", "2(n−1) for a ring", "stages 1–2", "(0.8)"):
+        assert not MEDIAN_RANGE.search(text), text
+
+
+def test_docs_pages_quote_measured_figures_only_through_the_results_pages() -> None:
+    docs = ROOT / "docs"
+    found = []
+    for page in sorted(docs.rglob("*.md")):
+        if page.relative_to(docs).parts[0] in GENERATED_DOCS:
+            continue
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            for m in MEDIAN_RANGE.finditer(line):
+                found.append(f"{page.relative_to(ROOT)}:{n}: {m.group(0)}")
+    assert not found, ("figures typed by hand; link or include the docs/results page instead:\n"
+                       + "\n".join(found))
 
 
 def test_generated_docs_are_current() -> None:
