@@ -98,7 +98,7 @@ def test_models_that_cannot_be_cut_say_what_is_needed() -> None:
 
     with pytest.raises(ConfigError, match=r"Cannot cut a Net.*ordered list of layers"):
         cut(Net(), Partition((1,)))
-    with pytest.raises(ConfigError, match=r"1 layer.*wrapped as ONE layer.*--procs 1"):
+    with pytest.raises(ConfigError, match=r"1 layer.*held as ONE layer.*split=auto.*--procs 1"):
         check_cuttable(nn.Sequential(Net()), 2)
     with pytest.raises(ConfigError, match="holds 4 layers but the model has 5"):
         cut(_mlp(), Partition((2, 2)))
