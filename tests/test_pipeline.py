@@ -206,7 +206,8 @@ def test_a_user_model_that_is_not_a_list_of_layers(tmp_path: Path, monkeypatch: 
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     kw = {**COMMON, "model": "usernet_pp:build"}
-    with pytest.raises(ConfigError, match=r"1 layer\(s\).*held as ONE layer.*split=auto.*ordered list of layers"):
+    with pytest.raises(ConfigError,
+                       match=r"1 layer\(s\).*held as ONE layer.*split=auto.*ordered list of layers"):
         polytrain.train(strategy="gpipe", procs=2, out=str(tmp_path / "run"), **kw)
 
 
