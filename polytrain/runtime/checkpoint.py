@@ -199,7 +199,7 @@ class CheckpointStore:
         pointer.rename(self.root / "LATEST")
         _fsync_dir(self.root)
         self.remove_stale(upto=step)  # a killed run's half-written ones
-        self._prune(keep, step - window)
+        self._prune(keep, step - window if window > 0 else None)  # window 0: no divergence window
         return final
 
     def _prune(self, keep: int, before: int | None = None) -> None:
