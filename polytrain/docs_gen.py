@@ -6,7 +6,8 @@
   pydantic ``Options`` class through :func:`polytrain.strategies.describe.option_rows` — the
   same rows ``polytrain strategies NAME`` prints;
 - ``strategies.md``: every registered strategy with its family and one-line summary;
-- ``supports.md``: the support matrix, from each strategy's ``Strategy.declared()``.
+- ``supports.md``: the support matrix, from each strategy's ``Strategy.declared()``;
+- ``training.md``: the training features' matrix (docs/training.md).
 
 The family pages include these files (``--8<--`` snippets), and README.md's support matrix is
 rewritten between its ``supports:begin``/``supports:end`` markers. ``--check`` writes nothing
@@ -97,6 +98,9 @@ def generated() -> dict[Path, str]:
     out[SNIPPETS / "common-options.md"] = common_table()
     out[SNIPPETS / "strategies.md"] = strategies_table()
     out[SNIPPETS / "supports.md"] = supports_table()
+    from polytrain.strategies.describe import training_matrix
+
+    out[SNIPPETS / "training.md"] = training_matrix() + "\n"
     return out
 
 
