@@ -266,9 +266,10 @@ class CheckpointStore:
         return self._verify_files(ckpt, meta, {str(n) for n, _ in names})
 
     def _verify_files(self, ckpt: Path, meta: dict[str, Any], listed: set[str]) -> str | None:
-        """Every rank file is in the manifest and meta.json, loads as tensors only, and holds
-        what was written (meta.json's schema; checkpoints older than the schema: loadable)."""
-        present = {p.name for p in ckpt.glob("rank*.pt")}
+        """Every tensor file (rank files, and e.g. zero's consolidated model.pt, which commit()
+        lists too) is in the manifest and meta.json, loads as tensors only, and holds what was
+        written (meta.json's schema; checkpoints older than the schema: loadable)."""
+        present = {p.name for p in ckpt.glob("*.pt")}
         unlisted = sorted(present - listed) or sorted(set(meta.get("files", present)) ^ present)
         if unlisted:
             return f"file {unlisted[0]} is not in its manifest and meta.json"
