@@ -38,23 +38,23 @@ def check_zoo_names(cfg: JobConfig) -> None:
         raise unknown("model", cfg.model, zoo_names("models"), fix=fix)
 
 
-def check_on_nonfinite(cfg: JobConfig) -> None:
-    if cfg.on_nonfinite == "skip" and cfg.strategy not in SKIPS:
+def _skip_honoured(flag: str, what: str, strategy: str, default: str) -> None:
+    """``--FLAG skip`` needs one synchronised gradient, so that every rank skips alike."""
+    if strategy not in SKIPS:
         raise ConfigError(
-            f"--on-nonfinite skip is honoured by {', '.join(SKIPS)} (one synchronised gradient, "
-            f"so every rank skips the same steps), not by {cfg.strategy}. Use --on-nonfinite "
-            "stop (the default), or one of those strategies.")
+            f"--{flag} skip is honoured by {', '.join(SKIPS)} (one synchronised gradient, so every "
+            f"rank skips the same {what}), not by {strategy}. Use --{flag} {default}, or one of "
+            "those strategies.")
 
 
-SKIP_DIVERGENCE = SKIPS  # the same reason: one synchronised gradient, every rank skips alike
+def check_on_nonfinite(cfg: JobConfig) -> None:
+    if cfg.on_nonfinite == "skip":
+        _skip_honoured("on-nonfinite", "steps", cfg.strategy, "stop (the default)")
 
 
 def check_on_divergence(cfg: JobConfig) -> None:
-    if cfg.on_divergence == "skip" and cfg.strategy not in SKIP_DIVERGENCE:
-        raise ConfigError(
-            f"--on-divergence skip is honoured by {', '.join(SKIP_DIVERGENCE)} (one synchronised "
-            f"gradient, so every rank skips the same updates), not by {cfg.strategy}. Use "
-            "--on-divergence stop (the default) or warn, or one of those strategies.")
+    if cfg.on_divergence == "skip":
+        _skip_honoured("on-divergence", "updates", cfg.strategy, "stop (the default) or warn")
     if cfg.on_divergence == "skip" and not cfg.divergence_factor:
         raise ConfigError("--on-divergence skip needs the loss check: --divergence-factor 0 turns "
                           "it off. Pass a factor > 1 (default 1000).")
