@@ -198,7 +198,7 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
     except ChildFailedError as err:
         oom = (oom_kills() or 0) > (ooms or 0)
         message = describe_failure(run_dir, err, cfg.debug, states, oom=oom)
-        raise RankFailure(message + record_failure(run_dir, cfg, err.get_first_failure()[0])) from None
+        raise RankFailure(message + record_failure(run_dir, cfg, _cause(run_dir, err))) from None
     except SignalException as exc:
         raise Interrupted(_interrupted(run_dir, cfg, exc.sigval, started),
                           128 + int(exc.sigval)) from None
@@ -246,12 +246,23 @@ def _last_step(run_dir: Path, rank: int) -> int:
     return last
 
 
+def _cause(run_dir: Path, err: Any) -> int:
+    """The rank whose failure stopped the run: one that saw the loss diverge, if any did (the
+    others then fail on its exit: a parameter server's broken connection, a peer's timeout),
+    else the first to fail."""
+    for rank in sorted(err.failures):
+        record = read_error_record(run_dir, rank) or {}
+        if isinstance(record.get("diverged"), dict):
+            return int(rank)
+    return int(err.get_first_failure()[0])
+
+
 def describe_failure(run_dir: Path, err: Any, debug: bool, states: dict[int, str] | None = None,
                      oom: bool = False) -> str:
     """One paragraph per failed rank, the first failure first. When the first failure is a
     rank that timed out waiting and another rank was alive but not answering (``states``: the
     live ranks' process states), that rank is named first: it is the cause."""
-    first_rank, _ = err.get_first_failure()
+    first_rank = _cause(run_dir, err)
     ranks = [first_rank, *sorted(r for r in err.failures if r != first_rank)]
     lines = []
     record = read_error_record(run_dir, first_rank)
