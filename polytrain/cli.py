@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from polytrain.errors import ConfigError, Interrupted, PolytrainError
 from polytrain.version import __version__
@@ -473,5 +474,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def leave(code: int) -> NoReturn:
+    """End the command with ``code``. With torch loaded, Python's own shutdown spends seconds
+    tearing torch's modules down after the work is done (measured: 1.5-2.2 s from the summary to
+    the exit of `polytrain train`, at load 9); the exit handlers still run (logging, the
+    children of multiprocessing), the standard streams are flushed, then the process ends."""
+    if "torch" in sys.modules:
+        atexit._run_exitfuncs()  # what the interpreter's shutdown would run first
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def run() -> NoReturn:
+    """The ``polytrain`` command (console script and ``python -m polytrain``)."""
+    leave(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
