@@ -28,6 +28,8 @@ PY = [sys.executable]
 CLI = [*PY, "-m", "polytrain"]
 CASES: list[tuple[str, list[str], str]] = [
     ("python -c pass", [*PY, "-c", "pass"], "baseline"),
+    ("python -c 'import torch'", [*PY, "-c", "import torch"], "baseline: the import a refusal "
+     "that needs torch pays"),
     ("polytrain --version", [*CLI, "--version"], "answer"),
     ("polytrain --help", [*CLI, "--help"], "answer"),
     ("polytrain strategies", [*CLI, "strategies"], "answer"),
@@ -76,7 +78,9 @@ def main() -> None:
              "process. The machine is shared: the goal (< 1 s on an idle machine) is judged on "
              "the difference to `python -c pass` and on the CPU seconds (user + system of the child, "
              "which a loaded machine stretches far less than the wall clock) as much as on the "
-             "wall-clock figure itself.")
+             "wall-clock figure itself. The `import torch` row is the cause of the refusals that "
+             "need torch: they pay that import (a strategy's options and checks live in modules "
+             "that import torch), and little besides.")
     write_results("cli_latency", rows, ["command", "kind", "exit", "seconds", "minus python -c pass",
                                         "CPU seconds", "under 1 s"], notes)
 
