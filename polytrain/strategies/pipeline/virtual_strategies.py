@@ -18,12 +18,11 @@ from pydantic import Field
 
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
-from polytrain.plan.partition import Partition, check_cuttable
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.strategies.base import Strategy
-from polytrain.strategies.pipeline.options import FlushOptions, check_microbatches, meta_model
+from polytrain.strategies.pipeline.chunks import check_chunks
+from polytrain.strategies.pipeline.options import FlushOptions, check_microbatches
 from polytrain.strategies.pipeline.schedule import get_schedule
-from polytrain.strategies.pipeline.ties import refuse_ties
 from polytrain.strategies.pipeline.virtual_run import VirtualRun
 from polytrain.strategies.pipeline.zb_h1 import check_split
 
@@ -37,43 +36,20 @@ class VirtualOptions(FlushOptions):
 
 def check_virtual_job(name: str, opts: VirtualOptions, cfg: JobConfig, world: int) -> None:
     """Everything `VirtualRun` needs, checked on the job description before any process starts."""
-    v = opts.virtual_stages
-    get_schedule(name).build(world, opts.microbatches, v)  # V and M for this schedule
     if opts.checkpoint != "never":
+        get_schedule(name).build(world, opts.microbatches, opts.virtual_stages)  # V and M first
         check_split(name, opts)
-    if opts.replicate or opts.partition in ("params", "time"):
+    if opts.replicate:
         raise ConfigError(
-            f"'{name}' with partition={opts.partition}{' and replicate' if opts.replicate else ''}. "
-            "Rule: virtual stages cut the model uniformly or by counts, one rank per chunk set. "
-            "Fix: --set partition=uniform or layer counts per chunk, e.g. partition=1,1,1,1."
+            f"'{name}' with replicate={opts.replicate}. Rule: virtual stages place one rank per "
+            "chunk set, without replicas. Fix: drop --set replicate=…, or use mesh with dp=2."
         )
     if cfg.checkpoint_every:
         raise ConfigError(
             f"'{name}' with checkpoint_every={cfg.checkpoint_every}. Rule: checkpoints of virtual "
             "stages are not built. Fix: drop --checkpoint-every, or use --strategy 1f1b."
         )
-    chunks = world * v
-    model = meta_model(cfg)
-    layers = None if model is None else check_cuttable(model, chunks)
-    if opts.partition in ("uniform", "auto"):
-        if layers is not None and layers % chunks:
-            raise ConfigError(
-                f"'{name}' cuts {layers} layers into {world} ranks x {v} virtual stages = {chunks} "
-                f"chunks. Rule: with partition=uniform the chunks must divide the layers. Fix: a "
-                f"--procs and virtual_stages whose product divides {layers}, or layer counts per "
-                "chunk: --set partition=a,b,c,..."
-            )
-    else:
-        part = Partition.parse(opts.partition)
-        if part.stages != chunks or any(r > 1 for r in part.replicas):
-            raise ConfigError(
-                f"'{name}': partition={opts.partition} gives {part.stages} stages. Rule: one layer "
-                f"count per chunk, {world} ranks x {v} = {chunks}, no replicas. "
-                f"Fix: --set partition= with {chunks} counts."
-            )
-        if layers is not None:
-            part.check(layers, chunks)
-    refuse_ties(model, cfg, name, "its chunks keep separate copies of a tied weight")
+    check_chunks(name, world, opts.microbatches, opts.virtual_stages, opts.partition, cfg)
 
 
 class _Virtual(Strategy):
