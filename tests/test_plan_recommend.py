@@ -358,3 +358,24 @@ def test_zb_h1_priced_below_1f1b_from_the_same_orders() -> None:
     one, _ = pipeline(scene, "1f1b", 4, 8)
     zb, _ = pipeline(scene, "zb-h1", 4, 8)
     assert zb.step_s < one.step_s
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "looped-bfs", "zbv", "dualpipev"])
+def test_virtual_schedules_priced_from_the_orders_the_runtime_runs(schedule: str) -> None:
+    """P = 2 ranks, V = 2: the planner cuts 4 chunks and replays, rank by rank, exactly the actions
+    of the registered orders; looped-bfs holds every micro-batch of both chunks (M·V), the
+    interleaved order fewer, so it is priced with more memory on the same cut."""
+    from polytrain.plan.estimate_pipe import pipeline
+    from polytrain.strategies.pipeline.schedule import stage_orders
+
+    scene = Scene(vgg_like(), CLUSTER, 64)
+    e, part = pipeline(scene, schedule, 2, 4)
+    assert part.stages == 4 and e.step_s > 0
+    orders = stage_orders(schedule, 2, 4)
+    for r in (0, 1):
+        done = [s.label for s in sorted(e.spans, key=lambda s: s.start)
+                if s.rank == r and s.kind in ("forward", "backward")]
+        assert done == [a.cell for a in orders[r]]
+    if schedule == "looped-bfs":
+        interleaved, _ = pipeline(scene, "interleaved-1f1b", 2, 4, partition=part)
+        assert e.peak_memory_bytes > interleaved.peak_memory_bytes

@@ -16,14 +16,15 @@ boundary c → c+1 gets its own two-rank process group, hence its own stream, an
 executor keeps today's FIFO channels on it. A boundary inside one rank (the turn of a V at rank
 P−1) is a `LocalComm`: the message is a tensor handed over in memory.
 
-Weights. The rank's chunks form one ``nn.ModuleList`` with one optimizer and one flush
-(`FlushWeights`): the optimizers polytrain runs update each tensor from its own gradient, so this
-steps exactly as one optimizer over the whole model, and a checkpoint is that module's state.
+Weights. The rank's chunks form one module (their layers under the model's own names) with one
+optimizer and one flush (`FlushWeights`): the optimizers polytrain runs update each tensor from
+its own gradient, so this steps exactly as one optimizer over the whole model, and a checkpoint is
+that module's and that optimizer's state.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -178,7 +179,10 @@ class ChunkPipeline:
         pipes = pipelines or [ranks]
         comms = boundary_comms(ctx, self.homes, pipes, [list(p) for p in pipes].index(list(ranks)))
         self.mine = [c for c in range(self.chunks) if self.homes[c] == index]
-        self.module = nn.ModuleList([self.pieces[c] for c in self.mine])
+        # this rank's layers under the user's names (a container, never called: its chunks are not
+        # consecutive), so a checkpoint and the dp all-reduce see the model's own keys
+        self.module = nn.Sequential(OrderedDict(
+            (name, layer) for c in self.mine for name, layer in self.pieces[c].named_children()))
         self.optimizer = job.make_optimizer(self.module.parameters())
         self.weights = FlushWeights(self.module, self.optimizer)
         self.weights.clip_by(job.config.clip_grad_norm, ctx.comm, len(pipes))
@@ -256,5 +260,5 @@ class ChunkPipeline:
 
     def gather(self) -> dict[str, torch.Tensor] | None:
         """Every chunk's parameters at the pipeline's first rank; None elsewhere."""
-        state = {k: v for c in self.mine for k, v in self.pieces[c].state_dict().items()}
-        return gather_stages(self.group, self.index, state, self.keys_by_rank, self.shapes, self.dtypes)
+        return gather_stages(self.group, self.index, self.module.state_dict(), self.keys_by_rank,
+                             self.shapes, self.dtypes)

@@ -2,10 +2,15 @@
 
 The chunks, their channels and the dispatch of each action to its chunk are `chunks.ChunkPipeline`
 (shared with ``mesh`` dp × pp); this shell adds the run's loop, evaluation on rank 0's gathered
-model and the pipeline metrics: the measured bubble over the ranks' compute windows and its replay
-(``bubble_fraction_schedule``: the same orders replayed with each action's measured seconds,
-`metrics.schedule_bubble`). Not built here: checkpoints/resume, replicated stages and weights
-tied across chunks (refused before launch).
+model, checkpoints and the pipeline metrics: the measured bubble over the ranks' compute windows
+and its replay (``bubble_fraction_schedule``: the same orders replayed with each action's measured
+seconds, `metrics.schedule_bubble`).
+
+Checkpoints. Every step ends in a flush (every chunk drained, one update), so the state at a step
+boundary is each rank's chunks and optimizer state, nothing in flight: each rank writes its own
+(``--checkpoint-every``), and a resumed run loads them and goes on with the next step's data, as
+the uninterrupted run would. Not built here: replicated stages and weights tied across chunks
+(refused before launch).
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import gc
 import time
 from typing import Any
 
+from polytrain.runtime import interrupt
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.runtime.loop import LoopSpec, restore_checkpoint, save_checkpoint
 from polytrain.strategies.pipeline.chunks import ChunkPipeline
 from polytrain.strategies.pipeline.heap import keep_heap
 from polytrain.strategies.pipeline.meter import Window
@@ -34,29 +41,42 @@ class VirtualRun:
                                   job.batch_size, virtual)
         self.windows: list[Window] = []
         self.loss = float("nan")
+        self.loop = LoopSpec(model=self.pipe.module, optimizer=self.pipe.optimizer,
+                             step_fn=lambda *_: float("nan"),  # unused: this shell drives the steps
+                             replicated=False, state=self.pipe.weights.state,
+                             load_state=self.pipe.weights.load_state)
 
     def run(self) -> RankResult:
-        job, ctx = self.job, self.ctx
+        job, ctx, cfg = self.job, self.ctx, self.job.config
+        start = restore_checkpoint(ctx, self.loop) if ctx.resume else 0
         batches = job.batches()
         gc.collect()
         gc.freeze()
         ctx.comm.barrier()
         ctx.recorder.start_clock()
-        ctx.recorder.emit("start", first_step=1, steps=job.steps)
+        ctx.recorder.emit("start", first_step=start + 1, steps=job.steps)
         t0 = time.perf_counter()
-        for step in range(1, job.steps + 1):
+        last = start
+        for step in range(start + 1, job.steps + 1):
             with _collector_paused(True):
                 self._step(step, BatchFeed(batches, [step], self.opts.microbatches, ctx.device))
-            if job.config.eval_every and step % job.config.eval_every == 0 and step < job.steps:
+            last = step
+            stop = step < job.steps and interrupt.stop_after(step, job.steps)  # SIGTERM / Ctrl-C
+            if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or stop):
+                save_checkpoint(job, ctx, self.loop, step)
+            if stop:
+                ctx.recorder.emit("interrupted", step=step, signal=interrupt.signal_name())
+                break
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < job.steps:
                 self._gather()
                 if self.full is not None:
                     ctx.recorder.emit("eval", step=step, **job.evaluate(self.full))
         wall = time.perf_counter() - t0
-        result = RankResult(steps=job.steps, samples=job.steps * job.batch_size, wall_s=wall,
-                            final_loss=self.loss)
+        done = last - start
+        result = RankResult(steps=done, samples=done * job.batch_size, wall_s=wall, final_loss=self.loss)
         result.strategy_metrics = self._metrics()
         self._gather()
-        if self.full is not None:
+        if self.full is not None and last == job.steps:  # else stopped: see the checkpoint
             result.eval = job.evaluate(self.full)
             ctx.recorder.emit("eval", step=job.steps, **result.eval)
             result.model_state = {k: v.detach().clone() for k, v in self.full.state_dict().items()}

@@ -9,7 +9,8 @@ Each runs its registered schedule (`schedule_virtual`) over P·V model chunks, V
 Refused before launch, in one line each: V the schedule cannot place (a V-shape places 2), M not
 a multiple of P for interleaving, V·P chunks that do not divide the layers (``uniform``) or
 counts that do not give V·P chunks, a split backward with checkpointing, replicated stages,
-weights tied across chunks, checkpoints and resume.
+weights tied across chunks. Checkpoints and resume are exact (each rank's chunks and optimizer
+state at a flush, `virtual_run`).
 """
 
 from __future__ import annotations
@@ -43,11 +44,6 @@ def check_virtual_job(name: str, opts: VirtualOptions, cfg: JobConfig, world: in
         raise ConfigError(
             f"'{name}' with replicate={opts.replicate}. Rule: virtual stages place one rank per "
             "chunk set, without replicas. Fix: drop --set replicate=…, or use mesh with dp=2."
-        )
-    if cfg.checkpoint_every:
-        raise ConfigError(
-            f"'{name}' with checkpoint_every={cfg.checkpoint_every}. Rule: checkpoints of virtual "
-            "stages are not built. Fix: drop --checkpoint-every, or use --strategy 1f1b."
         )
     check_chunks(name, world, opts.microbatches, opts.virtual_stages, opts.partition, cfg)
 
