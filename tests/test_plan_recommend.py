@@ -83,6 +83,10 @@ def test_every_family_is_priced() -> None:
         "gpipe",
         "1f1b",
         "zb-h1",
+        "interleaved-1f1b",
+        "looped-bfs",
+        "zbv",
+        "dualpipev",
         "pipedream",
         "layerwise",
         "owt",
@@ -197,10 +201,13 @@ def test_plan_cli_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[
         ("gpipe", ["microbatches=8"]),
         ("1f1b", ["partition=4,4,4,4"]),
         ("zb-h1", ["microbatches=8"]),
+        ("zbv", ["microbatches=8"]),
+        ("interleaved-1f1b", ["microbatches=4", "virtual_stages=4"]),
         ("pipedream", []),
         ("layerwise", ["partition=params"]),
         ("owt", []),
         ("mesh", ["dp=2", "pp=2"]),
+        ("mesh", ["dp=2", "pp=2", "schedule=dualpipev"]),
     ],
 )
 def test_every_run_is_priced_with_its_own_options(strategy: str, sets: list[str]) -> None:
@@ -217,6 +224,8 @@ def test_every_run_is_priced_with_its_own_options(strategy: str, sets: list[str]
     assert isinstance(e, Estimate) and e.step_s > 0 and e.peak_memory_bytes > 0
     if strategy == "1f1b":
         assert e.detail["partition"] == "4,4,4,4"  # the run's own partition, not the planner's
+    if strategy == "interleaved-1f1b":  # 4 ranks x 4 chunks, cut uniformly as the run cuts them
+        assert e.detail["partition"] == ",".join(["1"] * 16)
 
 
 def test_options_change_the_estimate() -> None:
@@ -379,3 +388,38 @@ def test_virtual_schedules_priced_from_the_orders_the_runtime_runs(schedule: str
     if schedule == "looped-bfs":
         interleaved, _ = pipeline(scene, "interleaved-1f1b", 2, 4, partition=part)
         assert e.peak_memory_bytes > interleaved.peak_memory_bytes
+
+
+def test_recommendation_learns_exactly_unless_inexact_is_allowed() -> None:
+    """On a slow link local-sgd (averaging every 16 steps) and async ps step faster than any exact
+    strategy; the recommendation stays exact unless --allow-inexact."""
+    from polytrain.config import load_config
+    from polytrain.plan.commands import first_choice
+    from polytrain.strategies import make_strategy
+
+    ranked = rank(candidates(Scene(vgg_like(), Cluster.parse("hosts=4,nic=1gbit"), 64)))
+    cfg = load_config(None, {"strategy": "allreduce", "procs": 4, "model": "vgg16"})
+    best = first_choice(ranked, cfg)
+    assert best.exact and make_strategy(best.strategy, best.options).is_exact()
+    fastest = first_choice(ranked, cfg, inexact=True)
+    assert not fastest.exact and ranked.index(fastest) < ranked.index(best)
+    marks = {(c.strategy, c.options.get("consistency")): c.exact for c in ranked if c.strategy == "ps"}
+    assert marks[("ps", "bsp")] and not marks[("ps", "async")]
+
+
+def test_the_planner_names_no_strategy_each_prices_itself() -> None:
+    """plan/ dispatches on no strategy name: the registry's strategies offer and price themselves."""
+    import ast
+
+    from polytrain.strategies import registry
+
+    names = set(registry())
+    plan_dir = Path(__file__).resolve().parent.parent / "polytrain" / "plan"
+    for path in plan_dir.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                consts = [c.value for c in ast.walk(node) if isinstance(c, ast.Constant)]
+                assert not names & set(consts), f"{path.name}:{node.lineno} compares a strategy name"
+    priced = {n for n, cls in registry().items() if cls.priced()}
+    offered = {c.strategy for c in candidates(Scene(vgg_like(), CLUSTER, 64))}
+    assert offered <= priced and "single" in offered

@@ -15,17 +15,23 @@ state at a flush, `virtual_run`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 from pydantic import Field
 
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.strategies.base import Strategy
+from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.pipeline.chunks import check_chunks
 from polytrain.strategies.pipeline.options import FlushOptions, check_microbatches
 from polytrain.strategies.pipeline.schedule import get_schedule
 from polytrain.strategies.pipeline.virtual_run import VirtualRun
 from polytrain.strategies.pipeline.zb_h1 import check_split
+
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
 
 
 class VirtualOptions(FlushOptions):
@@ -50,6 +56,7 @@ def check_virtual_job(name: str, opts: VirtualOptions, cfg: JobConfig, world: in
 
 class _Virtual(Strategy):
     family = "pipeline"
+    exact = True
     Options = VirtualOptions
 
     def check(self, cfg: JobConfig, world: int) -> None:
@@ -60,6 +67,27 @@ class _Virtual(Strategy):
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: VirtualOptions = self.options  # type: ignore[assignment]
         return VirtualRun(job, ctx, opts, self.name, opts.virtual_stages).run()
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        """P = the cluster's world, the schedule's V, M in {P, 2P, 4P} (rounds of P), the
+        planner's cut of the P·V chunks pinned."""
+        from polytrain.plan.estimate_pipe import planned_partition
+        from polytrain.strategies.pipeline.schedule import get_schedule
+
+        w, b = scene.cluster.world, scene.batch
+        if w >= 2 and w * get_schedule(cls.name).default_virtual <= scene.layers:
+            for m in sorted({w, 2 * w, 4 * w}):
+                if m <= b and b % m == 0:
+                    yield w, {"microbatches": m, "partition": planned_partition(scene, cls.name, w, m)}
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        """The registered orders over P·V chunks, replayed by the planner (`estimate_pipe`)."""
+        from polytrain.plan.estimate_pipe import price_pipeline
+
+        o: VirtualOptions = self.options  # type: ignore[assignment]
+        return price_pipeline(scene, self.name, world, o.microbatches, 1, o.partition,
+                              virtual=o.virtual_stages)
 
 
 class Interleaved1F1B(_Virtual):
