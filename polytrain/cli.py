@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from polytrain import __version__
 from polytrain.errors import ConfigError, Interrupted, PolytrainError
+from polytrain.version import __version__
 
 if TYPE_CHECKING:  # rich loads when something is printed: --help and --version need none of it
     from rich.console import Console
@@ -324,7 +324,7 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
     import torch
 
-    from polytrain.models.export import export_checkpoint
+    from polytrain.launch.export import export_checkpoint
 
     state, step = export_checkpoint(Path(args.run_dir), args.step)
     torch.save(state, args.out)

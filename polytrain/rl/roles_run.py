@@ -89,7 +89,7 @@ def run_role(payload: dict[str, Any], rank: int, recorder: Recorder) -> dict[str
         dist.barrier()  # everyone is up: start the shared clock together
     extra: dict[str, object] = {"resume": bool(payload.get("resume"))}
     if extra["resume"]:  # as the training loop does: the record and the clock go on from the checkpoint
-        from polytrain.rl.checkpoint import resume_point
+        from polytrain.rl.resume import resume_point
 
         point = resume_point(Path(payload["run_dir"]), cfg.algo)
         recorder.start_clock()  # (again below, after the barrier): the resume event at the cut's time
