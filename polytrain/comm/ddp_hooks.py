@@ -29,7 +29,7 @@ from polytrain.comm.accounted import Comm
 from polytrain.comm.codecs.engine import Engine
 from polytrain.comm.exchange import Item, compressed_mean
 from polytrain.comm.ring import record_ring, ring_all_reduce
-from polytrain.runtime.recorder import Recorder
+from polytrain.metrics.recorder import Recorder
 
 
 def done_future(tensor: torch.Tensor) -> torch.futures.Future:

@@ -37,7 +37,7 @@ from polytrain.comm.codecs.base import Parts
 from polytrain.comm.codecs.engine import DecodeError, Engine, parts_of
 from polytrain.comm.codecs.payload import Payload, PayloadError, frame, unframe
 from polytrain.comm.ring import _peer, record_ring, ring_all_reduce
-from polytrain.runtime.recorder import Recorder
+from polytrain.metrics.recorder import Recorder
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from polytrain.comm.accounted import Comm
 
 if TYPE_CHECKING:
-    from polytrain.runtime.recorder import Recorder
+    from polytrain.metrics.recorder import Recorder
 
 DEFAULT_SEGMENT_ELEMS = 1 << 18  # 1 MiB of float32: see the module docstring
 

@@ -13,8 +13,8 @@ import torch
 from polytrain.config import JobConfig, to_toml
 from polytrain.errors import ConfigError
 from polytrain.launch.records import atomic_json, make_run_dir
+from polytrain.metrics.jsonsafe import json_safe
 from polytrain.runtime.job import Job, RankContext
-from polytrain.runtime.jsonsafe import json_safe
 
 TESTBED_ENV = "POLYTRAIN_TESTBED_RECORD"  # set by polytrain testbed on every host
 

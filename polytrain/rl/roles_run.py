@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from polytrain.comm import Comm
+from polytrain.metrics.recorder import Recorder
 from polytrain.rl.config import make_rl_config
 from polytrain.rl.links import Link, make_links
 from polytrain.rl.roles import RoleContext, describe, layout_ranks, role
-from polytrain.runtime.recorder import Recorder
 
 
 def _dispatch(ctx: RoleContext) -> dict[str, Any]:
