@@ -79,6 +79,27 @@ def test_mesh_equals_single(tmp_path_factory: pytest.TempPathFactory, tmp_path: 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("schedule,microbatches,optimizer", [
+    ("interleaved-1f1b", 2, "sgd"), ("looped-bfs", 4, "adam"), ("zbv", 2, "adam"), ("dualpipev", 4, "sgd"),
+])
+def test_mesh_with_virtual_stages_equals_single(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
+                                                schedule: str, microbatches: int, optimizer: str) -> None:
+    # dp=2 × pp=2 with V=2 chunks per rank: the mlp's 4 layers cut into 4 one-layer chunks
+    base = job(MLP, optimizer=optimizer, lr=0.1 if optimizer == "sgd" else 0.01)
+    ref = single_reference(tmp_path_factory, base)
+    out = tmp_path / schedule
+    summary = polytrain.train(strategy="mesh", procs=4, out=str(out),
+                              **job(base, "dp=2", "pp=2", f"schedule={schedule}",
+                                    f"microbatches={microbatches}"))
+    assert_same_run(out, ref)
+    m = summary["strategy_metrics"]
+    v_shape = schedule in ("zbv", "dualpipev")
+    assert m["chunks_of_rank"] == ([[0, 3], [1, 2]] if v_shape else [[0, 2], [1, 3]])
+    for rec in summary["per_rank"]:  # every rank's chunks all-reduced across the two replicas
+        assert rec["bytes_by_op"]["dp_allreduce"] > 0
+
+
+@pytest.mark.slow
 def test_distbelief_with_bsp_servers_equals_single(tmp_path_factory: pytest.TempPathFactory,
                                                    tmp_path: Path) -> None:
     # 2 servers (one per stage), then 2 replicas of 2 model-parallel stages
@@ -115,3 +136,22 @@ def test_mesh_refuses_pipeline_options_it_cannot_honour() -> None:
     make_strategy("mesh", {"dp": 2, "pp": 2, "microbatches": 3}).check(mlp, 4)
     with pytest.raises(ConfigError, match=r"6 samples into 4 equal micro-batches.*divides"):
         make_strategy("mesh", {"dp": 2, "pp": 2, "microbatches": 4}).check(mlp, 4)
+
+
+@pytest.mark.parametrize("options,match", [
+    ({"schedule": "interleaved-1f1b", "depth": 4}, r"5 layers into 2 ranks x 2 .* divide the layers"),
+    ({"schedule": "interleaved-1f1b", "microbatches": 3}, r"microbatches=3 on 2 ranks. Rule: .*multiple"),
+    ({"schedule": "zbv", "virtual_stages": 4}, r"exactly 2 chunks per rank"),
+    ({"schedule": "zb-h1", "virtual_stages": 2}, r"one chunk per rank"),
+    ({"schedule": "dualpipev", "partition": "2,1,1"}, r"one layer count per chunk"),
+])
+def test_mesh_refuses_virtual_stages_it_cannot_cut(options: dict[str, object], match: str) -> None:
+    depth = options.pop("depth", 3)
+    mlp = load_config(overrides={"strategy": "mesh", "model": "mlp", "dataset": "digits",
+                                 "batch_size": 12, "model_options": {"depth": 3}})
+    make_strategy("mesh", {"dp": 2, "pp": 2, "schedule": "zbv"}).check(mlp, 4)  # 4 layers, 4 chunks
+    mlp = load_config(overrides={"strategy": "mesh", "model": "mlp", "dataset": "digits",
+                                 "batch_size": 12, "model_options": {"depth": depth}})
+    with pytest.raises(ConfigError, match=match) as err:
+        make_strategy("mesh", {"dp": 2, "pp": 2, **options}).check(mlp, 4)
+    assert "\n" not in str(err.value)

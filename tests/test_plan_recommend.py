@@ -83,6 +83,10 @@ def test_every_family_is_priced() -> None:
         "gpipe",
         "1f1b",
         "zb-h1",
+        "interleaved-1f1b",
+        "looped-bfs",
+        "zbv",
+        "dualpipev",
         "pipedream",
         "layerwise",
         "owt",
@@ -197,10 +201,13 @@ def test_plan_cli_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[
         ("gpipe", ["microbatches=8"]),
         ("1f1b", ["partition=4,4,4,4"]),
         ("zb-h1", ["microbatches=8"]),
+        ("zbv", ["microbatches=8"]),
+        ("interleaved-1f1b", ["microbatches=4", "virtual_stages=4"]),
         ("pipedream", []),
         ("layerwise", ["partition=params"]),
         ("owt", []),
         ("mesh", ["dp=2", "pp=2"]),
+        ("mesh", ["dp=2", "pp=2", "schedule=dualpipev"]),
     ],
 )
 def test_every_run_is_priced_with_its_own_options(strategy: str, sets: list[str]) -> None:
@@ -217,6 +224,8 @@ def test_every_run_is_priced_with_its_own_options(strategy: str, sets: list[str]
     assert isinstance(e, Estimate) and e.step_s > 0 and e.peak_memory_bytes > 0
     if strategy == "1f1b":
         assert e.detail["partition"] == "4,4,4,4"  # the run's own partition, not the planner's
+    if strategy == "interleaved-1f1b":  # 4 ranks x 4 chunks, cut uniformly as the run cuts them
+        assert e.detail["partition"] == ",".join(["1"] * 16)
 
 
 def test_options_change_the_estimate() -> None:
@@ -358,6 +367,27 @@ def test_zb_h1_priced_below_1f1b_from_the_same_orders() -> None:
     one, _ = pipeline(scene, "1f1b", 4, 8)
     zb, _ = pipeline(scene, "zb-h1", 4, 8)
     assert zb.step_s < one.step_s
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "looped-bfs", "zbv", "dualpipev"])
+def test_virtual_schedules_priced_from_the_orders_the_runtime_runs(schedule: str) -> None:
+    """P = 2 ranks, V = 2: the planner cuts 4 chunks and replays, rank by rank, exactly the actions
+    of the registered orders; looped-bfs holds every micro-batch of both chunks (M·V), the
+    interleaved order fewer, so it is priced with more memory on the same cut."""
+    from polytrain.plan.estimate_pipe import pipeline
+    from polytrain.strategies.pipeline.schedule import stage_orders
+
+    scene = Scene(vgg_like(), CLUSTER, 64)
+    e, part = pipeline(scene, schedule, 2, 4)
+    assert part.stages == 4 and e.step_s > 0
+    orders = stage_orders(schedule, 2, 4)
+    for r in (0, 1):
+        done = [s.label for s in sorted(e.spans, key=lambda s: s.start)
+                if s.rank == r and s.kind in ("forward", "backward")]
+        assert done == [a.cell for a in orders[r]]
+    if schedule == "looped-bfs":
+        interleaved, _ = pipeline(scene, "interleaved-1f1b", 2, 4, partition=part)
+        assert e.peak_memory_bytes > interleaved.peak_memory_bytes
 
 
 def test_recommendation_learns_exactly_unless_inexact_is_allowed() -> None:

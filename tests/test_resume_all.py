@@ -35,6 +35,8 @@ JOBS: dict[str, list[str]] = {
     "hogwild": ["--procs", "1", "--model", "mlp", "--set", "model.hidden=16", "--batch-size", "16",
                 "--optimizer", "sgd", "--lr", "0.05"],
     "gpipe": ["--procs", "2", *MLP],
+    # virtual stages (their own loop): 2 ranks x 2 chunks of the mlp's 4 layers, B and W split
+    "zbv": ["--procs", "2", *MLP, "--set", "model.depth=3", "--set", "microbatches=4"],
     "strads": ["--procs", "2", "--set", "n=100", "--set", "p=60", "--eval-every", "2"],
     "ps": ["--procs", "3", *MLP, "--set", "servers=1"],
     "ps-2": ["--procs", "4", *MLP, "--set", "servers=2", "--set", "sharding=size"],

@@ -1,9 +1,12 @@
-"""Estimates of the stage-cutting strategies: gpipe, 1f1b, pipedream, spectrain, layerwise, mesh dp×pp.
+"""Estimates of the stage-cutting strategies: gpipe, 1f1b, zb-h1, the virtual-stage schedules
+(interleaved-1f1b, looped-bfs, zbv, dualpipev), pipedream, spectrain, layerwise, mesh dp×pp.
 
 The partition is PipeDream's planner's (`plan.partition.pipedream_plan`, one replica per stage) on
 the profile's per-layer costs at the micro-batch size; the step is the registered schedule's own
-orders replayed on a model clock (`plan.simulate.pipeline_step`), then — for mesh dp×pp — each
-stage's gradients all-reduced over its dp replicas, then the slowest stage's optimizer step.
+orders replayed on a model clock (`plan.simulate.pipeline_step`; with V chunks per rank the
+profile is cut into P·V chunks placed as the runtime places them, `schedule_virtual.chunk_rank`),
+then — for mesh dp×pp — each rank's gradients all-reduced over its dp replicas, then the slowest
+rank's optimizer step.
 Rank layout as `runtime.layout.Layout` numbers it: rank = d·pp + s.
 """
 
@@ -14,6 +17,7 @@ from polytrain.plan.estimate import Estimate, Scene, Span
 from polytrain.plan.partition import LayerCost, Partition, balanced, pipedream_plan, uniform
 from polytrain.plan.simulate import StageTimes, pipeline_step, schedule_orders
 from polytrain.strategies.pipeline.schedule import get_schedule, in_flight
+from polytrain.strategies.pipeline.schedule_virtual import chunk_rank
 
 STASHING = {"pipedream": "stash", "spectrain": "predict"}
 
@@ -55,35 +59,43 @@ def run_partition(scene: Scene, stages: int, micro: float, partition: str, repli
 
 
 def price_pipeline(scene: Scene, schedule: str, stages: int, microbatches: int, dp: int = 1,
-                   partition: str = "auto", replicate: bool = False, link_gbps: float = 10.0) -> Estimate:
-    """A pipeline run with these options priced: its own cut (``partition``), then `pipeline`."""
-    flush = get_schedule(schedule).flush
-    micro = scene.batch / dp / microbatches if flush else scene.batch / dp
-    part = run_partition(scene, stages, micro, partition, replicate, link_gbps)
-    est, used = pipeline(scene, schedule, stages, microbatches, dp, part)
+                   partition: str = "auto", replicate: bool = False, link_gbps: float = 10.0,
+                   virtual: int | None = None) -> Estimate:
+    """A pipeline run with these options priced: its own cut (``partition``, over the P·V chunks
+    of ``virtual`` chunks per rank; None: the schedule's default), then `pipeline`."""
+    spec = get_schedule(schedule)
+    micro = scene.batch / dp / microbatches if spec.flush else scene.batch / dp
+    chunks = stages * (virtual or spec.default_virtual)
+    if spec.placement != "none" and partition == "auto":  # chunks cut auto as uniform (`chunks`)
+        partition = "uniform"
+    part = run_partition(scene, chunks, micro, partition, replicate, link_gbps)
+    est, used = pipeline(scene, schedule, stages, microbatches, dp, part, virtual)
     return Estimate(est.step_s, est.peak_memory_bytes, est.bytes_per_step, est.nic_bytes_per_step,
                     est.spans, {**est.detail, "partition": str(used)})
 
 
 def planned_partition(scene: Scene, schedule: str, stages: int, microbatches: int, dp: int = 1) -> str:
-    """The planner's own cut for a candidate (PipeDream's DP on the cluster's link), pinned in the
-    command it recommends."""
-    flush = get_schedule(schedule).flush
-    micro = scene.batch / dp / microbatches if flush else scene.batch / dp
-    return str(plan_partition(scene, stages, micro))
+    """The planner's own cut for a candidate (PipeDream's DP on the cluster's link, over the
+    schedule's P·V chunks), pinned in the command it recommends."""
+    spec = get_schedule(schedule)
+    micro = scene.batch / dp / microbatches if spec.flush else scene.batch / dp
+    return str(plan_partition(scene, stages * spec.default_virtual, micro))
 
 
-def _stage_memory(scene: Scene, schedule: str, part: Partition, micro: float, count: int) -> int:
-    peaks = in_flight(schedule_orders(schedule, part.stages, count))
+def _stage_memory(scene: Scene, schedule: str, part: Partition, micro: float, count: int,
+                  homes: list[int], virtual: int) -> int:
+    """The largest rank's memory: the state of its chunks and, per (chunk, micro-batch) it holds
+    at its peak (`in_flight` of the orders the runtime runs), its largest chunk's activations."""
+    ranks = max(homes) + 1
+    peaks = in_flight(schedule_orders(schedule, ranks, count, virtual))
     out = 0
-    for s, (a, b) in enumerate(part.bounds):
-        params = sum(r.param_bytes for r in scene.profile.layers[a:b])
-        extra = {"stash": (part.stages - s - 1) * params, "predict": params}.get(
-            STASHING.get(schedule, ""), 0
-        )
-        out = max(
-            out, scene.memory(scene.state_bytes(a, b), peaks[s] * scene.activations(a, b, micro), extra)
-        )
+    for r in range(ranks):
+        mine = [c for c, h in enumerate(homes) if h == r]
+        params = sum(r_.param_bytes for c in mine for r_ in scene.profile.layers[slice(*part.bounds[c])])
+        extra = {"stash": (ranks - r - 1) * params, "predict": params}.get(STASHING.get(schedule, ""), 0)
+        state = sum(scene.state_bytes(*part.bounds[c]) for c in mine)
+        acts = max(scene.activations(*part.bounds[c], micro) for c in mine)
+        out = max(out, scene.memory(state, peaks[r] * acts, extra))
     return out
 
 
@@ -94,20 +106,28 @@ def pipeline(
     microbatches: int,
     dp: int = 1,
     partition: Partition | None = None,
+    virtual: int | None = None,
 ) -> tuple[Estimate, Partition]:
-    """One pipeline of ``stages`` (×``dp`` replicas); flush schedules split B/dp into M micro-batches,
-    stream schedules (pipedream) take B/dp per mini-batch."""
+    """One pipeline of ``stages`` ranks (×``dp`` replicas), each holding ``virtual`` model chunks
+    (None: the schedule's default; the partition cuts P·V chunks, placed as the runtime places
+    them); flush schedules split B/dp into M micro-batches, stream schedules (pipedream) take B/dp
+    per mini-batch."""
     prof, cl = scene.profile, scene.cluster
-    flush = get_schedule(schedule).flush
+    spec = get_schedule(schedule)
+    flush, v = spec.flush, virtual or spec.default_virtual
+    chunks = stages * v
+    homes = [chunk_rank(c, stages, spec.placement) for c in range(chunks)]
     batch = scene.batch / dp
     micro = batch / microbatches if flush else batch
-    part = partition or plan_partition(scene, stages, micro)
-    # each action of a middle stage receives from one neighbour and sends to the other
-    fb = [scene.action_fb(a, b, micro, (s > 0) + (s < stages - 1)) for s, (a, b) in enumerate(part.bounds)]
+    part = partition or plan_partition(scene, chunks, micro)
+    # each action exchanges a message with every neighbouring chunk on another rank
+    fb = [scene.action_fb(a, b, micro, _remote(homes, c)) for c, (a, b) in enumerate(part.bounds)]
     acts = [prof.layers[b - 1].activation_bytes * micro / prof.batch_size for _, b in part.bounds[:-1]]
-    stage_params = [sum(r.param_bytes for r in prof.layers[a:b]) for a, b in part.bounds]
+    remote = [homes[c] != homes[c + 1] for c in range(chunks - 1)]  # the V's turn: in memory
+    chunk_params = [sum(r.param_bytes for r in prof.layers[a:b]) for a, b in part.bounds]
+    stage_params = [sum(p for c, p in enumerate(chunk_params) if homes[c] == r) for r in range(stages)]
     # a stream schedule updates after every backward: the update is part of each backward
-    updates = [0.0 if flush else scene.optimizer_s(p) for p in stage_params]
+    updates = [0.0 if flush else scene.optimizer_s(p) for p in chunk_params]
     count = microbatches if flush else 1
     # shared cores: the simulation shares them among the stages computing at each moment (the dp
     # replicas run alongside, each pipeline gets 1/dp of them); each message's α waits on all W
@@ -121,13 +141,14 @@ def pipeline(
         slow = cl.contention(busy)
         # a boundary's messages leave one per micro-batch, spaced by the sender's compute: a shaped
         # link's bucket refills only that long between them
-        messages = tuple(p2p_s(x, s, s + 1, refilled(link, fb[s][0] * slow)) for s, x in enumerate(acts))
+        messages = tuple(p2p_s(x, homes[c], homes[c + 1], refilled(link, fb[c][0] * slow)) if remote[c]
+                         else 0.0 for c, x in enumerate(acts))
         times = StageTimes(
             tuple(f for f, _ in fb),
             tuple(b + u for (_, b), u in zip(fb, updates, strict=True)),
             messages,
         )
-        est = pipeline_step(schedule, times, count, cores, cl.wake_s)
+        est = pipeline_step(schedule, times, count, cores, cl.wake_s, v)
         work = sum(e - s for row in est.timeline.values() for _, s, e in row)
         span = max((row[-1][2] for row in est.timeline.values() if row), default=0.0)
         busy = dp * work / span if span > 0 else 1.0
@@ -152,14 +173,18 @@ def pipeline(
             spans.append(Span(s, "comm", "comm", end, end + sync, "dp all-reduce"))
         if opt:
             spans.append(Span(s, "compute", "optimizer", end + sync, end + sync + opt))
-    mem = _stage_memory(scene, schedule, part, micro, microbatches if flush else 2 * stages)
-    per_sample = [x / micro for x in acts]
+    mem = _stage_memory(scene, schedule, part, micro, microbatches if flush else 2 * stages, homes, v)
+    per_sample = [x / micro if remote[c] else 0.0 for c, x in enumerate(acts)]
     sent = dp * 2 * sum(per_sample) * batch + (2 * (dp - 1) * sum(stage_params) if dp > 1 else 0.0)
     nic = 0.0
     if cl.hosts > 1:
-        crossing = [
-            2 * x * batch if cl.host_of(s) != cl.host_of(s + 1) else 0.0 for s, x in enumerate(per_sample)
-        ]
+        crossing = [2 * x * batch if cl.host_of(homes[c]) != cl.host_of(homes[c + 1]) else 0.0
+                    for c, x in enumerate(per_sample)]
         nic = max(crossing, default=0.0) + (2 * max(stage_params) if dp > 1 else 0.0)
     detail = {"partition": str(part), "bubble": round(est.bubble, 4), "microbatch": micro}
     return Estimate(step, mem, sent, nic, tuple(spans), detail), part
+
+
+def _remote(homes: list[int], c: int) -> int:
+    """How many of chunk ``c``'s neighbouring chunks sit on another rank."""
+    return sum(0 <= n < len(homes) and homes[n] != homes[c] for n in (c - 1, c + 1))

@@ -75,9 +75,10 @@ def schedule_orders(schedule: str, stages: int, microbatches: int, virtual: int 
     return get_schedule(schedule).build(stages, microbatches, virtual)
 
 
-def schedule_ranks(schedule: str, chunks: int) -> int:
-    """Ranks that run ``chunks`` model chunks under ``schedule`` (its virtual stages per rank)."""
-    virtual = get_schedule(schedule).default_virtual
+def schedule_ranks(schedule: str, chunks: int, virtual: int | None = None) -> int:
+    """Ranks that run ``chunks`` model chunks under ``schedule`` with ``virtual`` chunks per rank
+    (None: the schedule's default)."""
+    virtual = virtual or get_schedule(schedule).default_virtual
     if chunks % virtual:
         raise ValueError(f"{schedule} places {virtual} chunks per rank; {chunks} chunks do not divide")
     return chunks // virtual
@@ -102,12 +103,15 @@ def action_seconds(orders: Orders, times: StageTimes) -> dict[Action, float]:
 
 
 def pipeline_timeline(
-    schedule: str, times: StageTimes, microbatches: int, cores: float | None = None, wake_s: float = 0.0
+    schedule: str, times: StageTimes, microbatches: int, cores: float | None = None, wake_s: float = 0.0,
+    virtual: int | None = None,
 ) -> Timeline:
     """(action, start, end) per stage (rank) for one run of ``schedule`` over ``microbatches``;
-    ``times`` per model chunk (P·V of them with V virtual stages); ``cores``: the ranks share that
-    many cores (`shared_times`, with ``wake_s``), None: each has its own."""
-    orders = schedule_orders(schedule, schedule_ranks(schedule, times.stages), microbatches)
+    ``times`` per model chunk (P·V of them with V = ``virtual`` chunks per rank, None: the
+    schedule's default); ``cores``: the ranks share that many cores (`shared_times`, with
+    ``wake_s``), None: each has its own."""
+    ranks = schedule_ranks(schedule, times.stages, virtual)
+    orders = schedule_orders(schedule, ranks, microbatches, times.stages // ranks)
     durations = action_seconds(orders, times)
 
     def message(need: Action, action: Action) -> float:
@@ -226,13 +230,14 @@ class PipelineEstimate:
 
 
 def pipeline_step(
-    schedule: str, times: StageTimes, microbatches: int, cores: float | None = None, wake_s: float = 0.0
+    schedule: str, times: StageTimes, microbatches: int, cores: float | None = None, wake_s: float = 0.0,
+    virtual: int | None = None,
 ) -> PipelineEstimate:
     """Flush schedules: one mini-batch's makespan. Stream schedules: the steady-state slope.
-    ``cores``, ``wake_s``: as `pipeline_timeline`."""
+    ``cores``, ``wake_s``, ``virtual``: as `pipeline_timeline`."""
     spec = get_schedule(schedule)
     if spec.flush:
-        timeline = pipeline_timeline(schedule, times, microbatches, cores, wake_s)
+        timeline = pipeline_timeline(schedule, times, microbatches, cores, wake_s, virtual)
         return PipelineEstimate(makespan_s(timeline), timed_bubble(timeline), timeline)
     short, long = 2 * times.stages, 4 * times.stages
     first = pipeline_timeline(schedule, times, short, cores, wake_s)

@@ -7,7 +7,9 @@ pipelines) or ``dp × tp`` (replicated tensor-parallel groups).
 Replica d trains on part d of D of every global batch. Inside a replica the model is cut into
 consecutive stages run with a flush schedule (``schedule``, ``microbatches``, ``partition``)
 through the pipeline executor (`polytrain.strategies.pipeline.flush`, as ``layerwise`` and the
-``gpipe``/``1f1b``/``zb-h1`` strategies), or split Megatron-style over a tensor group (that of ``tensor``;
+``gpipe``/``1f1b``/``zb-h1`` strategies) — or, for ``interleaved-1f1b``, ``looped-bfs``, ``zbv``
+and ``dualpipev``, V chunks per rank (``virtual_stages``; `polytrain.strategies.pipeline.chunks`,
+as those strategies) — or split Megatron-style over a tensor group (that of ``tensor``;
 the pipeline options do not apply there and are refused). At the flush the ranks holding the
 same piece in every replica all-reduce its gradients (mean over D) — ``dp_allreduce`` bytes — so
 every replica applies the update single-process training applies to the whole batch. The rank
@@ -48,12 +50,15 @@ from polytrain.strategies.model.shard_collectives import (
 )
 from polytrain.strategies.model.tensor import check_plan, check_transformer, shard_model
 from polytrain.strategies.model.tp_plan import unchunk
+from polytrain.strategies.pipeline.chunks import ChunkPipeline, check_chunks
 from polytrain.strategies.pipeline.flush import FlushPipeline, Pipelined
+from polytrain.strategies.pipeline.schedule import get_schedule
 
 if TYPE_CHECKING:
     from polytrain.plan.estimate import Estimate, Scene
 
-PIPELINE_OPTIONS = {"schedule", "microbatches", "partition"}
+PIPELINE_OPTIONS = {"schedule", "microbatches", "partition", "virtual_stages"}
+Schedule = Literal["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "looped-bfs", "zbv", "dualpipev"]
 
 
 class MeshOptions(CollectiveOptions, CodecOptions):
@@ -61,8 +66,10 @@ class MeshOptions(CollectiveOptions, CodecOptions):
     dp: int = -1
     pp: int = 1
     tp: int = 1
-    schedule: Literal["gpipe", "1f1b", "zb-h1"] = "1f1b"  # zb-h1: split backward (B, then W)
+    schedule: Schedule = "1f1b"  # zb-h1, zbv, dualpipev: split backward (B, then W)
     microbatches: int = Field(0, ge=0, description="per replica and step; 0: pp")
+    virtual_stages: int = Field(0, ge=0, description="model chunks per rank (interleaved-1f1b, "
+                                "looped-bfs: >= 2; zbv, dualpipev: 2); 0: the schedule's default")
     partition: str = "uniform"
 
     @field_validator("partition", mode="before")
@@ -133,7 +140,8 @@ class Mesh(Strategy):
         if layout.tp > 1:
             return est.tensor(scene, layout.tp, layout.dp)
         m = o.microbatches or layout.pp
-        return price_pipeline(scene, o.schedule, layout.pp, m, layout.dp, o.partition)
+        return price_pipeline(scene, o.schedule, layout.pp, m, layout.dp, o.partition,
+                              virtual=o.virtual_stages or None)
 
     @property
     def opts(self) -> MeshOptions:
@@ -161,6 +169,9 @@ class Mesh(Strategy):
             return
         per_replica = cfg.batch_size // layout.dp
         mb = (self.opts.microbatches or layout.pp) * cfg.grad_accum  # --grad-accum K: K x as many
+        if get_schedule(self.opts.schedule).placement != "none" or self.opts.virtual_stages > 1:
+            check_chunks(self.opts.schedule, layout.pp, mb, self.opts.virtual_stages,
+                         self.opts.partition, cfg)
         if per_replica % mb:
             fit = layout.dp * mb * max(1, per_replica // mb)
             raise ConfigError(
@@ -212,8 +223,14 @@ class Mesh(Strategy):
     def _pipeline(self, job: Job, ctx: RankContext, ranks: list[int], pp_comm: GroupComm,
                   dp: Wire, d: int, layout: Layout, engine: Engine | None) -> RankResult:
         mb = (self.opts.microbatches or layout.pp) * job.config.grad_accum  # K x per step
-        pipe = FlushPipeline(job, ctx, ranks, pp_comm, self.opts.partition, self.opts.schedule, mb,
-                             job.batch_size // layout.dp, pipelines=layout.pp_groups())
+        rows, o = job.batch_size // layout.dp, self.opts
+        pipe: FlushPipeline | ChunkPipeline
+        if get_schedule(o.schedule).placement == "none":
+            pipe = FlushPipeline(job, ctx, ranks, pp_comm, o.partition, o.schedule, mb, rows,
+                                 pipelines=layout.pp_groups())
+        else:  # V chunks per rank, each replica's pipeline over its own boundary groups
+            pipe = ChunkPipeline(job, ctx, ranks, pp_comm, o.partition, o.schedule, mb, rows,
+                                 o.virtual_stages, pipelines=layout.pp_groups())
         assert pipe.optimizer is not None
         step = pipe.train_step(before_update=_sync(pipe.module, dp, engine, self.opts.collective, ctx))
         spec = LoopSpec(model=pipe.module, optimizer=pipe.optimizer, step_fn=step, part=d,
@@ -223,6 +240,9 @@ class Mesh(Strategy):
         util = utilisation(ctx, result.wall_s)
         result.strategy_metrics.update({"partition": pipe.partition.to_json(), "microbatches": mb,
                                         "schedule": self.opts.schedule})
+        if isinstance(pipe, ChunkPipeline):
+            result.strategy_metrics["chunks_of_rank"] = [
+                [c for c in range(pipe.chunks) if pipe.homes[c] == r] for r in range(layout.pp)]
         if util is not None:
             result.strategy_metrics["utilisation_per_rank"] = util
         return result

@@ -99,6 +99,7 @@ class StageExecutor:
         self.job, self.ctx, self.spec, self.weights = job, ctx, spec, weights
         rec, s = ctx.recorder, spec.stage
         back, fwd = comms or (ctx.comm, ctx.comm)
+        self.back_comm, self.fwd_comm = back, fwd
         # one FIFO channel per neighbouring replica and direction
         self.acts: dict[int, Inbox] = {}
         if spec.in_meta is not None:
@@ -326,18 +327,18 @@ class StageExecutor:
         """Forward of one evaluation batch through this stage (``eval_activation`` messages, sent
         and received whole: an evaluation batch has its own row count). Stage 0 reads ``x``; the
         last stage returns its output, the others None. Stages must not be replicated."""
-        spec, comm, rec = self.spec, self.ctx.comm, self.ctx.recorder
+        spec, rec = self.spec, self.ctx.recorder
         if spec.in_meta is not None:
             x = torch.empty((x.shape[0], *spec.in_meta.shape[1:]), dtype=spec.in_meta.dtype,
                             device=self.ctx.device)
             with rec.span("recv", "comm", stage=spec.stage, kind="eval_activation"):
-                comm.recv(x, spec.prev_ranks[0], op="eval_activation")
+                self.back_comm.recv(x, spec.prev_ranks[0], op="eval_activation")
         with rec.span("eval_forward", "eval", stage=spec.stage):
             out: torch.Tensor = spec.module(x)
         if not spec.next_ranks:
             return out
         with rec.span("send", "comm", stage=spec.stage, kind="eval_activation"):
-            comm.send(out.contiguous(), spec.next_ranks[0], op="eval_activation")
+            self.fwd_comm.send(out.contiguous(), spec.next_ranks[0], op="eval_activation")
         return None
 
     def _trace(self, phase: str, mb: int, step: int) -> None:

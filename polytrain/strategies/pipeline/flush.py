@@ -22,6 +22,7 @@ executor moves the activations (``eval_activation``) and the last stage broadcas
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -157,10 +158,20 @@ class FlushPipeline:
                              self.shapes, self.dtypes)
 
 
+class Inferring(Protocol):
+    """A rank's part of a pipeline that answers a pipelined forward (`FlushPipeline`,
+    `chunks.ChunkPipeline`)."""
+
+    @property
+    def module(self) -> nn.Module: ...
+
+    def infer(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
 class Pipelined(nn.Module):
     """A stage as a module for ``Job.evaluate``: every stage of the pipeline calls it together."""
 
-    def __init__(self, pipe: FlushPipeline) -> None:
+    def __init__(self, pipe: Inferring) -> None:
         super().__init__()
         self.pipe = pipe
         self.layers = pipe.module

@@ -24,10 +24,11 @@ one is what the runtime and the transfers added (late messages, time between act
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from typing import Any
 
 from polytrain.strategies.pipeline.actions import Action
-from polytrain.strategies.pipeline.checks import simulate_times
+from polytrain.strategies.pipeline.checks import simulate_times, timed_bubble
 
 
 def bubble_fraction(windows: list[list[list[float]]]) -> float:
@@ -69,15 +70,16 @@ def overhead_fraction(windows: list[list[list[float]]]) -> float:
 
 
 def schedule_bubble(ops: list[list[list[list[Any]]]], latency: float = 0.0) -> tuple[float, list[float]]:
-    """``ops[stage][segment] = [[op, mb, seconds], ...]`` (the order each stage ran) -> the bubble of
-    the schedule replayed with those durations and ``latency`` seconds per message, over all
-    segments as `bubble_fraction` aggregates them, and per segment."""
+    """``ops[stage][segment] = [[op, mb, seconds], ...]`` (the order each stage ran; with virtual
+    stages each entry ends with its chunk, ``[op, mb, seconds, chunk]``) -> the bubble of the
+    schedule replayed with those durations and ``latency`` seconds per message, over all segments
+    as `bubble_fraction` aggregates them, and per segment."""
     stages = len(ops)
     idle = total = 0.0
     per_segment = []
     for seg in zip(*ops, strict=True):
-        orders = {s: [Action(s, op, int(mb)) for op, mb, _ in seg[s]] for s in range(stages)}
-        durations = {Action(s, op, int(mb)): float(sec) for s in range(stages) for op, mb, sec in seg[s]}
+        orders = {s: [_action(s, o) for o in seg[s]] for s in range(stages)}
+        durations = {_action(s, o): float(o[2]) for s in range(stages) for o in seg[s]}
         timeline = simulate_times(orders, durations, latency)
         rows = [r for r in timeline.values() if r]
         if not rows:
@@ -92,12 +94,26 @@ def schedule_bubble(ops: list[list[list[list[Any]]]], latency: float = 0.0) -> t
     return (idle / total if total else 0.0), per_segment
 
 
+def _action(stage: int, entry: list[Any]) -> Action:
+    """An ``ops`` entry as the action it timed (its chunk, where it names one)."""
+    return Action(int(entry[3]) if len(entry) > 3 else stage, entry[0], int(entry[1]))
+
+
+def uniform_bubble(orders: Mapping[int, list[Action]], costs: Mapping[str, float]) -> float:
+    """The bubble of ``orders`` with every F, B, W taking ``costs[op]`` and free messages: each
+    schedule's formula (per rank, B whole or the input gradient alone: 1F1B (P−1)(F+B),
+    interleaved (P−1)(F+B+W) per chunk, ZB-H1 (P−1)(F+B−W), …, as `tests/test_schedule_virtual.py`
+    checks) evaluated at these costs."""
+    durations = {a: float(costs.get(a.op, 0.0)) for row in orders.values() for a in row}
+    return timed_bubble(simulate_times(orders, durations))
+
+
 def op_seconds(ops: list[list[list[Any]]]) -> dict[str, float]:
     """One stage's median compute seconds per forward (``F``), backward (``B``; the input gradient
     alone in a split backward) and weight-gradient (``W``) action."""
     out = {}
     for op in ("F", "B", "W"):
-        secs = [float(sec) for seg in ops for o, _, sec in seg if o == op]
+        secs = [float(o[2]) for seg in ops for o in seg if o[0] == op]
         if secs:
             out[op] = statistics.median(secs)
     return out

@@ -9,23 +9,29 @@ Each runs its registered schedule (`schedule_virtual`) over P·V model chunks, V
 Refused before launch, in one line each: V the schedule cannot place (a V-shape places 2), M not
 a multiple of P for interleaving, V·P chunks that do not divide the layers (``uniform``) or
 counts that do not give V·P chunks, a split backward with checkpointing, replicated stages,
-weights tied across chunks, checkpoints and resume.
+weights tied across chunks. Checkpoints and resume are exact (each rank's chunks and optimizer
+state at a flush, `virtual_run`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
-from polytrain.plan.partition import Partition, check_cuttable
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.strategies.base import Strategy
-from polytrain.strategies.pipeline.options import FlushOptions, check_microbatches, meta_model
+from polytrain.strategies.base import Offer, Strategy
+from polytrain.strategies.pipeline.chunks import check_chunks
+from polytrain.strategies.pipeline.options import FlushOptions, check_microbatches
 from polytrain.strategies.pipeline.schedule import get_schedule
-from polytrain.strategies.pipeline.ties import refuse_ties
 from polytrain.strategies.pipeline.virtual_run import VirtualRun
 from polytrain.strategies.pipeline.zb_h1 import check_split
+
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
 
 
 class VirtualOptions(FlushOptions):
@@ -37,47 +43,20 @@ class VirtualOptions(FlushOptions):
 
 def check_virtual_job(name: str, opts: VirtualOptions, cfg: JobConfig, world: int) -> None:
     """Everything `VirtualRun` needs, checked on the job description before any process starts."""
-    v = opts.virtual_stages
-    get_schedule(name).build(world, opts.microbatches, v)  # V and M for this schedule
     if opts.checkpoint != "never":
+        get_schedule(name).build(world, opts.microbatches, opts.virtual_stages)  # V and M first
         check_split(name, opts)
-    if opts.replicate or opts.partition in ("params", "time"):
+    if opts.replicate:
         raise ConfigError(
-            f"'{name}' with partition={opts.partition}{' and replicate' if opts.replicate else ''}. "
-            "Rule: virtual stages cut the model uniformly or by counts, one rank per chunk set. "
-            "Fix: --set partition=uniform or layer counts per chunk, e.g. partition=1,1,1,1."
+            f"'{name}' with replicate={opts.replicate}. Rule: virtual stages place one rank per "
+            "chunk set, without replicas. Fix: drop --set replicate=…, or use mesh with dp=2."
         )
-    if cfg.checkpoint_every:
-        raise ConfigError(
-            f"'{name}' with checkpoint_every={cfg.checkpoint_every}. Rule: checkpoints of virtual "
-            "stages are not built. Fix: drop --checkpoint-every, or use --strategy 1f1b."
-        )
-    chunks = world * v
-    model = meta_model(cfg)
-    layers = None if model is None else check_cuttable(model, chunks)
-    if opts.partition in ("uniform", "auto"):
-        if layers is not None and layers % chunks:
-            raise ConfigError(
-                f"'{name}' cuts {layers} layers into {world} ranks x {v} virtual stages = {chunks} "
-                f"chunks. Rule: with partition=uniform the chunks must divide the layers. Fix: a "
-                f"--procs and virtual_stages whose product divides {layers}, or layer counts per "
-                "chunk: --set partition=a,b,c,..."
-            )
-    else:
-        part = Partition.parse(opts.partition)
-        if part.stages != chunks or any(r > 1 for r in part.replicas):
-            raise ConfigError(
-                f"'{name}': partition={opts.partition} gives {part.stages} stages. Rule: one layer "
-                f"count per chunk, {world} ranks x {v} = {chunks}, no replicas. "
-                f"Fix: --set partition= with {chunks} counts."
-            )
-        if layers is not None:
-            part.check(layers, chunks)
-    refuse_ties(model, cfg, name, "its chunks keep separate copies of a tied weight")
+    check_chunks(name, world, opts.microbatches, opts.virtual_stages, opts.partition, cfg)
 
 
 class _Virtual(Strategy):
     family = "pipeline"
+    exact = True
     Options = VirtualOptions
 
     def check(self, cfg: JobConfig, world: int) -> None:
@@ -88,6 +67,27 @@ class _Virtual(Strategy):
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: VirtualOptions = self.options  # type: ignore[assignment]
         return VirtualRun(job, ctx, opts, self.name, opts.virtual_stages).run()
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        """P = the cluster's world, the schedule's V, M in {P, 2P, 4P} (rounds of P), the
+        planner's cut of the P·V chunks pinned."""
+        from polytrain.plan.estimate_pipe import planned_partition
+        from polytrain.strategies.pipeline.schedule import get_schedule
+
+        w, b = scene.cluster.world, scene.batch
+        if w >= 2 and w * get_schedule(cls.name).default_virtual <= scene.layers:
+            for m in sorted({w, 2 * w, 4 * w}):
+                if m <= b and b % m == 0:
+                    yield w, {"microbatches": m, "partition": planned_partition(scene, cls.name, w, m)}
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        """The registered orders over P·V chunks, replayed by the planner (`estimate_pipe`)."""
+        from polytrain.plan.estimate_pipe import price_pipeline
+
+        o: VirtualOptions = self.options  # type: ignore[assignment]
+        return price_pipeline(scene, self.name, world, o.microbatches, 1, o.partition,
+                              virtual=o.virtual_stages)
 
 
 class Interleaved1F1B(_Virtual):
