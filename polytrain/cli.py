@@ -40,6 +40,8 @@ JOB_FLAGS: list[tuple[str, str, Any, str]] = [
      "enough (NCCL), else the CPU (gloo); default auto"),
     ("log", "--log", str, "csv,tensorboard,wandb: write the loss and evaluations while the run "
      "goes (RUN/log.csv, RUN/tensorboard, RUN/wandb offline)"),
+    ("log_ranks", "--log-ranks", str, "0 | all: --log writes the run's figures (the mean loss over "
+     "ranks, rank 0's evaluations), or also every rank's own loss per step; default 0"),
     ("clip_grad_norm", "--clip-grad-norm", float, "clip the gradient to this global L2 norm "
      "(over the whole model, however it is split); default off"),
     ("loss", "--loss", str, "loss as pkg.module:fn(output, targets) (default: the task's "

@@ -96,7 +96,8 @@ class Mesh(Strategy):
     family = "hybrid"
     summary = "2-D hybrid: dp × pp (replicated pipelines) or dp × tp (replicated tensor groups)"
     Options = MeshOptions
-    supports = Supports(compression=True, lr_schedule=True, clip=True, grad_accum=True)
+    supports = Supports(compression=True, lr_schedule=True, clip=True, grad_accum=True,
+                        precision=True)
 
     @property
     def opts(self) -> MeshOptions:

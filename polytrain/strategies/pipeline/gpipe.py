@@ -36,7 +36,7 @@ def flush_plan(strategy: str, opts: FlushOptions, accum: int = 1, recompute: boo
 
 class GPipe(Strategy):
     name = "gpipe"
-    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, recompute=True)
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, precision=True, recompute=True)
     family = "pipeline"
     summary = "GPipe: M micro-batches, all forwards then all backwards, one synchronous update"
     Options = FlushOptions

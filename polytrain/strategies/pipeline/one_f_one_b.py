@@ -20,7 +20,7 @@ from polytrain.strategies.pipeline.shell import PipelineRun
 
 class OneFOneB(Strategy):
     name = "1f1b"
-    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, recompute=True)
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, precision=True, recompute=True)
     family = "pipeline"
     summary = "1F1B with flush (PipeDream-Flush/DAPPLE): bounded activations, one synchronous update"
     Options = FlushOptions
