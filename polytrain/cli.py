@@ -365,6 +365,12 @@ def cmd_strategy(name: str, console: Console) -> int:
         if not rows:
             table.add_row("(none)", "", "", "")
         console.print(table)
+    table = Table(title="training features (docs/training.md)")
+    for col in ("feature", "what it means here"):
+        table.add_column(col)
+    for feature, meaning in d["training"]:
+        table.add_row(feature, escape(meaning))
+    console.print(table)
     return 0
 
 

@@ -122,7 +122,10 @@ class LocalSgd(Strategy):
     family = "data"
     summary = "local SGD on each rank, parameters averaged every `period` steps (PSGD)"
     Options = LocalSgdOptions
-    supports = Supports(compression=True, lr_schedule=True, clip=True, grad_accum=True, precision=True)
+    supports = Supports(compression=True, lr_schedule=True, clip=True, grad_accum=True, precision=True,
+                        means={"clip": "per worker: each worker's local gradient clipped by its own "
+                                       "global norm before its local update",
+                               "grad_accum": "per worker: K micro-batches of its B/W rows per local update"})
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_divisible(cfg, world, self.name)

@@ -34,6 +34,18 @@ from polytrain.strategies.pipeline.actions import Action
 from polytrain.strategies.pipeline.ties import TiedGrads
 
 Params = dict[str, torch.Tensor]
+# Why the pipelines that update after every backward (pipedream, spectrain) refuse these.
+ASYNC_WHY = {
+    "clip": ("it updates each stage after every backward, so the whole model's gradient of one "
+             "mini-batch never exists at one moment; clipping each stage's gradient by its own "
+             "norm would not be the global norm, so it is refused"),
+    "grad_accum": ("each backward is followed by its stage's update (weight versions are per "
+                   "mini-batch); K micro-batches per update would need a version per K backwards, "
+                   "which is not built"),
+    "precision": ("fp16's overflow skip must be agreed by every stage at one update, and without "
+                  "a flush each stage updates after its own backwards, so there is none; bf16 is "
+                  "not wired into its weight versions either"),
+}
 
 
 def sync_gradients(replicas: GroupComm, module: nn.Module) -> None:
