@@ -10,7 +10,8 @@ too: the outputs of Linear/ReLU under autocast), so parameters are equal bit for
 parallelism splits each row-parallel product's sum over two ranks, rounds the two halves to
 bf16 and adds them: every such product differs from one-process bf16 by about one bf16 rounding
 (2^-8 relative), so the run is held to 1% of the update (the parameters' change from their
-initial values), against 0.2-0.3% measured; fp32 runs of this job agree to 1e-5.
+initial values); measured here: 0.13% (mesh dp 2 x tp 2: 0.28%), while fp32 runs of this job
+agree to 1e-5.
 """
 
 from __future__ import annotations
