@@ -79,6 +79,11 @@ NOT_WIRED = {"lr_schedule": "its updates do not go through the job's optimizer",
              "recompute": "its forward is not wrapped for recomputation"}
 
 
+def refusing(reasons: dict[str, str]) -> dict[str, str]:
+    """The default reasons, with a strategy's own (``reasons``) in place of some."""
+    return NO_CODEC | NOT_WIRED | reasons
+
+
 @dataclass(frozen=True)
 class Supports:
     """The features one strategy honours; ``why`` gives the reason for each one it does not."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from polytrain.config import JobConfig
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.runtime.supports import NOT_WIRED, Supports
+from polytrain.runtime.supports import Supports, refusing
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.pipeline.options import AsyncOptions, check_pipeline
 from polytrain.strategies.pipeline.shell import PipelineRun, RunPlan
@@ -24,7 +24,7 @@ from polytrain.strategies.pipeline.weights import ASYNC_WHY, StashedWeights
 
 class PipeDream(Strategy):
     name = "pipedream"
-    supports = Supports(lr_schedule=True, why={**NOT_WIRED, **ASYNC_WHY})
+    supports = Supports(lr_schedule=True, why=refusing(ASYNC_WHY))
     family = "pipeline"
     summary = "PipeDream: asynchronous 1F1B, update after every backward, weight stashing"
     Options = AsyncOptions

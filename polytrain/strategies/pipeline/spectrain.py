@@ -14,7 +14,7 @@ from __future__ import annotations
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.runtime.supports import NOT_WIRED, Supports
+from polytrain.runtime.supports import Supports, refusing
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.pipeline.options import AsyncOptions, check_pipeline
 from polytrain.strategies.pipeline.shell import PipelineRun, RunPlan
@@ -23,7 +23,7 @@ from polytrain.strategies.pipeline.weights import ASYNC_WHY, PredictedWeights
 
 class SpecTrain(Strategy):
     name = "spectrain"
-    supports = Supports(lr_schedule=True, why={**NOT_WIRED, **ASYNC_WHY})
+    supports = Supports(lr_schedule=True, why=refusing(ASYNC_WHY))
     family = "pipeline"
     summary = "SpecTrain: asynchronous 1F1B with weight prediction W - s*lr*v instead of stashing"
     Options = AsyncOptions

@@ -41,7 +41,7 @@ from polytrain.errors import ConfigError
 from polytrain.runtime import schedule
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop
-from polytrain.runtime.supports import NOT_WIRED, Supports
+from polytrain.runtime.supports import Supports, refusing
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.ps.checkpoint import restore_server, server_saver
@@ -127,10 +127,10 @@ class Ps(Strategy):
         "clip": "per worker, per push: each push clipped by its own L2 norm, before the servers "
                 "apply it (bsp: the mean of W individually clipped gradients, not the global norm)",
         "grad_accum": "per worker: each worker's B/W rows of a step in K micro-batches, one push"},
-        why={**NOT_WIRED, "precision": (
+        why=refusing({"precision": (
             "its workers push fp32 gradients that the servers apply with their own optimizers; "
             "fp16 would need each worker's loss scaler to skip a push on overflow, which the "
-            "bsp/ssp clocks (every worker pushes every step) do not allow")})
+            "bsp/ssp clocks (every worker pushes every step) do not allow")}))
 
     @property
     def opts(self) -> PsOptions:
