@@ -1,6 +1,7 @@
 """``--precision`` where the model is split (issue 45 item 1): pipelines (activations and their
 gradients cross stages in the compute dtype), ``mesh`` and ``tensor``; fp16's overflow agreed
-by every stage. The oracle is ``single`` in the same precision.
+by every stage. The oracle is ``single`` in the same precision, computed in this process through
+the code ``single`` runs (`single_in_process`: equal to a launched ``single`` bit for bit).
 
 Why exact or how close. bf16 rounds each matrix product's result, so a run equals ``single``
 only where it computes the same products on the same rows. A pipeline of M micro-batches does
@@ -25,12 +26,15 @@ import torch
 
 import polytrain
 from polytrain.config import make_config
+from polytrain.runtime.accumulate import accumulate
 from polytrain.runtime.job import Job
+from polytrain.runtime.precision import Precision
 from tests.conftest import assert_same_params, load_model, read_summary, step_losses
 
 MLP: dict[str, Any] = {"model": "mlp", "model_options": {"hidden": 16}, "dataset": "digits",
                        "batch_size": 16, "steps": 4, "optimizer": "sgd", "lr": 0.2, "seed": 4,
                        "precision": "bf16"}
+Params = dict[str, torch.Tensor]
 GPT: dict[str, Any] = {"model": "gpt-mini", "dataset": "chars", "batch_size": 8, "steps": 3,
                        "optimizer": "sgd", "lr": 0.2, "seed": 4, "precision": "bf16",
                        "model_options": {"n_layer": 1, "n_head": 2, "d_model": 16},
@@ -42,45 +46,44 @@ def _train(tmp: Path, name: str, job: dict[str, Any], **kw: Any) -> Path:
     return tmp / name
 
 
-def single_in_process(cfg: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(parameters after the job's steps, initial parameters): SGD with the forward and loss under
-    bf16 autocast, in this process (what ``single`` does; a tolerance oracle needs no launch)."""
-    job = Job.from_config(make_config(cfg))
+def single_in_process(cfg: dict[str, Any], k: int = 1) -> tuple[Params, Params, dict[int, float]]:
+    """What ``single --grad-accum k`` computes, in this process and through the same code (the
+    job's optimizer, `accumulate`, `Precision`): (final parameters, initial ones, step losses).
+    Equal bit for bit to a launched ``single`` run; no launch needed."""
+    job = Job.from_config(make_config({k_: v for k_, v in cfg.items() if k_ != "report"}))
     model = job.build_model()
-    init = {k: v.clone() for k, v in model.state_dict().items()}
-    opt, batches = torch.optim.SGD(model.parameters(), lr=cfg["lr"]), job.batches()
+    init = {name: v.clone() for name, v in model.state_dict().items()}
+    opt, batches = job.make_optimizer(model.parameters()), job.batches()
+    amp, losses = Precision(cfg["precision"], torch.device("cpu")), {}
+
+    def loss_of(f: Any, xm: torch.Tensor, ym: torch.Tensor) -> torch.Tensor:
+        with amp.autocast():
+            return job.forward_loss(f, xm, ym)
+
     for i in range(1, job.steps + 1):
         x, y = batches.shard(i)
-        opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = job.forward_loss(model, x, y)
-        loss.backward()
-        opt.step()
-    return dict(model.state_dict()), init
-
-
-@pytest.fixture(scope="module")
-def single_bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The MLP job in one process, bf16, its batches cut in 2 micro-batches."""
-    return _train(tmp_path_factory.mktemp("single"), "single", MLP, strategy="single", procs=1,
-                  grad_accum=2)
+        opt.zero_grad(set_to_none=True)
+        losses[i] = accumulate(model, x, y, k, loss_of, amp.backward)
+        amp.unscale(opt)
+        amp.step(opt)
+    return dict(model.state_dict()), init, losses
 
 
 @pytest.mark.slow
-def test_bf16_pipelines_equal_single_exactly(single_bf16: Path, tmp_path: Path) -> None:
+def test_bf16_pipelines_equal_single_exactly(tmp_path: Path) -> None:
     """mesh dp 2 x pp 2, one micro-batch per replica: the pipeline executor between stages
     (bf16 both ways), the fp32 dp all-reduce of the gradients between replicas."""
-    ref = single_bf16
+    ref, _, losses = single_in_process(MLP, k=2)
     run = _train(tmp_path, "mesh", MLP, strategy="mesh", procs=4, sets=["dp=2", "pp=2", "microbatches=1"])
-    assert_same_params(load_model(run), load_model(ref), atol=0, rtol=0)
-    assert step_losses(run) == pytest.approx(step_losses(ref), rel=1e-6)
+    assert_same_params(load_model(run), ref, atol=0, rtol=0)
+    assert step_losses(run) == pytest.approx(losses, rel=1e-6)
     summary = read_summary(run)
     assert summary["strategy_metrics"]["precision"] == "bf16"
 
 
 @pytest.mark.slow
 def test_bf16_tensor_parallel_close_to_single(tmp_path: Path) -> None:
-    ref, init = single_in_process(GPT)
+    ref, init, _ = single_in_process(GPT)
     run = _train(tmp_path, "tensor", GPT, strategy="tensor", procs=2)
     got = load_model(run)
     err = sum(float((got[k] - ref[k]).norm() ** 2) for k in ref) ** 0.5
@@ -101,10 +104,10 @@ def test_fp16_overflow_on_one_stage_skips_the_step_on_every_stage(tmp_path: Path
     the run equals single fp16 with the same micro-batches bit for bit."""
     job = {"model": "tests.userzoo.overflow:make", "dataset": "digits", "precision": "fp16",
            "steps": 4, "batch_size": 16, "lr": 0.05, "optimizer": "sgd", "seed": 1}
-    ref = _train(tmp_path, "single", job, strategy="single", procs=1, grad_accum=2)
+    ref, _, _ = single_in_process(job, k=2)
     run = _train(tmp_path, "gpipe", job, strategy="gpipe", procs=2,
                  sets=["microbatches=2", "partition=3,2"])
-    assert_same_params(load_model(run), load_model(ref), atol=0, rtol=0)
+    assert_same_params(load_model(run), ref, atol=0, rtol=0)
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert sorted((e["rank"], e["step"]) for e in events if e["event"] == "skipped") == [(0, 2), (1, 2)]
     for rank in read_summary(run)["per_rank"]:
