@@ -41,6 +41,8 @@ JOB_FLAGS: list[tuple[str, str, Any, str]] = [
      "enough (NCCL), else the CPU (gloo); default auto"),
     ("log", "--log", str, "csv,tensorboard,wandb: write the loss and evaluations while the run "
      "goes (RUN/log.csv, RUN/tensorboard, RUN/wandb offline)"),
+    ("log_ranks", "--log-ranks", str, "0 | all: --log writes the run's figures (the mean loss over "
+     "ranks, rank 0's evaluations), or also every rank's own loss per step; default 0"),
     ("clip_grad_norm", "--clip-grad-norm", float, "clip the gradient to this global L2 norm "
      "(over the whole model, however it is split); default off"),
     ("loss", "--loss", str, "loss as pkg.module:fn(output, targets) (default: the task's "
@@ -371,6 +373,12 @@ def cmd_strategy(name: str, console: Console) -> int:
         if not rows:
             table.add_row("(none)", "", "", "")
         console.print(table)
+    table = Table(title="training features (docs/training.md)")
+    for col in ("feature", "what it means here"):
+        table.add_column(col)
+    for feature, meaning in d["training"]:
+        table.add_row(feature, escape(meaning))
+    console.print(table)
     return 0
 
 

@@ -64,6 +64,7 @@ class JobConfig(BaseModel):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # autocast dtype; weights stay fp32
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: a GPU per rank when there is one
     log: list[Literal["csv", "tensorboard", "wandb"]] = []  # live logging while the run goes
+    log_ranks: Literal["0", "all"] = "0"  # 0: the run's figures; all: also each rank's own loss
     activation_checkpointing: bool = False  # recompute each block's forward during backward
     seed: int = 0
     loss: str | None = None  # pkg.mod:fn, fn(output, targets) -> scalar; default: task loss
@@ -132,6 +133,12 @@ class JobConfig(BaseModel):
     def _log(cls, v: Any) -> Any:
         """``--log csv,tensorboard``: a comma-separated string from the command line."""
         return [s.strip() for s in v.split(",") if s.strip()] if isinstance(v, str) else v
+
+    @field_validator("log_ranks", mode="before")
+    @classmethod
+    def _log_ranks(cls, v: Any) -> Any:
+        """``log_ranks = 0`` in TOML (an integer) means "0"."""
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
     @field_validator("clip_grad_norm")
     @classmethod

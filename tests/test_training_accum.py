@@ -49,4 +49,4 @@ def test_bad_accumulation_refused_before_launch() -> None:
                                    "grad_accum": 8}))
     with pytest.raises(ConfigError, match=r"does not support grad_accum \(--grad-accum 2\).*"
                                           r"that does: .*allreduce"):
-        prepare(make_config(MLP | {"strategy": "local-sgd", "procs": 2, "grad_accum": 2}))
+        prepare(make_config(MLP | {"strategy": "malt", "procs": 2, "grad_accum": 2}))

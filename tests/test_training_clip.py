@@ -47,9 +47,9 @@ def test_shares_of_split_gradients_add_up_to_the_whole() -> None:
 
 
 def test_refused_before_launch_where_not_honoured() -> None:
-    cfg = make_config(MLP | {"strategy": "local-sgd", "procs": 2})
+    cfg = make_config(MLP | {"strategy": "hogwild", "procs": 2, "optimizer": "sgd"})
     with pytest.raises(ConfigError, match=r"does not support clip \(--clip-grad-norm 0.3\).*"
-                                          r"that does: .*allreduce.*gpipe"):
+                                          r"that does: .*allreduce.*gpipe.*local-sgd.*ps"):
         prepare(cfg)
     with pytest.raises(ConfigError, match="gradient-norm limit is a finite positive number"):
         make_config(MLP | {"clip_grad_norm": 0.0})

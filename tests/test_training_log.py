@@ -48,6 +48,39 @@ def test_rows_are_written_as_the_ranks_report(tmp_path: Path) -> None:
     assert _rows(tmp_path)[-1]["step"] == "3"
 
 
+def test_log_ranks_all_adds_each_ranks_own_loss(tmp_path: Path) -> None:
+    """--log-ranks all: the run's row (the mean) and then one row per rank with its own loss;
+    the default (0) writes the run's rows only."""
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    step = {"event": "step", "t": 0.1, "samples": 16, "step": 1}
+    _append(ranks / "rank0.jsonl", step | {"rank": 0, "loss": 1.0})
+    _append(ranks / "rank1.jsonl", step | {"rank": 1, "loss": 3.0})
+    every, only = tmp_path / "all", tmp_path / "zero"
+    every.mkdir(), only.mkdir()
+    LiveLog(ranks, [CsvSink(every)], per_rank=True).poll()
+    LiveLog(ranks, [CsvSink(only)]).poll()
+    assert [(r["kind"], r["rank"], float(r["loss"])) for r in _rows(every)] == [
+        ("train", "", 2.0), ("rank", "0", 1.0), ("rank", "1", 3.0)]
+    assert [(r["kind"], float(r["loss"])) for r in _rows(only)] == [("train", 2.0)]
+
+
+def test_log_ranks_from_every_front_end(tmp_path: Path) -> None:
+    from polytrain.cli import build_parser
+
+    toml = tmp_path / "job.toml"
+    toml.write_text("log = ['csv']\nlog_ranks = 0\n")
+    assert make_config({}).log_ranks == "0" and make_config({"log_ranks": 0}).log_ranks == "0"
+    args = build_parser().parse_args(["train", "--log-ranks", "all"])
+    assert make_config({"log_ranks": args.log_ranks}).log_ranks == "all"
+    from polytrain.api import _config
+
+    assert _config(toml, None, {}).log_ranks == "0"
+    assert _config(toml, None, {"log_ranks": "all"}).log_ranks == "all"
+    with pytest.raises(ConfigError, match=r"'log_ranks' = '1'"):
+        make_config({"log_ranks": 1})
+
+
 def test_log_sinks_validated() -> None:
     assert make_config({"log": "csv, tensorboard"}).log == ["csv", "tensorboard"]
     with pytest.raises(ConfigError, match=r"'log\.0' = 'mlflow'"):

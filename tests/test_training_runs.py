@@ -8,6 +8,7 @@ schedule + fp16 loss scaler resumed from a checkpoint equals the uninterrupted r
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,11 @@ MLP: dict[str, Any] = {"model": "mlp", "model_options": {"hidden": 16}, "dataset
 GPT: dict[str, Any] = {"model": "gpt-mini", "dataset": "chars", "batch_size": 8, "steps": 3,
                        "model_options": {"n_layer": 1, "n_head": 2, "d_model": 16},
                        "data_options": {"seq_len": 16, "chars": 20_000}, **FEATURES}
+
+
+def rank_losses(run: Path) -> dict[tuple[int, int], float]:
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {(e["rank"], e["step"]): e["loss"] for e in events if e["event"] == "step"}
 
 
 def reference(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -64,13 +70,17 @@ def test_features_together_equal_torch(mlp_reference: dict[str, torch.Tensor], t
                                        strategy: str, procs: int, sets: list[str]) -> None:
     out = tmp_path / strategy
     summary = polytrain.train(**(MLP | {"strategy": strategy, "procs": procs, "out": str(out),
-                                        "sets": sets, "device": "cpu", "log": ["csv"],
+                                        "sets": sets, "device": "cpu", "log": ["csv"], "log_ranks": "all",
                                         "activation_checkpointing": strategy != "mesh"}))
     assert (summary["device"], summary["backend"]) == ("cpu", "gloo")  # --device cpu, stated
     assert_same_params(load_model(out), mlp_reference, atol=1e-6, rtol=1e-5)
     with (out / "log.csv").open() as f:  # --log csv: each step's mean loss over the ranks
-        logged = {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f) if r["kind"] == "train"}
+        rows = list(csv.DictReader(f))
+    logged = {int(r["step"]): float(r["loss"]) for r in rows if r["kind"] == "train"}
     assert logged == pytest.approx(step_losses(out), rel=1e-6)
+    # --log-ranks all: also every rank's own loss, as its step events report it
+    own = {(int(r["rank"]), int(r["step"])): float(r["loss"]) for r in rows if r["kind"] == "rank"}
+    assert own == pytest.approx(rank_losses(out), rel=1e-6) and len(own) == procs * MLP["steps"]
     if strategy == "allreduce":  # one gradient all-reduce per optimizer step, not one per micro-step
         n_params = sum(t.numel() for t in mlp_reference.values())
         assert summary["bytes_sent"] == pytest.approx(4 * 2 * n_params * 4, rel=0.01)

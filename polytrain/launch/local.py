@@ -191,7 +191,7 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
     try:
         sinks = make_sinks(list(cfg.log), run_dir, cfg.strategy, cfg.model_dump(mode="json"))
         with FollowProgress(rank0, prepared.steps, label, console), \
-                LiveLog(run_dir / "ranks", sinks, resume=resume), \
+                LiveLog(run_dir / "ranks", sinks, resume=resume, per_rank=cfg.log_ranks == "all"), \
                 rank_environment(cfg.procs, agent_dir), stores_bound_to(bind), \
                 prompt_stop(states, SHUTDOWN_TIMEOUT_S):
             elastic_launch(lc, sys.executable)("-m", "polytrain.launch.rank_main", str(payload_path))

@@ -33,6 +33,7 @@ RESUMABLE_CHANGES = {
     "max_param",
     "device",  # the same steps on other hardware (float rounding may differ)
     "log",
+    "log_ranks",
     "activation_checkpointing",  # recomputes the same forward
 }
 

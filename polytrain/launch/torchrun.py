@@ -61,7 +61,8 @@ def train_under_torchrun(
                "rank_logs": False, "progress": True}
     sinks = make_sinks(list(cfg.log), run_dir, cfg.strategy, cfg.model_dump(mode="json")) if rank == 0 else []
     try:
-        with LiveLog(run_dir / "ranks", sinks, resume=not fresh):  # rank 0 writes --log
+        with LiveLog(run_dir / "ranks", sinks, resume=not fresh,  # rank 0 writes --log
+                     per_rank=cfg.log_ranks == "all"):
             run_rank(payload)
     except BaseException as exc:  # recorded in ranks/rank{R}.error.json by run_rank
         if isinstance(exc, PolytrainError):

@@ -68,6 +68,15 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float,
     return float(norm)
 
 
+def clip_flat(flat: torch.Tensor, max_norm: float) -> float:
+    """Scale one flat gradient vector (N,) in place to L2 norm at most ``max_norm``, as
+    ``torch.nn.utils.clip_grad_norm_`` scales a model's; returns its norm before clipping. What
+    a parameter-server worker pushes is its whole gradient as one such vector."""
+    norm = flat.detach().float().norm()
+    flat.mul_(torch.clamp(max_norm / (norm + EPS), max=1.0).to(flat.dtype))
+    return float(norm)
+
+
 def sharded_split(comm: Comm, model: nn.Module, sharded: Collection[str], tp: int,
                   replicas: int = 1) -> GradSplit:
     """Tensor parallelism over ``tp`` ranks (times ``replicas`` data-parallel copies, all in

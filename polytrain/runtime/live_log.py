@@ -7,6 +7,11 @@ over those ranks of their losses of that step, the figure the progress line and 
 show. Evaluations are written as they appear. The ranks are not slowed: they only append to
 their files, as they always do.
 
+``--log-ranks 0|all`` (TOML ``log_ranks``, Python ``log_ranks=``): ``0`` (the default) writes
+those figures of the run only; ``all`` also writes, for every step, each rank's own loss (csv:
+rows of kind ``rank`` with the rank in column ``rank``; tensorboard and wandb: ``rank<R>/train_loss``),
+so a rank whose data or replica drifts from the others shows.
+
 Sinks: ``csv`` (``RUN/log.csv``, flushed every row), ``tensorboard`` (``RUN/tensorboard/``,
 flushed every row; needs the tensorboard package), ``wandb`` (offline mode in ``RUN/wandb``:
 never a network call; ``wandb sync`` uploads it later; needs the wandb package).
@@ -41,12 +46,13 @@ def check_sinks(names: list[str]) -> None:
 
 class Sink(Protocol):
     def step(self, step: int, t: float, samples: int, loss: float) -> None: ...
+    def rank_step(self, step: int, t: float, rank: int, loss: float) -> None: ...
     def eval(self, step: int, t: float, figures: dict[str, float]) -> None: ...
     def close(self) -> None: ...
 
 
 class CsvSink:
-    FIELDS = ("kind", "step", "t", "samples", "loss", "accuracy")
+    FIELDS = ("kind", "step", "t", "samples", "loss", "accuracy", "rank")
 
     def __init__(self, run_dir: Path) -> None:
         self.file = (run_dir / "log.csv").open("a", newline="")
@@ -55,12 +61,16 @@ class CsvSink:
             self.out.writerow(self.FIELDS)
 
     def step(self, step: int, t: float, samples: int, loss: float) -> None:
-        self.out.writerow(("train", step, round(t, 6), samples, loss, ""))
+        self.out.writerow(("train", step, round(t, 6), samples, loss, "", ""))
+        self.file.flush()
+
+    def rank_step(self, step: int, t: float, rank: int, loss: float) -> None:
+        self.out.writerow(("rank", step, round(t, 6), "", loss, "", rank))
         self.file.flush()
 
     def eval(self, step: int, t: float, figures: dict[str, float]) -> None:
         self.out.writerow(("eval", step, round(t, 6), "", figures.get("loss", ""),
-                           figures.get("accuracy", "")))
+                           figures.get("accuracy", ""), ""))
         self.file.flush()
 
     def close(self) -> None:
@@ -76,6 +86,9 @@ class TensorBoardSink:
     def step(self, step: int, t: float, samples: int, loss: float) -> None:
         self.writer.add_scalar(f"{self.tag}/train_loss", loss, global_step=step)
         self.writer.flush()
+
+    def rank_step(self, step: int, t: float, rank: int, loss: float) -> None:
+        self.writer.add_scalar(f"{self.tag}/rank{rank}/train_loss", loss, global_step=step)
 
     def eval(self, step: int, t: float, figures: dict[str, float]) -> None:
         for key, value in figures.items():
@@ -95,6 +108,9 @@ class WandbSink:
 
     def step(self, step: int, t: float, samples: int, loss: float) -> None:
         self.run.log({"train_loss": loss, "samples": samples, "t": t}, step=step)
+
+    def rank_step(self, step: int, t: float, rank: int, loss: float) -> None:
+        self.run.log({f"rank{rank}/train_loss": loss}, step=step)
 
     def eval(self, step: int, t: float, figures: dict[str, float]) -> None:
         self.run.log({f"test_{k}": v for k, v in figures.items()}, step=step)
@@ -134,14 +150,14 @@ class StepRows:
             self.head[step] = ev
         self.latest[rank] = max(step, self.latest.get(rank, 0))
 
-    def ready(self, final: bool = False) -> list[tuple[int, float, int, float]]:
-        """(step, t, samples, mean loss) of the steps complete now, oldest first."""
+    def ready(self, final: bool = False) -> list[tuple[int, float, int, float, dict[int, float]]]:
+        """(step, t, samples, mean loss, loss by rank) of the steps complete now, oldest first."""
         upto = max(self.losses, default=0) if final else min(self.latest.values(), default=0)
         rows = []
         for step in sorted(s for s in self.losses if self.written < s <= upto):
             losses, head = self.losses.pop(step), self.head.pop(step)
             rows.append((step, float(head.get("t", 0.0)), int(head.get("samples") or 0),
-                         sum(losses.values()) / len(losses)))
+                         sum(losses.values()) / len(losses), losses))
             self.written = step
         return rows
 
@@ -150,9 +166,11 @@ class LiveLog:
     """The launcher's thread that writes ``sinks`` from the ranks' event files as they grow."""
 
     def __init__(self, ranks: Path, sinks: list[Sink], interval_s: float = 0.5,
-                 resume: bool = False) -> None:
-        """``resume``: the files' events so far are logged already; start at their ends."""
+                 resume: bool = False, per_rank: bool = False) -> None:
+        """``resume``: the files' events so far are logged already; start at their ends.
+        ``per_rank`` (``--log-ranks all``): also each rank's own loss, every step."""
         self.ranks, self.sinks, self.interval_s = ranks, sinks, interval_s
+        self.per_rank = per_rank
         self.offsets: dict[Path, int] = ({p: p.stat().st_size for p in ranks.glob("rank*.jsonl")}
                                          if resume else {})
         self.rows = StepRows()
@@ -187,9 +205,11 @@ class LiveLog:
                 figures: dict[str, float] = {k: float(ev[k]) for k in ("accuracy", "loss") if k in ev}
                 for sink in self.sinks:
                     sink.eval(int(ev["step"]), float(ev.get("t", 0.0)), figures)
-        for row in self.rows.ready(final):
+        for step, t, samples, loss, by_rank in self.rows.ready(final):
             for sink in self.sinks:
-                sink.step(*row)
+                sink.step(step, t, samples, loss)
+                for rank in sorted(by_rank) if self.per_rank else ():
+                    sink.rank_step(step, t, rank, by_rank[rank])
 
     def _read(self) -> list[dict[str, Any]]:
         out = []

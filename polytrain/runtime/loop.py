@@ -45,7 +45,7 @@ from polytrain.runtime.divergence import (
     check_param_bound,
 )
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.runtime.precision import Precision
+from polytrain.runtime.precision import SKIPPED, Precision
 from polytrain.runtime.schedule import updates_taken
 from polytrain.runtime.startup_trace import rank_mark
 
@@ -124,7 +124,7 @@ def plain_step(job: Job, ctx: RankContext, forward: Callable[[torch.Tensor], tor
         loss = accumulate(forward, x, y, cfg.grad_accum, loss_of, backward)
         if before_update is not None:
             before_update()
-        amp.unscale(optimizer)
+        amp.unscale(optimizer, split.comm if split is not None else None)  # ranks agree on overflow
         if cfg.clip_grad_norm is not None:
             clip_grad_norm(params, cfg.clip_grad_norm, split)
         if skip_nonfinite and not all_finite(p.grad for p in params):
@@ -137,7 +137,7 @@ def plain_step(job: Job, ctx: RankContext, forward: Callable[[torch.Tensor], tor
             return loss
         with rec.span("optimizer", step=i):
             if not amp.step(optimizer):
-                rec.emit("skipped", step=i, reason="fp16 gradient overflow; loss scale halved")
+                rec.emit("skipped", step=i, reason=SKIPPED)
         return loss
 
     step.precision = amp  # type: ignore[attr-defined]

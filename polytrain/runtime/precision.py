@@ -8,6 +8,13 @@ backward, unscales the gradients before clipping and the update, and skips the u
 whose gradient overflowed (inf/NaN), halving its scale; every skipped step is counted and
 written to the metrics. The scaler's state goes into the checkpoint (``Precision.state``) so a
 resumed run continues with the same scale.
+
+Where a model is split over ranks (pipeline stages, tensor shards), each rank unscales only its
+own gradients, so one rank may find an overflow that another does not; ``unscale(optimizer,
+comm)`` then all-reduces the found-inf flags (op ``found_inf``, 4 bytes a rank) so that every
+rank skips the same step and halves its scale alike, and the scales stay equal. Between stages a
+pipeline sends activations and their gradients in the compute dtype (``wire_dtype``): bf16/fp16
+halve those bytes, and the gradient arriving for a bf16 activation is bf16 in any case.
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ from typing import Any
 
 import torch
 
+from polytrain.comm import Comm
+
+SKIPPED = "fp16 gradient overflow; loss scale halved"  # the reason of a skipped step's event
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -39,10 +49,42 @@ class Precision:
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
-    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
-        """Gradients back to their true size (before clipping reads them); once per step."""
-        if self.scaler is not None:
-            self.scaler.unscale_(optimizer)
+    def wire_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype a tensor of ``dtype`` crosses a stage boundary in: floating point ones in
+        the compute dtype, others (token ids) as they are."""
+        return self.dtype if dtype.is_floating_point and self.name != "fp32" else dtype
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` times fp16's loss scale (itself otherwise): what backward starts from."""
+        return self.scaler.scale(loss) if self.scaler is not None else loss
+
+    def unscale(self, optimizer: torch.optim.Optimizer, comm: Comm | None = None) -> None:
+        """Gradients back to their true size (before clipping reads them); once per step.
+
+        ``comm``: the ranks that hold the rest of the gradient, which must agree on an overflow
+        (collective over ``comm``: every rank calls it at the same step)."""
+        if self.scaler is None:
+            return
+        # a stage that never saw the loss (only gradients from the next stage) has not scaled
+        # anything yet: scaling a zero initialises the scale it unscales by (same on every rank)
+        self.scaler.scale(torch.zeros((), device=self.device))
+        self.scaler.unscale_(optimizer)
+        if comm is not None and comm.world > 1:
+            self._agree(optimizer, comm)
+
+    def _agree(self, optimizer: torch.optim.Optimizer, comm: Comm) -> None:
+        """Every rank's found-inf flag becomes the maximum over ``comm``. GradScaler keeps the
+        flags of ``unscale_`` per optimizer and device and ``step`` reads them back (torch's
+        ``ShardedGradScaler`` agrees them across FSDP ranks by all-reducing the same dict)."""
+        assert self.scaler is not None
+        found: dict[Any, torch.Tensor] = self.scaler._per_optimizer_states[id(optimizer)][
+            "found_inf_per_device"]
+        flag = torch.zeros(1, dtype=torch.float32, device=self.device)
+        for f in found.values():
+            flag += f.detach().float().to(self.device).reshape(1)
+        comm.all_reduce(flag, op="found_inf")
+        for f in found.values():
+            f.fill_(1.0 if float(flag) > 0 else 0.0)
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """The update; False when fp16's scaler skipped it (an inf/NaN gradient)."""

@@ -25,7 +25,10 @@ recompute      ``--activation-checkpointing``                    recomputes bloc
 =============  ================================================  ============================
 
 The training features of issue 45 (``lr_schedule``, ...) are off unless a strategy declares them:
-a strategy must show it honours them (its oracle test) before it says so.
+a strategy must show it honours them (its oracle test) before it says so. Where a strategy
+honours one with a meaning of its own — an asynchronous one clipping each worker's push by its
+own norm rather than by the global norm of one synchronous gradient — ``means`` says what it
+means there (``polytrain strategies NAME``, the docs' matrix: "per worker").
 """
 
 from __future__ import annotations
@@ -76,6 +79,11 @@ NOT_WIRED = {"lr_schedule": "its updates do not go through the job's optimizer",
              "recompute": "its forward is not wrapped for recomputation"}
 
 
+def refusing(reasons: dict[str, str]) -> dict[str, str]:
+    """The default reasons, with a strategy's own (``reasons``) in place of some."""
+    return NO_CODEC | NOT_WIRED | reasons
+
+
 @dataclass(frozen=True)
 class Supports:
     """The features one strategy honours; ``why`` gives the reason for each one it does not."""
@@ -92,6 +100,7 @@ class Supports:
     precision: bool = False
     recompute: bool = False
     why: dict[str, str] = field(default_factory=lambda: NO_CODEC | NOT_WIRED, compare=False)
+    means: dict[str, str] = field(default_factory=dict, compare=False)  # a meaning of its own
 
     def honours(self, feature: str) -> bool:
         if feature not in FEATURES:
@@ -102,11 +111,18 @@ class Supports:
         """A copy that does not honour ``features``, each for ``reason``."""
         for f in features:
             self.honours(f)  # refuse unknown names
-        return replace(self, **dict.fromkeys(features, False),
-                       why={**self.why, **dict.fromkeys(features, reason)})
+        off: dict[str, Any] = dict.fromkeys(features, False)
+        return replace(self, **off, why={**self.why, **dict.fromkeys(features, reason)},
+                       means={f: m for f, m in self.means.items() if f not in features})
 
     def as_row(self) -> dict[str, bool]:
         return {f: self.honours(f) for f in FEATURES}
+
+    def explain(self, feature: str) -> str:
+        """One line: what ``feature`` means on this strategy, or why it refuses it."""
+        if not self.honours(feature):
+            return "refused: " + self.why.get(feature, "it does not implement it")
+        return self.means.get(feature, "yes")
 
 
 @dataclass(frozen=True)
@@ -162,7 +178,8 @@ def matrix(table: Iterable[tuple[str, Supports]], features: Iterable[str] = TRAI
     cols = list(features)
     lines = ["| strategy | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for name, s in table:
-        lines.append(f"| {name} | " + " | ".join("yes" if s.honours(f) else "no" for f in cols) + " |")
+        cells = ("no" if not s.honours(f) else "per worker" if f in s.means else "yes" for f in cols)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

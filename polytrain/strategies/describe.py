@@ -53,9 +53,13 @@ def describe_strategy(name: str) -> dict[str, Any]:
     if name not in strategies:
         raise unknown("strategy", name, strategies)
     cls = strategies[name]
+    from polytrain.runtime.supports import TRAINING
+
+    declared = cls.declared()
     return {"name": name, "family": cls.family, "summary": cls.summary,
             "doc": (sys.modules[cls.__module__].__doc__ or "").strip().split("\n\n")[0],
-            "options": option_rows(cls.Options), "common": COMMON}
+            "options": option_rows(cls.Options), "common": COMMON,
+            "training": [(f, declared.explain(f)) for f in TRAINING]}
 
 
 def training_matrix() -> str:

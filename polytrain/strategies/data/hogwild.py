@@ -52,6 +52,7 @@ from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop
+from polytrain.runtime.supports import Supports, refusing
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 
@@ -220,6 +221,16 @@ class Hogwild(Strategy):
     summary = "lock-free SGD of W processes on one shared parameter copy (one host)"
     Options = HogwildOptions
     multi_host = False
+    supports = Supports(why=refusing({
+        "clip": ("each rank writes w -= lr·g into the shared copy itself, outside the job's optimizer; "
+                 "clipping here would mean each rank's gradient by its own norm before its write (per "
+                 "worker, per update), which is not built"),
+        "grad_accum": ("an update is one lock-free write of one B/W-sample gradient; K micro-batches "
+                       "per write would make writes K times rarer, changing how often updates collide, "
+                       "and is not built"),
+        "precision": ("the shared copy is one fp32 mapping written in place without a lock; fp16 "
+                      "would need the ranks to agree on skipping a write, which lock-free writes "
+                      "cannot do")}))
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_divisible(cfg, world, self.name)

@@ -20,6 +20,14 @@ last average* (the parameters minus the shared anchor, which every rank holds al
 :func:`polytrain.comm.exchange.compressed_mean`; the anchor then moves by the mean change. With
 error feedback, what a codec did not send of a change is sent with the next one. The anchor and
 the residuals are part of each rank's checkpoint.
+
+Training features, per worker (each local step is the shared `loop.plain_step`): ``--grad-accum
+K`` cuts each worker's B/W rows into K micro-batches for one local update; ``--clip-grad-norm X``
+clips each worker's local gradient by its own global norm (the whole model's, on that worker),
+before its local update — there is no cross-worker norm, since no gradient crosses workers;
+``--precision`` autocasts each worker's forward with fp32 parameters, and fp16's scaler is each
+worker's own (a worker whose gradient overflowed skips its local update; the average is of fp32
+parameters). With ``period=1`` an update is the mean of the W individually clipped steps.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from polytrain.comm.options import CodecOptions, CollectiveOptions, check_codec
 from polytrain.comm.ring import record_ring, ring_all_reduce
 from polytrain.config import JobConfig
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.runtime.loop import LoopSpec, run_loop
+from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.data.allreduce import check_divisible, codec_engine
@@ -117,7 +125,10 @@ class LocalSgd(Strategy):
     family = "data"
     summary = "local SGD on each rank, parameters averaged every `period` steps (PSGD)"
     Options = LocalSgdOptions
-    supports = Supports(compression=True, lr_schedule=True)
+    supports = Supports(compression=True, lr_schedule=True, clip=True, grad_accum=True, precision=True,
+                        means={"clip": "per worker: each worker's local gradient clipped by its own "
+                                       "global norm before its local update",
+                               "grad_accum": "per worker: K micro-batches of its B/W rows per local update"})
 
     @classmethod
     def offers(cls, scene: Scene) -> Iterator[Offer]:
@@ -145,16 +156,11 @@ class LocalSgd(Strategy):
         engine = codec_engine(opts, job, ctx)
         delta = DeltaAverager(model, engine, ctx, opts.collective) if engine is not None else None
 
+        local = plain_step(job, ctx, model, optimizer)  # per worker: accumulation, clipping, precision
+
         def step(i: int, x: torch.Tensor, y: torch.Tensor) -> float:
             nonlocal averages
-            x, y = x.to(ctx.device), y.to(ctx.device)
-            optimizer.zero_grad(set_to_none=True)
-            with rec.span("forward", step=i):
-                loss = job.forward_loss(model, x, y)
-            with rec.span("backward", step=i):
-                loss.backward()
-            with rec.span("optimizer", step=i):
-                optimizer.step()
+            loss = local(i, x, y)
             if averages_after(i, job.steps, opts.period, opts.warmup):
                 with rec.span("average", "comm", step=i):
                     if delta is not None:
@@ -162,12 +168,12 @@ class LocalSgd(Strategy):
                     else:
                         average_parameters(model, ctx, collective=opts.collective)
                 averages += 1
-            return float(loss.detach())
+            return loss
 
         n = sum(p.numel() for p in model.parameters())
         # Replicas differ between averages, so each rank checkpoints its own (replicated=False).
         spec = LoopSpec(model=model, optimizer=optimizer, step_fn=step, part=ctx.rank,
-                        parts=ctx.world, replicated=False,
+                        parts=ctx.world, replicated=False, precision=local.precision,  # type: ignore[attr-defined]
                         state=delta.state_dict if delta else None,
                         load_state=delta.load_state_dict if delta else None)
         result = run_loop(job, ctx, spec)

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from polytrain.config import JobConfig
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop
-from polytrain.runtime.supports import Supports
+from polytrain.runtime.supports import Supports, refusing
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.data.local_sgd import bytes_vs_allreduce
@@ -106,7 +106,14 @@ def _write(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
 
 class Malt(Strategy):
     name = "malt"
-    supports = Supports(lr_schedule=True)
+    supports = Supports(lr_schedule=True, why=refusing({
+        "clip": ("each replica mixes with its own peers only, so no rank holds a global gradient; "
+                 "clipping here would mean each replica's gradient by its own norm before its step "
+                 "(per worker), which is not built"),
+        "grad_accum": ("its local step is one forward and backward of its B/W rows before the "
+                       "exchange; K micro-batches per step (per worker) are not built"),
+        "precision": ("with exchange=grads the replicas mix gradients that fp16 scalers of their "
+                      "own would scale differently; not built")}))
     family = "data"
     summary = "peer-to-peer: one-sided pushes to ~log2(W) Halton peers, average what arrived"
     Options = MaltOptions

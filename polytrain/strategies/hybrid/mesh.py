@@ -107,7 +107,8 @@ class Mesh(Strategy):
     exact = True
     summary = "2-D hybrid: dp × pp (replicated pipelines) or dp × tp (replicated tensor groups)"
     Options = MeshOptions
-    supports = Supports(compression=True, lr_schedule=True, clip=True, grad_accum=True)
+    supports = Supports(compression=True, lr_schedule=True, clip=True, grad_accum=True,
+                        precision=True)
 
     @classmethod
     def offers(cls, scene: Scene) -> Iterator[Offer]:

@@ -57,7 +57,7 @@ def utilisation(ctx: RankContext, wall_s: float) -> list[float] | None:
 
 class Layerwise(Strategy):
     name = "layerwise"
-    supports = Supports(lr_schedule=True, clip=True, grad_accum=True)
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, precision=True)
     family = "model"
     exact = True
     summary = "consecutive layers on consecutive ranks, one mini-batch at a time (1/P busy)"

@@ -89,7 +89,7 @@ def check_transformer(cfg: JobConfig, degree: int, strategy: str) -> None:
 
 class Tensor(Strategy):
     name = "tensor"
-    supports = Supports(lr_schedule=True, clip=True, grad_accum=True)
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, precision=True)
     family = "model"
     exact = True
     summary = "Megatron tensor parallelism: heads and MLP columns split, f/g all-reduces"

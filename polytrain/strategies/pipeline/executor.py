@@ -22,6 +22,12 @@ schedule that passes `checks.validate` and `checks.dry_run` cannot deadlock here
 records a ``compute`` span (``forward``/``backward``/``optimizer``) and every wait a ``comm``
 span, with ``stage``, ``mb`` and ``step`` fields, for the timeline and the measured bubble.
 
+Precision (``weights.amp``, `runtime.precision`). Forwards and the loss run under autocast; the
+output sent on is cast to the compute dtype (``Precision.wire_dtype``: bf16/fp16 for floating
+point, so half the bytes) and the inboxes expect that dtype, so the gradient sent back for it is
+in the compute dtype too. The last stage starts backward from the loss times fp16's loss scale;
+the flush unscales (`weights.FlushWeights.end_segment`). Evaluation (`infer`) stays fp32.
+
 Memory. A saved-tensor hook counts the storages autograd keeps for each micro-batch's backward
 (parameters and weight versions excluded), plus the stashed input and output: that is the
 activation memory a stage holds between F and B. `MemoryMeter` tracks its peak together with the
@@ -33,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
@@ -100,14 +106,18 @@ class StageExecutor:
         rec, s = ctx.recorder, spec.stage
         back, fwd = comms or (ctx.comm, ctx.comm)
         self.back_comm, self.fwd_comm = back, fwd
+        self.amp = weights.amp
+        # what training sends and receives: the boundary tensors in the compute dtype
+        self.in_meta, self.out_meta = (None if m is None else replace(m, dtype=self.amp.wire_dtype(m.dtype))
+                                       for m in (spec.in_meta, spec.out_meta))
         # one FIFO channel per neighbouring replica and direction
         self.acts: dict[int, Inbox] = {}
-        if spec.in_meta is not None:
-            self.acts = {r: Inbox(back, rec, r, spec.in_meta, "activation", s, ctx.device)
+        if self.in_meta is not None:
+            self.acts = {r: Inbox(back, rec, r, self.in_meta, "activation", s, ctx.device)
                          for r in spec.prev_ranks}
         self.grads: dict[int, Inbox] = {}
-        if spec.out_meta is not None:
-            self.grads = {r: Inbox(fwd, rec, r, spec.out_meta, "gradient", s, ctx.device)
+        if self.out_meta is not None:
+            self.grads = {r: Inbox(fwd, rec, r, self.out_meta, "gradient", s, ctx.device)
                           for r in spec.next_ranks}
         self.outbox = Outbox(fwd, rec, s)  # activations on
         self.back_out = self.outbox if back is fwd else Outbox(back, rec, s)  # gradients back
@@ -183,8 +193,8 @@ class StageExecutor:
         if len(self.spec.prev_ranks) > 1 or len(self.spec.next_ranks) > 1:
             raise RuntimeError("a stream stops early only with one rank per stage")
         self.stopped = first
-        if self.spec.out_meta is not None:
-            self.outbox.pad(self.spec.next_ranks[0], self.spec.out_meta, self.ctx.device, 1, "activation",
+        if self.out_meta is not None:
+            self.outbox.pad(self.spec.next_ranks[0], self.out_meta, self.ctx.device, 1, "activation",
                             STOP, float(first))
         return [a for a in rest if a.microbatch < first]
 
@@ -193,15 +203,15 @@ class StageExecutor:
         as many as its inbox keeps ahead of what it has taken — match them with padding, and
         take the padding sent for this stage's own (:meth:`Inbox.close`)."""
         ahead = AHEAD
-        if self.spec.out_meta is not None:  # activations to the next stage: the STOP counted
+        if self.out_meta is not None:  # activations to the next stage: the STOP counted
             expected = sum(a.op == "F" for a in order)
             sent = sum(a.op == "F" and a.microbatch < first for a in order) + 1
-            self.outbox.pad(self.spec.next_ranks[0], self.spec.out_meta, self.ctx.device,
+            self.outbox.pad(self.spec.next_ranks[0], self.out_meta, self.ctx.device,
                             min(ahead, expected - sent), "activation")
-        if self.spec.in_meta is not None:  # gradients to the previous stage
+        if self.in_meta is not None:  # gradients to the previous stage
             expected = sum(a.op == "B" for a in order)
             sent = sum(a.op == "B" and a.microbatch < first for a in order)
-            self.back_out.pad(self.spec.prev_ranks[0], self.spec.in_meta, self.ctx.device,
+            self.back_out.pad(self.spec.prev_ranks[0], self.in_meta, self.ctx.device,
                             min(ahead, expected - sent), "gradient")
         for inbox in [*self.acts.values(), *self.grads.values()]:
             inbox.close()
@@ -255,7 +265,7 @@ class StageExecutor:
         with self._compute("forward", mb, step, window):
             params = self.weights.forward_params(mb, tag)
             self._trace("F", mb, step)
-            with self.meter.track(self.weights.held_ptrs()) as saved:
+            with self.meter.track(self.weights.held_ptrs()) as saved, self.amp.autocast():
                 if mb in self.split:  # cut at layer boundaries, so W need not repeat B's work
                     out, self.graphs[mb] = forward_pieces(self.spec.module, inp)
                 else:
@@ -263,8 +273,10 @@ class StageExecutor:
                 if not self.grads:  # last stage: the loss of micro-batch mb (a mean over it)
                     out = self.job.loss(out, feed.target(mb))
                     self.losses[mb] = float(out.detach())
-                    if mb in self.graphs:  # B starts from the loss: the last piece ends there
-                        self.graphs[mb].pieces[-1].y = out
+                elif self.out_meta is not None:  # sent in the compute dtype (a no-op in fp32)
+                    out = out.to(self.out_meta.dtype)
+                if mb in self.graphs:  # B starts from what leaves the stage: the last piece ends there
+                    self.graphs[mb].pieces[-1].y = out
             self.meter.hold((self.spec.stage, mb), saved, inp, out)
             self.meter.note(self.weights.stash_bytes())
         self.flight[mb] = (inp, out)
@@ -288,7 +300,7 @@ class StageExecutor:
             if not out.requires_grad:  # a parameter-free stage fed by data: nothing to differentiate
                 pass
             elif grad is None:  # the last stage: this micro-batch's share of the mini-batch loss
-                (out * self.spec.loss_scale).backward()
+                self.amp.backward(out * self.spec.loss_scale)  # fp16: times the loss scale
             else:
                 out.backward(grad)
         self.meter.release((self.spec.stage, mb))
@@ -307,7 +319,7 @@ class StageExecutor:
         """B of a split backward: the input's gradient only, sent at once; W follows later."""
         with self._compute("backward", mb, step, window):
             if grad is None:  # the last stage: this micro-batch's share of the mini-batch loss
-                grad = torch.full_like(out, self.spec.loss_scale)
+                grad = self.amp.scale(torch.full_like(out, self.spec.loss_scale))
             g = backward_input(self.graphs[mb], grad)
         if self.acts:
             g = g if g is not None else torch.zeros_like(inp)

@@ -33,6 +33,7 @@ from polytrain.plan.partition import Partition, balanced, check_cuttable, cut, u
 from polytrain.plan.profile import boundary_metas
 from polytrain.runtime.job import Job, RankContext
 from polytrain.runtime.loop import StepFn
+from polytrain.runtime.precision import SKIPPED, Precision
 from polytrain.strategies.pipeline.activations_wire import gather_stages
 from polytrain.strategies.pipeline.checks import dry_run, validate
 from polytrain.strategies.pipeline.executor import StageExecutor, StageSpec
@@ -113,6 +114,8 @@ class FlushPipeline:
         # every pipeline's stages hold the gradient; each pipeline (mesh: a data-parallel
         # replica) holds all of it once its replicas have all-reduced
         self.weights.clip_by(job.config.clip_grad_norm, ctx.comm, len(pipelines or [ranks]))
+        if optimizer:  # distbelief's servers update: it runs fp32 (refused before launch)
+            self.weights.mixed(Precision(job.config.precision, ctx.device), ctx.comm)
         self.executor = StageExecutor(job, ctx, self.spec, self.weights)
         orders = stage_orders(schedule, count, microbatches)
         validate(orders, count, microbatches)
@@ -138,9 +141,11 @@ class FlushPipeline:
             if before_update is not None:
                 before_update()
             with self.recorder.span("optimizer", "compute", stage=self.index, step=i):
-                self.weights.end_segment()
+                if not self.weights.end_segment():  # on every rank alike (agreed overflow)
+                    self.recorder.emit("skipped", step=i, reason=SKIPPED)
             return loss
 
+        step.precision = self.weights.amp  # type: ignore[attr-defined]  # the loop checkpoints it
         return step
 
     def infer(self, x: torch.Tensor) -> torch.Tensor:

@@ -78,5 +78,5 @@ class FlushStrategy(Strategy):
 
 class GPipe(FlushStrategy):
     name = "gpipe"
-    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, recompute=True)
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, precision=True, recompute=True)
     summary = "GPipe: M micro-batches, all forwards then all backwards, one synchronous update"

@@ -15,5 +15,5 @@ from polytrain.strategies.pipeline.gpipe import FlushStrategy
 
 class OneFOneB(FlushStrategy):
     name = "1f1b"
-    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, recompute=True)
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, precision=True, recompute=True)
     summary = "1F1B with flush (PipeDream-Flush/DAPPLE): bounded activations, one synchronous update"

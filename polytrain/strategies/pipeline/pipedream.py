@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 from polytrain.config import JobConfig
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.runtime.supports import Supports
+from polytrain.runtime.supports import Supports, refusing
 from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.pipeline.options import AsyncOptions, check_pipeline
 from polytrain.strategies.pipeline.shell import PipelineRun, RunPlan
-from polytrain.strategies.pipeline.weights import StashedWeights
+from polytrain.strategies.pipeline.weights import ASYNC_WHY, StashedWeights
 
 if TYPE_CHECKING:
     from polytrain.plan.estimate import Estimate, Scene
@@ -46,7 +46,7 @@ def price_stream(opts: AsyncOptions, scene: Scene, world: int) -> Estimate:
 
 class PipeDream(Strategy):
     name = "pipedream"
-    supports = Supports(lr_schedule=True)
+    supports = Supports(lr_schedule=True, why=refusing(ASYNC_WHY))
     family = "pipeline"
     summary = "PipeDream: asynchronous 1F1B, update after every backward, weight stashing"
     Options = AsyncOptions

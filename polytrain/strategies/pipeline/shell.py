@@ -61,6 +61,7 @@ from polytrain.runtime.batches import GlobalBatches
 from polytrain.runtime.divergence import DivergenceWatch, check_finite, check_param_bound
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, restore_checkpoint, save_checkpoint
+from polytrain.runtime.precision import SKIPPED, Precision
 from polytrain.strategies.pipeline.actions import Action
 from polytrain.strategies.pipeline.activations_wire import recv_state, send_state
 from polytrain.strategies.pipeline.checks import dry_run, validate
@@ -231,6 +232,7 @@ class PipelineRun:
         if not plan.stream:  # one update per flush (gpipe, 1f1b): clip the whole gradient there
             replicas = len(self.stage.partition.stage_ranks(self.stage.stage))
             self.weights.clip_by(job.config.clip_grad_norm, ctx.comm, replicas)
+            self.weights.mixed(Precision(job.config.precision, ctx.device), ctx.comm)
         self.executor = StageExecutor(job, ctx, self.stage.spec, self.weights)
         self.windows: list[Window] = []
         self.loss = float("nan")
@@ -243,6 +245,7 @@ class PipelineRun:
             replicated=False,
             state=self.weights.state,
             load_state=self.weights.load_state,
+            precision=self.weights.amp,  # its scaler's state in the checkpoint
         )
 
     def orders(self, units: int) -> Orders:
@@ -291,7 +294,7 @@ class PipelineRun:
         wall = time.perf_counter() - t0
         done = last - start
         result = RankResult(steps=done, samples=done * job.batch_size, wall_s=wall, final_loss=self.loss)
-        result.strategy_metrics = self._metrics()
+        result.strategy_metrics = {**self._metrics(), **self.weights.amp.metrics()}
         if last == job.steps:
             check_param_bound(last, self.stage.module, job.config.max_param,
                               job.config.divergence_window)
@@ -325,7 +328,8 @@ class PipelineRun:
             self.windows.append(self.executor.run(order, feed, done, early))
         if not self.plan.stream:
             with self.ctx.recorder.span("optimizer", stage=self.stage.stage, step=steps[0]):
-                self.weights.end_segment()
+                if not self.weights.end_segment():  # on every stage alike (agreed overflow)
+                    self.ctx.recorder.emit("skipped", step=steps[0], reason=SKIPPED)
             total = sum(losses[steps[0]])
             if self.stage.group is not None:  # each replica saw its own micro-batches' losses
                 t = torch.tensor([total], dtype=torch.float64)

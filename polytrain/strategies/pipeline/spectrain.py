@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.runtime.supports import Supports
+from polytrain.runtime.supports import Supports, refusing
 from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.pipeline.options import AsyncOptions, check_pipeline
 from polytrain.strategies.pipeline.pipedream import price_stream, stream_offers
 from polytrain.strategies.pipeline.shell import PipelineRun, RunPlan
-from polytrain.strategies.pipeline.weights import PredictedWeights
+from polytrain.strategies.pipeline.weights import ASYNC_WHY, PredictedWeights
 
 if TYPE_CHECKING:
     from polytrain.plan.estimate import Estimate, Scene
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 class SpecTrain(Strategy):
     name = "spectrain"
-    supports = Supports(lr_schedule=True)
+    supports = Supports(lr_schedule=True, why=refusing(ASYNC_WHY))
     family = "pipeline"
     summary = "SpecTrain: asynchronous 1F1B with weight prediction W - s*lr*v instead of stashing"
     Options = AsyncOptions

@@ -29,10 +29,23 @@ from torch import nn
 
 from polytrain.comm import Comm, GroupComm
 from polytrain.runtime.clip import GradSplit, clip_grad_norm
+from polytrain.runtime.precision import Precision
 from polytrain.strategies.pipeline.actions import Action
 from polytrain.strategies.pipeline.ties import TiedGrads
 
 Params = dict[str, torch.Tensor]
+# Why the pipelines that update after every backward (pipedream, spectrain) refuse these.
+ASYNC_WHY = {
+    "clip": ("it updates each stage after every backward, so the whole model's gradient of one "
+             "mini-batch never exists at one moment; clipping each stage's gradient by its own "
+             "norm would not be the global norm, so it is refused"),
+    "grad_accum": ("each backward is followed by its stage's update (weight versions are per "
+                   "mini-batch); K micro-batches per update would need a version per K backwards, "
+                   "which is not built"),
+    "precision": ("fp16's overflow skip must be agreed by every stage at one update, and without "
+                  "a flush each stage updates after its own backwards, so there is none; bf16 is "
+                  "not wired into its weight versions either"),
+}
 
 
 def sync_gradients(replicas: GroupComm, module: nn.Module) -> None:
@@ -91,6 +104,13 @@ class FlushWeights:
         self.replicas: GroupComm | None = None  # set by the shell when this stage is replicated
         self.tied: TiedGrads | None = None  # set when this stage shares a parameter with another
         self.clip: tuple[float, GradSplit] | None = None  # --clip-grad-norm: set by the shell
+        self.amp = Precision("fp32", torch.device("cpu"))  # --precision: set by `mixed`
+        self.amp_comm: Comm | None = None
+
+    def mixed(self, amp: Precision, comm: Comm) -> None:
+        """``--precision``: the executor's autocast and loss scale; at the flush every rank of
+        ``comm`` (all of the job's stages) agrees on an fp16 overflow, so all skip that step."""
+        self.amp, self.amp_comm = amp, comm
 
     def clip_by(self, max_norm: float | None, comm: Comm, replicas: int = 1) -> None:
         """``--clip-grad-norm``: at each flush, clip by the norm over every rank of ``comm``
@@ -124,17 +144,20 @@ class FlushWeights:
     def after_backward(self, mb: int) -> None:
         """Gradients stay in ``.grad`` and accumulate until the flush."""
 
-    def end_segment(self) -> None:
+    def end_segment(self) -> bool:
+        """The flush's update; False when fp16's scaler skipped it (an overflow on any stage)."""
         if self.replicas is not None:
             sync_gradients(self.replicas, self.module)
         if self.tied:
             self.tied.sum_gradients()
+        assert self.optimizer is not None, "a flush without an optimizer updates elsewhere"
+        self.amp.unscale(self.optimizer, self.amp_comm)  # fp16: before the norm reads them
         if self.clip is not None:  # the whole model's norm: one all-reduce over every stage
             clip_grad_norm(self.module.parameters(), *self.clip)
-        assert self.optimizer is not None, "a flush without an optimizer updates elsewhere"
-        self.optimizer.step()
+        updated = self.amp.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
+        return updated
 
     def held_ptrs(self) -> set[int]:
         return {p.untyped_storage().data_ptr() for p in self.module.parameters()}
@@ -233,8 +256,9 @@ class StashedWeights(FlushWeights):
         self.peak_versions = max(self.peak_versions, self._held_versions())
         self.peak_stash_bytes = max(self.peak_stash_bytes, self.stash_bytes())
 
-    def end_segment(self) -> None:
+    def end_segment(self) -> bool:
         """No flush: updates already happened after each backward."""
+        return True
 
     def held_ptrs(self) -> set[int]:
         ptrs = super().held_ptrs()

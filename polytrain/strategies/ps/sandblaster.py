@@ -33,6 +33,7 @@ from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.layout import Layout
 from polytrain.runtime.loop import LoopSpec, run_loop
+from polytrain.runtime.supports import Supports, refusing
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.ps.client import gather_shards
 from polytrain.strategies.ps.lbfgs import LbfgsShard
@@ -298,6 +299,14 @@ class Sandblaster(Strategy):
     family = "parameter-server"
     summary = "synchronous batch L-BFGS: coordinator, load-balanced portions, shard-wise two-loop"
     Options = SandblasterOptions
+    supports = Supports(why=refusing({
+        "clip": ("its L-BFGS direction comes from the gradients and the curvature pairs on the "
+                 "servers' shards; clipping the gradient would bend the curvature pairs and the "
+                 "line search, so it is refused"),
+        "grad_accum": ("its workers already sum the gradients of load-balanced portions of the "
+                       "batch (set portions=); --grad-accum would repeat that, so it is refused"),
+        "precision": "its workers compute fp32 gradients for L-BFGS; autocast is not wired in"}))
+
     @property
     def opts(self) -> SandblasterOptions:
         return self.options  # type: ignore[return-value]

@@ -41,7 +41,7 @@ from polytrain.errors import ConfigError
 from polytrain.runtime import schedule
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop
-from polytrain.runtime.supports import Supports
+from polytrain.runtime.supports import Supports, refusing
 from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.ps.checkpoint import restore_server, server_saver
@@ -131,7 +131,14 @@ class Ps(Strategy):
 
     summary = "parameter servers (layer|size sharding) with bsp, async (Downpour), ssp or k-of-n"
     Options = PsOptions
-    supports = Supports(compression=True, lr_schedule=True)
+    supports = Supports(compression=True, lr_schedule=True, clip=True, grad_accum=True, means={
+        "clip": "per worker, per push: each push clipped by its own L2 norm, before the servers "
+                "apply it (bsp: the mean of W individually clipped gradients, not the global norm)",
+        "grad_accum": "per worker: each worker's B/W rows of a step in K micro-batches, one push"},
+        why=refusing({"precision": (
+            "its workers push fp32 gradients that the servers apply with their own optimizers; "
+            "fp16 would need each worker's loss scaler to skip a push on overflow, which the "
+            "bsp/ssp clocks (every worker pushes every step) do not allow")}))
 
     @classmethod
     def offers(cls, scene: Scene) -> Iterator[Offer]:

@@ -9,6 +9,13 @@ own step), which evaluates (worker 0) and checkpoints (:mod:`.checkpoint`). Unde
 always computes the step after the newest one the servers have aggregated (a late worker skips
 steps rather than falling further behind), so its steps are not a fixed sequence: it runs its
 own loop (:meth:`WorkerLoop.run_k_of_n`) and does not checkpoint.
+
+Per worker, per push: ``--grad-accum K`` cuts the worker's B/W rows of a step into K
+micro-batches for that step's one gradient; ``--clip-grad-norm X`` scales each push (one step's
+gradient, or under async with ``n_push`` > 1 the sum of the steps since the last push) to L2
+norm at most X, by its own norm — the servers then apply the clipped pushes as they do any
+(bsp: their mean). No global norm is formed: under async and ssp no two workers' gradients
+belong to one update.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from torch import nn
 
 from polytrain.comm.codecs.engine import Engine
 from polytrain.runtime import interrupt
+from polytrain.runtime.accumulate import accumulate
+from polytrain.runtime.clip import clip_flat
 from polytrain.runtime.job import Job, RankContext
 from polytrain.strategies.ps.client import PSClient, shard_name
 from polytrain.strategies.ps.consistency import Consistency
@@ -91,15 +100,28 @@ class WorkerLoop:
         rec = self.ctx.recorder
         t0, cpu0 = time.perf_counter(), time.process_time()
         self.model.zero_grad(set_to_none=True)
-        with rec.span("forward", step=step):
-            loss = self.job.forward_loss(self.model, x, y)
-        with rec.span("backward", step=step):
-            loss.backward()
+
+        def loss_of(model: Any, xm: torch.Tensor, ym: torch.Tensor) -> torch.Tensor:
+            with rec.span("forward", step=step):
+                return self.job.forward_loss(model, xm, ym)
+
+        def backward(loss: torch.Tensor) -> None:
+            with rec.span("backward", step=step):
+                loss.backward()
+
+        # --grad-accum K: K micro-batches of this worker's rows, one gradient (per worker)
+        self.last_loss = accumulate(self.model, x, y, self.job.config.grad_accum, loss_of, backward)
         self.ctx.straggle(work_seconds(t0, cpu0))  # slow at computing, not at waiting
         self.compute_s += time.perf_counter() - t0
         self.computed += 1
-        self.last_loss = float(loss.detach())
         return flat_grads(self.model)
+
+    def _clipped(self, push: torch.Tensor) -> torch.Tensor:
+        """--clip-grad-norm X: what this worker pushes, clipped by its own norm (per push)."""
+        limit = self.job.config.clip_grad_norm
+        if limit is not None:
+            clip_flat(push, limit)
+        return push
 
     def _load(self) -> list[int]:
         flat, steps, _ = self.client.wait()
@@ -128,7 +150,7 @@ class WorkerLoop:
         # extending a finished run with --resume --steps N equals the uninterrupted N-step run
         fetch = step % self.n_fetch == 0 and (step < steps or checkpoint)
         if push:
-            self.client.push(self.acc, step, self.policy.need(step) if fetch else None)
+            self.client.push(self._clipped(self.acc), step, self.policy.need(step) if fetch else None)
             self.acc = None
         elif fetch:
             self.client.pull(step, self.policy.need(step))
@@ -171,7 +193,7 @@ class WorkerLoop:
                 self.ctx.recorder.emit("interrupted", step=newest, signal=interrupt.signal_name())
                 break
             step = newest + 1
-            self.client.push(self._gradient(step), step, need=step)
+            self.client.push(self._clipped(self._gradient(step)), step, need=step)
             newest = min(self._load())
             self._record(step, step * k * part)
         return newest
