@@ -193,7 +193,7 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
         with FollowProgress(rank0, prepared.steps, label, console), \
                 LiveLog(run_dir / "ranks", sinks, resume=resume), \
                 rank_environment(cfg.procs, agent_dir, rdzv.env), stores_bound_to(rdzv.local_addr), \
-                prompt_stop(states, SHUTDOWN_TIMEOUT_S):
+                prompt_stop(states, SHUTDOWN_TIMEOUT_S, lambda: stepped(run_dir / "ranks")):
             elastic_launch(lc, sys.executable)("-m", "polytrain.launch.rank_main", str(payload_path))
     except ChildFailedError as err:
         oom = (oom_kills() or 0) > (ooms or 0)
@@ -207,6 +207,16 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
         startup_trace.mark("ranks ended")
         startup_trace.write_launcher(run_dir)
     return read_summary(run_dir)
+
+
+def stepped(ranks: Path) -> bool:
+    """Whether a rank has recorded a training step (in its event file's first 256 KiB: a
+    rank's first step comes after a few start-up events)."""
+    for path in ranks.glob("rank*.jsonl"):
+        with contextlib.suppress(OSError), path.open("rb") as f:
+            if b'"event": "step"' in f.read(1 << 18):
+                return True
+    return False
 
 
 def local_rendezvous(private: Path) -> Rendezvous:
