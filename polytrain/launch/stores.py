@@ -13,7 +13,8 @@ So:
   ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``), and gloo's own sockets listen on the loopback
   interface (``GLOO_SOCKET_IFNAME``) instead of the hostname's address. ``--bind ADDR`` asks for
   TCP stores listening on ``ADDR`` instead (below);
-* RL and the planner's measurements: their stores listen on 127.0.0.1 only;
+* ``polytrain rl``: the same FileStore for its process group (:func:`rank_store_env`);
+* the planner's measurements: a store on 127.0.0.1 only;
 * ``torchrun`` across hosts: torchrun's agent hosts the stores and binds them to every
   interface; ``python -m polytrain.launch.run --bind ADDR ...`` is torchrun with its stores bound
   to ``ADDR`` (see :mod:`polytrain.launch.run`); a rank 0 store polytrain creates itself binds
@@ -28,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import shutil
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -71,13 +73,24 @@ def private_rendezvous(private: Path, bind: str | None, port: int = 0) -> Rendez
     """
     if bind is not None:
         return Rendezvous(f"{bind}:{port}", {"is_host": True}, bind)
-    private.mkdir(parents=True, exist_ok=True)
+    env = {NO_AGENT_STORE_ENV: "1", **rank_store_env(private)}
+    return Rendezvous(str(private / "rendezvous.store"), {"store_type": "file"}, LOOPBACK, env)
+
+
+def rank_store_env(private: Path) -> dict[str, str]:
+    """The environment that makes :func:`rank_store` a FileStore in ``private``, emptied and
+    made a directory only this user can enter (0700; a FileStore's file takes the umask, so
+    the directory is what keeps others out; a store left by a killed launch would hand its
+    keys, dead ranks' addresses, to the next). Gloo then listens on the loopback interface
+    instead of the hostname's address (unless ``GLOO_SOCKET_IFNAME`` says otherwise)."""
+    shutil.rmtree(private, ignore_errors=True)
+    private.mkdir(parents=True)
     os.chmod(private, 0o700)
-    env = {NO_AGENT_STORE_ENV: "1", STORE_FILE_ENV: str(private / "ranks.store")}
+    env = {STORE_FILE_ENV: str(private / "ranks.store")}
     loopback = loopback_interface()
     if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
-        env["GLOO_SOCKET_IFNAME"] = loopback  # else gloo listens on the hostname's address
-    return Rendezvous(str(private / "rendezvous.store"), {"store_type": "file"}, LOOPBACK, env)
+        env["GLOO_SOCKET_IFNAME"] = loopback
+    return env
 
 
 def loopback_interface() -> str | None:
