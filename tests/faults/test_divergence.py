@@ -43,7 +43,7 @@ def test_a_resumed_run_bounds_its_losses_by_the_whole_run_s_history(tmp_path: Pa
     """A resume at step 2 of a run whose loss fell from 2.3 to 1e-4: an ordinary batch's 1.0
     at step 3 is under the bound (the run's first loss), as in the uninterrupted run; without
     the history the resumed segment's own first loss (1e-4) made it "diverged"."""
-    from polytrain.runtime.recorder import Recorder
+    from polytrain.metrics.recorder import Recorder
 
     rec = Recorder(0, tmp_path / "rank0.jsonl", fresh=True)
     for step, loss in ((1, 2.3), (2, 1e-4), (3, 5e-5)):
