@@ -41,6 +41,10 @@ def make(num_classes: int = 10) -> nn.Module:
 """
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _steps(run: Path) -> bool:
     path = run / "ranks" / "rank0.jsonl"
     return path.exists() and '"event": "step"' in path.read_text()
@@ -70,8 +74,11 @@ def test_ctrl_c_ends_the_launcher_and_every_rank(tmp_path: Path, phase: str) -> 
            "PHASE_MARKS": str(marks), "PHASE_HOLD": hold}
     cmd = [sys.executable, "-m", "polytrain", "train", "--model", "slowmodel:make", "--procs", "2",
            "--steps", str(steps), "--out", str(run), *([] if report else ["--no-report"])]
+    # a terminal's foreground job: SIGINT at its default action, even when this test runs from a
+    # script's background job, whose children inherit SIGINT ignored (POSIX)
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_sigint)
     seen: set[int] = set()
     try:
         end = time.monotonic() + 180
