@@ -100,8 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job_flags(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     p.add_argument("--bind", metavar="ADDR",
-                   help="interface the job's c10d stores listen on (default 127.0.0.1 on one "
-                        "machine; under torchrun: rank 0's store, default MASTER_ADDR's own)")
+                   help="address the job's c10d stores listen on (one machine: default none, "
+                        "the stores are files only you can open; under torchrun: rank 0's store, "
+                        "default MASTER_ADDR's own)")
     p.add_argument("--cluster", help="with --strategy auto: plan for this cluster (see `polytrain plan`)")
     p.add_argument("--allow-inexact", action="store_true",
                    help="with --strategy auto: may choose a strategy that learns differently from "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,10 @@ def test_aco_on_the_testbed_equals_one_process_and_counts_the_wire(tmp_path: Pat
     cmd = [sys.executable, "-m", "polytrain", "testbed", "--hosts", "2", "--nic", "1gbit", "--",
            "aco", "--tsp", "random:30:2", "--ants", "9", "--iterations", "12", "--local-search",
            "2opt", "--seed", "3", "--procs", "2", "--no-plots", "--out", str(out)]
-    subprocess.run(cmd, check=True, timeout=300, capture_output=True)
+    tmp = tmp_path / "tmp"  # nothing may be left in the temporary folder by a successful run
+    tmp.mkdir()
+    subprocess.run(cmd, check=True, timeout=300, capture_output=True, env={**os.environ, "TMPDIR": str(tmp)})
+    assert not [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_")]
     s = json.loads((out / "summary.json").read_text())
     assert s["procs"] == 2 and s["best_tour"] == one["best_tour"]
     wire = s["testbed"]["wire_bytes_tx"]

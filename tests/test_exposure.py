@@ -168,3 +168,21 @@ def test_bind_to_this_host_s_own_address_hosts_the_store_there(tmp_path: Path) -
          "--no-report", "--out", str(tmp_path / "run")], tmp_path)
     assert addr in {a for a, _ in exposed}, f"no store listened on {addr}: {sorted(seen)}"
     assert {a for a, _ in exposed} <= {addr}, f"listening beyond {addr}: {sorted(exposed)}"
+
+
+def test_a_private_store_directory_is_fresh_and_the_user_s_alone(tmp_path: Path) -> None:
+    """The FileStores of a local run (and of `polytrain rl`) live in a 0700 directory that starts
+    empty: a store left by a killed launch would hand the dead ranks' addresses to the next."""
+    from polytrain.launch.stores import STORE_FILE_ENV, private_rendezvous, rank_store_env
+
+    private = tmp_path / "agent"
+    private.mkdir(mode=0o755)
+    (private / "ranks.store").write_text("stale keys")
+    env = rank_store_env(private)
+    assert env[STORE_FILE_ENV] == str(private / "ranks.store") and not any(private.iterdir())
+    assert private.stat().st_mode & 0o777 == 0o700
+    rdzv = private_rendezvous(private, None)
+    assert rdzv.configs == {"store_type": "file"} and rdzv.endpoint == str(private / "rendezvous.store")
+    assert rdzv.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    tcp = private_rendezvous(private, "127.0.0.1", 29400)  # --bind: TCP stores there
+    assert (tcp.endpoint, tcp.configs, tcp.env) == ("127.0.0.1:29400", {"is_host": True}, {})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import uuid
 from pathlib import Path
@@ -80,6 +81,7 @@ def run_aco(cfg: ACOConfig, console: Console | None = None, plots: bool = True,
 
 
 def _launch_ranks(cfg: ACOConfig, run_dir: Path, plots: bool) -> None:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -87,23 +89,29 @@ def _launch_ranks(cfg: ACOConfig, run_dir: Path, plots: bool) -> None:
         SHUTDOWN_TIMEOUT_S,
         _quiet_elastic,
         describe_failure,
+        local_rendezvous,
         rank_environment,
     )
-    from polytrain.launch.records import free_port
+    from polytrain.launch.stores import stores_bound_to
 
     payload = run_dir / "ranks" / "launch.json"
     payload.parent.mkdir(parents=True, exist_ok=True)
     payload.write_text(json.dumps({"config": cfg.to_dict(), "run_dir": str(run_dir), "plots": plots,
                                    "rank_logs": True}))
     _quiet_elastic(False)
+    private = run_dir / "ranks" / "agent"  # the stores, 0700 (see polytrain.launch.stores)
+    rdzv = local_rendezvous(private)
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=cfg.procs, run_id=uuid.uuid4().hex[:12],
-                      rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0,
-                      monitor_interval=0.1, local_addr="127.0.0.1", shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+                      rdzv_backend="c10d", rdzv_endpoint=rdzv.endpoint, rdzv_configs=rdzv.configs,
+                      max_restarts=0, monitor_interval=0.1, local_addr=rdzv.local_addr,
+                      shutdown_timeout=SHUTDOWN_TIMEOUT_S, logs_specs=DefaultLogsSpecs(log_dir=str(private)))
     try:
-        with rank_environment(cfg.procs):
+        with rank_environment(cfg.procs, private, rdzv.env), stores_bound_to(rdzv.local_addr):
             elastic_launch(lc, sys.executable)("-m", "polytrain.aco.rank", str(payload))
     except ChildFailedError as err:
         raise RankFailure(describe_failure(run_dir, err, False)) from None
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def rank_main(payload: dict[str, Any]) -> None:

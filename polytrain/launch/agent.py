@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+STARTING_GRACE_S = 1  # a stop request to ranks that have not trained yet: then SIGKILL
 # Linux process states (/proc/PID/stat) of a rank that cannot answer: stopped, traced.
 STOPPED_STATES = {"T": "its process was stopped (SIGSTOP)", "t": "its process was stopped by a tracer"}
 
@@ -29,18 +30,23 @@ def process_state(pid: int) -> str | None:
 
 
 @contextlib.contextmanager
-def prompt_stop(states: dict[int, str], grace_s: float = 10) -> Iterator[None]:
+def prompt_stop(states: dict[int, str], grace_s: float = 10,
+                stepped: Callable[[], bool] | None = None) -> Iterator[None]:
     """Inside: when a rank fails, the agent records ``states`` (local rank -> process state of
     each rank still alive, on one host its rank) and kills those ranks at once (SIGKILL),
     instead of SIGTERM and a 30 s wait; a stop on request (the launcher's SIGTERM/SIGINT, passed
-    on to the ranks) keeps its signal, with ``grace_s`` to act on it."""
+    on to the ranks) keeps its signal, with ``grace_s`` to act on it — once a rank has trained
+    (``stepped()``; None: always). Ranks still starting have nothing to save: they get
+    ``STARTING_GRACE_S`` (a rank acts on a stop request only at a step, and one building a
+    large model or waiting for its peers would take the whole grace to get there)."""
     from torch.distributed.elastic.multiprocessing.api import PContext
 
     original = PContext.close
 
     def close(self: Any, death_sig: signal.Signals | None = None, timeout: int = 30) -> None:
         if death_sig is not None:  # a stop on request: the ranks act on the signal
-            original(self, death_sig, int(grace_s))
+            started = stepped is None or stepped()
+            original(self, death_sig, int(grace_s) if started else STARTING_GRACE_S)
             return
         for local_rank, pid in self.pids().items():  # a failure: the survivors cannot help
             state = process_state(pid)

@@ -37,7 +37,7 @@ from polytrain.launch.rundir import (
     write_config,
     write_interrupted,
 )
-from polytrain.launch.stores import BIND_ENV, LOOPBACK, stores_bound_to
+from polytrain.launch.stores import BIND_ENV, Rendezvous, private_rendezvous, stores_bound_to
 from polytrain.runtime import startup_trace
 from polytrain.runtime.live_log import LiveLog, make_sinks
 from polytrain.runtime.progress import FollowProgress
@@ -85,7 +85,8 @@ def _user_paths() -> list[str]:
 
 
 @contextlib.contextmanager
-def rank_environment(procs: int, agent_logs: Path | None = None) -> Iterator[None]:
+def rank_environment(procs: int, agent_logs: Path | None = None,
+                     extra: dict[str, str] | None = None) -> Iterator[None]:
     """The ranks' environment, set while they start; the caller's is restored afterwards.
 
     ``OMP_NUM_THREADS``: the ranks' OpenMP pool sized as torchrun does, cores / local ranks.
@@ -95,9 +96,12 @@ def rank_environment(procs: int, agent_logs: Path | None = None) -> Iterator[Non
     ``PYTHONPATH``: this program's own import paths first (see :func:`_user_paths`).
     ``agent_logs``: the agent's log folder, which a rank's watcher removes when the launcher
     ends, killed or not (see :mod:`polytrain.launch.reaper`).
+    ``extra``: more variables for the agent and the ranks (the private rendezvous's).
     """
+    extra = extra or {}
     saved = {k: os.environ.get(k)
-             for k in ("OMP_NUM_THREADS", "PYTHONPATH", LAUNCHER_PID_ENV, AGENT_LOGS_ENV)}
+             for k in ("OMP_NUM_THREADS", "PYTHONPATH", LAUNCHER_PID_ENV, AGENT_LOGS_ENV, *extra)}
+    os.environ.update(extra)
     if agent_logs is not None:
         os.environ[AGENT_LOGS_ENV] = str(agent_logs)
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # a rank started after we died exits
@@ -158,24 +162,20 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
     payload_path.write_text(json.dumps(payload, indent=1))
     if cfg.debug:
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "INFO"  # DETAIL crashes DDP on torch 2.13/CPU
-    bind = os.environ.get(BIND_ENV, LOOPBACK)  # `--bind`; one machine: loopback
     agent_dir = run_dir / "ranks" / "agent"
     shutil.rmtree(agent_dir, ignore_errors=True)  # a launcher killed -9 before its watcher ran
+    rdzv = local_rendezvous(agent_dir)
     lc = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=cfg.procs,
         run_id=uuid.uuid4().hex[:12],
         rdzv_backend="c10d",
-        rdzv_endpoint=f"{bind}:{free_port(bind)}",
-        # one node: this launcher hosts the rendezvous store, on whatever address --bind names.
-        # torch guesses by matching the endpoint against the hostname's addresses, and where
-        # /etc/hosts maps the hostname to 127.0.0.1 it took this host's own interface address
-        # for another host's, waited 2.5 min as a client and failed (issue 50, item 6)
-        rdzv_configs={"is_host": True},
+        rdzv_endpoint=rdzv.endpoint,
+        rdzv_configs=rdzv.configs,
         max_restarts=0,
         monitor_interval=0.1,
-        local_addr=bind,
+        local_addr=rdzv.local_addr,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
         # torch's agent keeps a log tree per run, by default a /tmp/torchelastic_* that nothing
         # removes: it goes in the run directory and is removed after the run (killed or not:
@@ -192,8 +192,8 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
         sinks = make_sinks(list(cfg.log), run_dir, cfg.strategy, cfg.model_dump(mode="json"))
         with FollowProgress(rank0, prepared.steps, label, console), \
                 LiveLog(run_dir / "ranks", sinks, resume=resume, per_rank=cfg.log_ranks == "all"), \
-                rank_environment(cfg.procs, agent_dir), stores_bound_to(bind), \
-                prompt_stop(states, SHUTDOWN_TIMEOUT_S):
+                rank_environment(cfg.procs, agent_dir, rdzv.env), stores_bound_to(rdzv.local_addr), \
+                prompt_stop(states, SHUTDOWN_TIMEOUT_S, lambda: stepped(run_dir / "ranks")):
             elastic_launch(lc, sys.executable)("-m", "polytrain.launch.rank_main", str(payload_path))
     except ChildFailedError as err:
         oom = (oom_kills() or 0) > (ooms or 0)
@@ -207,6 +207,26 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
         startup_trace.mark("ranks ended")
         startup_trace.write_launcher(run_dir)
     return read_summary(run_dir)
+
+
+def stepped(ranks: Path) -> bool:
+    """Whether a rank has recorded a training step (in its event file's first 256 KiB: a
+    rank's first step comes after a few start-up events)."""
+    for path in ranks.glob("rank*.jsonl"):
+        with contextlib.suppress(OSError), path.open("rb") as f:
+            if b'"event": "step"' in f.read(1 << 18):
+                return True
+    return False
+
+
+def local_rendezvous(private: Path) -> Rendezvous:
+    """A one-machine job's rendezvous: private FileStores in ``private`` (0700), or TCP stores on
+    the ``--bind`` address when one was given. With TCP stores this launcher hosts the rendezvous
+    store (``is_host``): torch guesses by matching the endpoint against the hostname's
+    addresses, and where /etc/hosts maps the hostname to 127.0.0.1 it took this host's own
+    interface address for another host's, waited 2.5 min as a client and failed (issue 50)."""
+    bind = os.environ.get(BIND_ENV)
+    return private_rendezvous(private, bind, free_port(bind) if bind else 0)
 
 
 def _interrupted(run_dir: Path, cfg: JobConfig, sig: signal.Signals, started: float) -> str:

@@ -314,11 +314,13 @@ def _proc_start(pid: int) -> str:
 
 
 def _owner_alive(owner_file: Path) -> bool:
+    """The claim's owner runs (a zombie, killed but not yet waited for by its parent, does not:
+    the reaper saw one as alive and left its testbed standing)."""
     try:
         pid_text, start = owner_file.read_text().split()
     except (OSError, ValueError):
         return False
-    return _proc_start(int(pid_text)) == start
+    return _proc_start(int(pid_text)) == start and _live(int(pid_text))
 
 
 def claim_id() -> str | None:
@@ -363,6 +365,7 @@ def release_id(tb_id: str) -> None:
 # reaper then ends.
 REAP = "import sys; from polytrain.launch.netns import reap; reap(int(sys.argv[1]), sys.argv[2])"
 REAP_POLL_S = 0.1
+REAP_GRACE_S = 1.0  # SIGTERM to what is left inside, then SIGKILL: all gone within 5 s
 
 
 def _live(pid: int) -> bool:
@@ -384,18 +387,19 @@ def reap(owner: int, tb_id: str) -> None:
     while _live(owner) and _owner_alive(claim):
         time.sleep(REAP_POLL_S)
     if claim.exists() and not _owner_alive(claim):  # died holding it: nobody tore it down
-        cleanup_stale()
+        cleanup_stale(REAP_GRACE_S)
         for logs in Path(tempfile.gettempdir()).glob(f"polytrain-tb{tb_id}-*"):
             shutil.rmtree(logs, ignore_errors=True)
 
 
-def cleanup_stale() -> list[str]:
-    """Delete testbeds whose owner process is gone (e.g. it got SIGKILL); return the names."""
+def cleanup_stale(grace_s: float = 3.0) -> list[str]:
+    """Delete testbeds whose owner process is gone (e.g. it got SIGKILL); return the names.
+    ``grace_s``: between SIGTERM and SIGKILL to the processes left inside."""
     removed: list[str] = []
     for name in sorted(list_netns()):
         m = re.fullmatch(re.escape(NS_PREFIX) + r"([0-9a-f]{2})-(?:sw|h\d+)", name)
         if m and not _owner_alive(OWNER_DIR / f"{m.group(1)}.pid"):
-            kill_netns_processes(name)
+            kill_netns_processes(name, grace_s)
             del_netns(name)
             removed.append(name)
     for owner in OWNER_DIR.glob("*.pid") if OWNER_DIR.is_dir() else []:

@@ -7,7 +7,9 @@ TCPStore server it starts bound to ``ADDR`` (an address of this host on the clus
 network, or 127.0.0.1 for ``--standalone``), and sets ``POLYTRAIN_BIND`` so a store rank 0
 creates itself binds there too. ``ADDR`` defaults to 127.0.0.1. A failed worker group is
 stopped at once rather than after torch's 30 s grace (see :mod:`polytrain.launch.agent`), and
-the agent's log tree (without ``--log-dir``) is removed when torchrun ends.
+the agent's log tree (without ``--log-dir``) is removed when torchrun ends. Stopped by a signal
+(SIGTERM, Ctrl-C), it says so in one line and exits 128 + the signal, where torchrun prints a
+``SignalException`` traceback.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def split_bind(argv: list[str]) -> tuple[str, list[str]]:
 
 
 def main(argv: list[str]) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun_main
 
     addr, rest = split_bind(argv)
@@ -55,6 +58,10 @@ def main(argv: list[str]) -> None:
     try:
         with stores_bound_to(addr), prompt_stop({}):  # a failed group is stopped at once
             torchrun_main(rest)
+    except SignalException as exc:  # torchrun lets it out as a traceback: one line instead
+        print(f"polytrain.launch.run: stopped by {exc.sigval.name}; its workers were stopped",
+              file=sys.stderr)
+        raise SystemExit(128 + int(exc.sigval)) from None
     finally:
         if logs is not None:
             shutil.rmtree(logs, ignore_errors=True)

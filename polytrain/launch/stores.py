@@ -1,12 +1,20 @@
-"""Where polytrain's c10d stores listen.
+"""Where polytrain's c10d stores live, and who can reach them.
 
 A c10d ``TCPStore`` has no authentication: whoever reaches its port can read and write the
-job's rendezvous state (PyTorch's own security policy says to run distributed jobs only on
-trusted networks). Its server binds every interface by default (``*:port``, IPv4 and IPv6).
-A run on one machine needs none of that, so polytrain binds its stores where the job needs them:
+job's rendezvous state, which torch's agent unpickles (PyTorch's own security policy says to run
+distributed jobs only on trusted networks). Its server binds every interface by default
+(``*:port``, IPv4 and IPv6), and even one bound to 127.0.0.1 is open to every user of the machine.
+So:
 
-* local runs (``polytrain train``/``compare``, RL, the planner's measurements): the launcher's
-  rendezvous and agent stores and rank 0's store listen on 127.0.0.1 only;
+* local runs of ``polytrain train``/``compare``/``aco`` (:func:`private_rendezvous`): no store
+  listens on a socket at all. The launcher's rendezvous and the ranks' process-group store are
+  ``FileStore`` files in a directory only this user can enter (0700), so another local user can
+  neither read nor write them; the agent's shared TCPStore is switched off (torch's
+  ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``), and gloo's own sockets listen on the loopback
+  interface (``GLOO_SOCKET_IFNAME``) instead of the hostname's address. ``--bind ADDR`` asks for
+  TCP stores listening on ``ADDR`` instead (below);
+* ``polytrain rl``: the same FileStore for its process group (:func:`rank_store_env`);
+* the planner's measurements: a store on 127.0.0.1 only;
 * ``torchrun`` across hosts: torchrun's agent hosts the stores and binds them to every
   interface; ``python -m polytrain.launch.run --bind ADDR ...`` is torchrun with its stores bound
   to ``ADDR`` (see :mod:`polytrain.launch.run`); a rank 0 store polytrain creates itself binds
@@ -21,9 +29,12 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import shutil
 import socket
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -32,6 +43,73 @@ from polytrain.errors import ConfigError
 
 BIND_ENV = "POLYTRAIN_BIND"
 LOOPBACK = "127.0.0.1"
+STORE_FILE_ENV = "POLYTRAIN_STORE_FILE"  # a rank's process-group FileStore (a local run's)
+# torch's dynamic rendezvous hosts a TCPStore for the workers unless this is "1" (torch >= 2.4)
+NO_AGENT_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """How a local launch's agent and ranks meet: ``LaunchConfig``'s rendezvous fields, and the
+    environment the agent and its ranks need while it runs."""
+
+    endpoint: str
+    configs: dict[str, Any]
+    local_addr: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def private_rendezvous(private: Path, bind: str | None, port: int = 0) -> Rendezvous:
+    """The rendezvous of a job on this machine alone.
+
+    Without ``bind``: two ``FileStore`` files in ``private``, made a directory only this user can
+    enter (0700; a FileStore's file takes the umask, so the directory is what keeps others out):
+    ``rendezvous.store`` for torch's agent, ``ranks.store`` for the ranks' process group. A
+    FileStore holds the same keys as a TCPStore and takes the same operations (torch's c10d
+    rendezvous backend supports it as ``store_type=file``); it costs a file lock per operation,
+    which a job uses at start-up, at the end and on a stop request only.
+    With ``bind`` (``--bind ADDR``): TCP stores on ``ADDR:port``, as a multi-host job has them;
+    this launcher hosts the rendezvous (``is_host``), whatever ``/etc/hosts`` says.
+    """
+    if bind is not None:
+        return Rendezvous(f"{bind}:{port}", {"is_host": True}, bind)
+    env = {NO_AGENT_STORE_ENV: "1", **rank_store_env(private)}
+    return Rendezvous(str(private / "rendezvous.store"), {"store_type": "file"}, LOOPBACK, env)
+
+
+def rank_store_env(private: Path) -> dict[str, str]:
+    """The environment that makes :func:`rank_store` a FileStore in ``private``, emptied and
+    made a directory only this user can enter (0700; a FileStore's file takes the umask, so
+    the directory is what keeps others out; a store left by a killed launch would hand its
+    keys, dead ranks' addresses, to the next). Gloo then listens on the loopback interface
+    instead of the hostname's address (unless ``GLOO_SOCKET_IFNAME`` says otherwise)."""
+    shutil.rmtree(private, ignore_errors=True)
+    private.mkdir(parents=True)
+    os.chmod(private, 0o700)
+    env = {STORE_FILE_ENV: str(private / "ranks.store")}
+    loopback = loopback_interface()
+    if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
+        env["GLOO_SOCKET_IFNAME"] = loopback
+    return env
+
+
+def loopback_interface() -> str | None:
+    """The name of this host's loopback interface (``lo`` on Linux), None when unknown."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    return "lo" if "lo" in names else None
+
+
+def rank_store(timeout: timedelta) -> dist.Store | None:
+    """A local run's process-group store (the launcher's private ``FileStore``), else None."""
+    path = os.environ.get(STORE_FILE_ENV)
+    if not path:
+        return None
+    store = dist.FileStore(path, -1)
+    store.set_timeout(timeout)
+    return store
 
 
 def listening_fd(addr: str, port: int) -> int:

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from polytrain.errors import ConfigError
 
+HOST_LOGS = "testbed-hosts"  # in the run directory: host i > 0's output (host 0's is the terminal's)
 PER_HOST_HELP = "processes per host (default: --procs / hosts, else 1)"
 
 
@@ -105,7 +106,7 @@ def run_testbed(hosts: int, nic: str, latency: str | None, loss: str | None,
             out = root if command == "train" else root / name
             before = tb.interface_bytes()
             code = run_torchrun(tb, ["-m", "polytrain", "train", "--strategy", name, *args,
-                                     "--out", str(out)], nper)
+                                     "--out", str(out)], nper, log_dir=out / HOST_LOGS)
             _annotate(out, before, tb.interface_bytes())
             if code:
                 break
@@ -134,7 +135,8 @@ def _run_aco(hosts: int, nic: str, latency: str | None, loss: str | None, nper: 
     args = _without(args, "--out")
     with Testbed(hosts, nic, latency=latency, loss=loss) as tb:
         before = tb.interface_bytes()
-        code = run_torchrun(tb, ["-m", "polytrain", "aco", *args, "--out", str(out)], nper)
+        code = run_torchrun(tb, ["-m", "polytrain", "aco", *args, "--out", str(out)], nper,
+                            log_dir=out / HOST_LOGS)
         _annotate(out, before, tb.interface_bytes())
     return code
 

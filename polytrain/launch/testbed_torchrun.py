@@ -44,7 +44,8 @@ def testbed_record(tb: Testbed) -> dict[str, Any]:
 
 
 def torchrun_command(
-    tb: Testbed, host: int, program: list[str], nproc_per_host: int, rdzv_id: str
+    tb: Testbed, host: int, program: list[str], nproc_per_host: int, rdzv_id: str,
+    agent_logs: Path | None = None,
 ) -> list[str]:
     """The torchrun agent command for ``host``: fixed-size c10d rendezvous at host 0.
 
@@ -53,9 +54,13 @@ def torchrun_command(
     the machine's hostname, which all namespaces share). ``--node-rank`` is not passed: c10d
     ignores it and orders agents by ``--local-addr``, which is chosen so host i is node rank i.
     ``--local-addr`` is also what the workers' MASTER_ADDR becomes, so it must be routable.
+    torchrun runs through ``polytrain.launch.run``: its stores listen on the host's own address
+    only, and a stop (teardown, Ctrl-C) is one line, not a ``SignalException`` traceback.
+    ``agent_logs``: torchrun's log tree (else a ``torchelastic_*`` in the temporary folder).
     """
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", "polytrain.launch.run", "--bind", tb.host_addr(host),
+        *(["--log-dir", str(agent_logs)] if agent_logs is not None else []),
         "--nnodes", str(tb.hosts),
         "--nproc-per-node", str(nproc_per_host),
         "--rdzv-backend", "c10d",
@@ -106,30 +111,34 @@ def run_torchrun(
             f"module_args must be a non-empty list of strings (a script or -m MODULE and its "
             f"arguments); got {module_args!r}. Example: ['-m', 'polytrain', 'train', '--steps', '50']."
         )
-    logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix=f"polytrain-tb{tb.id}-"))
-    logs.mkdir(parents=True, exist_ok=True)
-    tb.procs_per_host = nproc_per_host
-    rdzv_id = f"polytrain-{tb.id}-{uuid.uuid4().hex[:8]}"
-    with _host_outputs(tb, logs) as outs:
-        procs = {
-            i: tb.popen(
-                i,
-                torchrun_command(tb, i, module_args, nproc_per_host, rdzv_id),
-                env=_host_env(tb, i, env),
-                stdout=outs[i],
-                stderr=outs[i],
-            )
-            for i in range(tb.hosts)
-        }
-        for i in range(1, tb.hosts):
-            print(f"[testbed {tb.id}] host {i} log: {tb.host_logs[i]}", file=sys.stderr)
-        try:
-            code = _wait(procs, timeout, fail_grace_s)
-        finally:
-            netns.stop_processes(list(procs.values()), grace_s=3.0)
-    _report_failures(tb, procs)
-    if code == 0 and not log_dir:  # a run that succeeded leaves no temporary directory
-        shutil.rmtree(logs, ignore_errors=True)
+    # the agents' log trees, and the hosts' logs unless log_dir keeps them: removed after any run
+    # (the testbed's reaper removes it when this process is killed)
+    tmp = Path(tempfile.mkdtemp(prefix=f"polytrain-tb{tb.id}-"))
+    try:
+        logs = Path(log_dir) if log_dir else tmp
+        logs.mkdir(parents=True, exist_ok=True)
+        tb.procs_per_host = nproc_per_host
+        rdzv_id = f"polytrain-{tb.id}-{uuid.uuid4().hex[:8]}"
+        with _host_outputs(tb, logs) as outs:
+            procs = {
+                i: tb.popen(
+                    i,
+                    torchrun_command(tb, i, module_args, nproc_per_host, rdzv_id, tmp / f"agent{i}"),
+                    env=_host_env(tb, i, env),
+                    stdout=outs[i],
+                    stderr=outs[i],
+                )
+                for i in range(tb.hosts)
+            }
+            for i in range(1, tb.hosts):
+                print(f"[testbed {tb.id}] host {i} log: {tb.host_logs[i]}", file=sys.stderr)
+            try:
+                code = _wait(procs, timeout, fail_grace_s)
+            finally:
+                netns.stop_processes(list(procs.values()), grace_s=3.0)
+        _report_failures(tb, procs)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return code
 
 

@@ -25,7 +25,7 @@ from polytrain.config import make_config
 from polytrain.errors import ConfigError
 from polytrain.launch.reaper import remove_when_agent_ends
 from polytrain.launch.records import clear_error_record, die_with_parent, write_error_record
-from polytrain.launch.stores import bind_address, tcp_store
+from polytrain.launch.stores import bind_address, rank_store, tcp_store
 from polytrain.metrics.recorder import Recorder
 from polytrain.runtime import interrupt
 from polytrain.runtime.checkpoint import CheckpointStore
@@ -65,12 +65,15 @@ def init_distributed(backend: str, rank: int, world: int, timeout_s: float) -> d
     Under ``torchrun --max-restarts``, the agent's TCPStore outlives the workers; gloo's default
     ``env://`` keys from the dead generation would make the new one dial the dead workers' ports.
     A PrefixStore keyed by TORCHELASTIC_RESTART_COUNT gives each generation fresh keys.
+    Under the local launcher the store is its private FileStore (see
+    :func:`polytrain.launch.stores.private_rendezvous`), else a TCPStore at MASTER_ADDR:MASTER_PORT.
     """
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = int(os.environ["MASTER_PORT"])
+    port = int(os.environ.get("MASTER_PORT", "0"))
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     timeout = timedelta(seconds=timeout_s)
-    store = tcp_store(addr, port, world, rank == 0 and not agent_store, timeout, bind=bind_address(addr))
+    store = rank_store(timeout) or tcp_store(
+        addr, port, world, rank == 0 and not agent_store, timeout, bind=bind_address(addr))
     generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefixed = dist.PrefixStore(f"polytrain/gen{generation}", store)
     dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world, timeout=timeout)

@@ -131,6 +131,7 @@ class Recorder:
         self.t_base = 0.0  # the whole run's clock when this process's clock started (a resume)
         self.resumed: dict[str, Any] | None = None
         self.base_bytes = 0  # bytes this rank sent in the run's earlier launches (its last tally)
+        self._earlier: list[float] = []  # this rank's losses of the steps kept by a resume, in order
         self._flushed_at = self.t0
         self._sampled_at = float("-inf")
         self._busy = 0.0
@@ -208,6 +209,8 @@ class Recorder:
             else:
                 self._pending = list(kept)
             steps = [e for e in kept if e.get("event") == "step"]
+            self._earlier = [float(e["loss"]) for e in sorted(steps, key=lambda e: e["step"])
+                            if e.get("rank") == self.rank and isinstance(e.get("loss"), (int, float))]
             base = t if t is not None else max((float(e["t"]) for e in steps), default=0.0)
             self.t0 -= base - self.t_base
             self.t_base = base
@@ -216,6 +219,10 @@ class Recorder:
             self.resumed = {"from_step": step, "t": base, "bytes_sent": self.base_bytes,
                             "samples": max((int(e.get("samples") or 0) for e in steps), default=0)}
         self.emit("resume", from_step=step, t_base=base, **fields)
+
+    def earlier_losses(self) -> list[float]:
+        """This rank's losses of the steps before the resume (none in a fresh run)."""
+        return self._earlier
 
     def _read_all(self) -> list[dict[str, Any]]:
         """Every event recorded so far, in the file or in memory (the caller holds the lock)."""

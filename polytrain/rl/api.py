@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -19,6 +20,7 @@ def run_config(cfg: RLConfig, console: Console | None = None, progress: bool = T
     """Validate-free entry for an RLConfig: start, supervise, assemble, plot. ``resume``: continue
     the run in ``cfg.out`` from its checkpoint (options from :func:`resume_config`). A SIGTERM or
     Ctrl-C stops every process; the run ends with :class:`Interrupted`."""
+    from polytrain.launch.stores import rank_store_env
     from polytrain.rl.launcher import start_processes, supervise
     from polytrain.rl.progress import FollowRL
     from polytrain.rl.results import build_summary, merge_events, new_run_dir, write_config, write_summary
@@ -28,12 +30,14 @@ def run_config(cfg: RLConfig, console: Console | None = None, progress: bool = T
     write_config(run_dir, cfg)
     console = console or Console(stderr=True)
     started = time.monotonic()
-    procs = start_processes(cfg, run_dir, free_port(), resume)
+    private = run_dir / "ranks" / "store"  # the process group's store, 0700
+    procs = start_processes(cfg, run_dir, free_port(), resume, rank_store_env(private))
     follow = FollowRL(run_dir / "ranks" / "rank0.jsonl", cfg, console) if progress else nullcontext()
     try:
         with follow:
             sup = supervise(cfg, run_dir, procs, started)
     finally:
+        shutil.rmtree(private, ignore_errors=True)
         merge_events(run_dir, cfg.world)
     if sup.stop_signal is not None:
         raise _interrupted(cfg, run_dir, sup)

@@ -192,13 +192,16 @@ def _only_stalled_actors(sup: Supervision, ranks: Layout, procs: dict[int, Any],
     return at_s - max(sup.exits[r].at_s for r in essential) > ACTOR_GRACE_S
 
 
-def start_processes(cfg: RLConfig, run_dir: Path, port: int, resume: bool = False) -> dict[int, Any]:
+def start_processes(cfg: RLConfig, run_dir: Path, port: int, resume: bool = False,
+                    env: dict[str, str] | None = None) -> dict[int, Any]:
+    """Start every rank; ``env``: variables each sets before joining the process group (the
+    private store's, :func:`polytrain.launch.stores.rank_store_env`)."""
     # A fork server that has imported torch and polytrain.rl once forks every rank: startup is
     # then one import, not one per process (minutes on the busy 2-core box with 7 processes).
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["polytrain.rl.preload"])
     payload = {"config": cfg.model_dump(), "run_dir": str(run_dir), "port": port, "world": cfg.world,
-               "resume": resume, "launcher_pid": os.getpid()}
+               "resume": resume, "launcher_pid": os.getpid(), "env": env or {}}
     procs = {r: ctx.Process(target=rank_main, args=(payload, r), name=f"polytrain-rl-{r}")
              for r in range(cfg.world)}
     for p in procs.values():

@@ -81,6 +81,7 @@ def run_role(payload: dict[str, Any], rank: int, recorder: Recorder) -> dict[str
     if world > 1:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(payload["port"])
+        os.environ.update(payload.get("env") or {})  # the launcher's private store
         init_distributed("gloo", rank, world, cfg.timeout_s)
         comm = Comm(rank, world)
         if ranks.replay_rank is not None:  # one group per (replay, client) pair

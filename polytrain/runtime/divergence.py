@@ -23,7 +23,7 @@ parallel shards) refuse ``skip`` before launch: they could not skip the same ste
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -95,13 +95,23 @@ class DivergenceWatch:
     it raises DivergedError for stop, and in skip mode once ``window`` steps in a row are over
     (not a spike: skipping would skip the rest of the run)."""
 
-    def __init__(self, cfg: JobConfig) -> None:
+    def __init__(self, cfg: JobConfig, history: Callable[[], Iterable[float]] | None = None) -> None:
+        """``history``: this rank's losses of the steps before a resume (the recorder's
+        ``earlier_losses``), read at the first check: a resumed run then bounds its losses as
+        the uninterrupted run does, not by the resumed segment's first loss (a finished ps run
+        extended from step 200 stopped at step 246 as "diverged" on an ordinary batch)."""
         self.mode, self.factor, self.window = cfg.on_divergence, cfg.divergence_factor, cfg.divergence_window
         self.best = math.inf
         self.first: float | None = None
         self.run = 0  # consecutive steps over the bound
+        self._history = history
 
     def bound(self) -> float | None:
+        if self._history is not None:
+            history, self._history = self._history, None
+            for loss in history():  # as the uninterrupted run saw them
+                if math.isfinite(loss) and not self.over(loss):
+                    self.accept(loss)
         if not self.factor or self.first is None or not self.best > 0:
             return None
         return max(self.factor * self.best, self.first)

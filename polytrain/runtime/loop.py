@@ -107,7 +107,7 @@ def plain_step(job: Job, ctx: RankContext, forward: Callable[[torch.Tensor], tor
     amp = Precision(cfg.precision, ctx.device)
     skip_nonfinite = cfg.on_nonfinite == "skip" and amp.scaler is None  # a scaler skips itself
     params = unique(p for g in optimizer.param_groups for p in g["params"])
-    watch = DivergenceWatch(cfg) if cfg.on_divergence == "skip" else None
+    watch = DivergenceWatch(cfg, rec.earlier_losses) if cfg.on_divergence == "skip" else None
 
     def step(i: int, x: torch.Tensor, y: torch.Tensor) -> float:
         x, y = x.to(ctx.device), y.to(ctx.device)
@@ -267,7 +267,7 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
     eval_model = spec.eval_model or spec.model
     evaluate = spec.evaluate or (lambda: job.evaluate(eval_model))
     last = start
-    watch = DivergenceWatch(cfg) if spec.reports else None
+    watch = DivergenceWatch(cfg, ctx.recorder.earlier_losses) if spec.reports else None
     finite = FiniteWatch(spec.model, skipping=cfg.on_nonfinite == "skip", snapshot=spec.quiesce,
                          has_loss=spec.reports, start=start)
     for step in range(start + 1, job.steps + 1):

@@ -39,6 +39,27 @@ def test_a_loss_near_zero_then_a_normal_batch_is_not_divergence() -> None:
     assert watch.observe(5, math.nan) is None  # a rank without a loss of its own
 
 
+def test_a_resumed_run_bounds_its_losses_by_the_whole_run_s_history(tmp_path: Path) -> None:
+    """A resume at step 2 of a run whose loss fell from 2.3 to 1e-4: an ordinary batch's 1.0
+    at step 3 is under the bound (the run's first loss), as in the uninterrupted run; without
+    the history the resumed segment's own first loss (1e-4) made it "diverged"."""
+    from polytrain.metrics.recorder import Recorder
+
+    rec = Recorder(0, tmp_path / "rank0.jsonl", fresh=True)
+    for step, loss in ((1, 2.3), (2, 1e-4), (3, 5e-5)):
+        rec.step(step, loss, 16 * step)
+    rec.close()
+    resumed = Recorder(0, tmp_path / "rank0.jsonl")
+    resumed.rewind(2)
+    assert resumed.earlier_losses() == [2.3, 1e-4]
+    watch = DivergenceWatch(load_config(), resumed.earlier_losses)
+    assert watch.observe(3, 1.0) is None and watch.first == 2.3
+    fresh = _watch()
+    fresh.observe(3, 1e-4)
+    with pytest.raises(DivergedError):
+        fresh.observe(4, 1.0)
+
+
 def test_warn_notes_each_episode_once_and_skip_gives_up_after_the_window() -> None:
     warn = _watch(on_divergence="warn")
     verdicts = [warn.observe(s, v) for s, v in enumerate([2.0, 1.0, 5e3, 6e3, 1.0, 7e3], 1)]

@@ -123,3 +123,40 @@ def test_two_resumes_of_one_run_at_once_one_is_refused(tmp_path: Path) -> None:
             first.wait()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps_run"] == 40 and list(step_losses(run)) == list(range(1, 41))
+
+
+@pytest.mark.slow
+def test_soak_extend_a_finished_ps_run_with_two_resumes_at_once(tmp_path: Path) -> None:
+    """The probe of issue 50 as a user would run it: a finished 200-step ps run extended to 400
+    steps by two ``--resume`` started together. One holds the run directory, the other is
+    refused in one line; the survivor's record is whole (every step in metrics.jsonl, a
+    summary of the 400 steps over both launches) and its parameters are those of the
+    uninterrupted 400-step run."""
+    full, run = tmp_path / "full", tmp_path / "run"
+    for out, steps in ((full, "400"), (run, "200")):
+        r = run_cli("train", *JOBS["ps"], "--steps", steps, "--checkpoint-every", "100", "--out", str(out))
+        assert r.returncode == 0, r.stderr
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160"}
+    args = [sys.executable, "-m", "polytrain", "train", "--resume", str(run), "--steps", "400",
+            "--no-report"]
+    both = [subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    try:
+        errs = [p.communicate(timeout=300)[1] for p in both]
+    finally:
+        for p in both:
+            p.kill()
+    codes = sorted(p.returncode for p in both)
+    refused = errs[[p.returncode for p in both].index(codes[1])]
+    assert codes[0] == 0 and codes[1] != 0, errs
+    assert [x for x in refused.splitlines() if "is in use by pid" in x], refused
+    assert "Traceback" not in refused
+    summary, ref = read_summary(run), read_summary(full)
+    assert summary["steps_run"] == 400 and summary["stopped"]["reason"] == "completed"
+    assert [(g["from_step"], g["to_step"]) for g in summary["segments"]] == [(1, 200), (201, 400)]
+    assert summary["samples"] == ref["samples"]
+    events = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for rank in (1, 2):  # the workers (rank 0 is the server)
+        mine = [e["step"] for e in events if e["event"] == "step" and e["rank"] == rank]
+        assert mine == list(range(1, 401)), f"rank {rank}: steps {mine[:3]}…{mine[-3:]}"
+    assert_same_params(load_model(run), load_model(full), atol=1e-6, rtol=1e-5)

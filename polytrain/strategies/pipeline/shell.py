@@ -237,7 +237,7 @@ class PipelineRun:
         self.windows: list[Window] = []
         self.loss = float("nan")
         self._orders: dict[int, Orders] = {}
-        self.watch = DivergenceWatch(job.config)
+        self.watch = DivergenceWatch(job.config, ctx.recorder.earlier_losses)
         self.loop = LoopSpec(
             model=self.stage.module,
             optimizer=self.optimizer,
