@@ -30,7 +30,8 @@ from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job
 from polytrain.strategies.data.zero_memory import held_bytes
-from polytrain.strategies.data.zero_shard import ShardedModel, bucket_units, layer_units
+from polytrain.strategies.data.zero_shard import ShardedModel
+from polytrain.strategies.data.zero_units import bucket_units, layer_units
 from tests.conftest import assert_same_params, load_model, read_summary, step_losses
 from tests.test_comm import _port
 

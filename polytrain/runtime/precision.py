@@ -8,6 +8,11 @@ backward, unscales the gradients before clipping and the update, and skips the u
 whose gradient overflowed (inf/NaN), halving its scale; every skipped step is counted and
 written to the metrics. The scaler's state goes into the checkpoint (``Precision.state``) so a
 resumed run continues with the same scale.
+
+Where each rank holds only a shard of the gradient (``zero``), ranks can disagree on an overflow;
+``Precision(..., shards=comm)`` then uses torch's ``ShardedGradScaler``, which all-reduces the
+found-inf flag over those ranks in ``unscale`` (4 bytes, counted on ``comm`` as ``found_inf``),
+so every rank skips the same steps.
 """
 
 from __future__ import annotations
@@ -17,18 +22,27 @@ from typing import Any
 
 import torch
 
+from polytrain.comm import Comm
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Precision:
     """One rank's autocast context and (fp16) gradient scaler."""
 
-    def __init__(self, name: str, device: torch.device) -> None:
+    def __init__(self, name: str, device: torch.device, shards: Comm | None = None) -> None:
         if name not in DTYPES:
             raise ValueError(f"unknown precision '{name}'; valid: {', '.join(DTYPES)}")
         self.name, self.device = name, device
         self.dtype = DTYPES[name]
-        self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
+        self.shards = shards if shards is not None and shards.world > 1 else None
+        self.scaler: torch.amp.GradScaler | None = None
+        if name == "fp16" and self.shards is not None:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            self.scaler = ShardedGradScaler(device.type, process_group=self.shards.group)
+        elif name == "fp16":
+            self.scaler = torch.amp.GradScaler(device.type)
         self.skipped = 0  # fp16 steps whose update the scaler skipped (overflow)
 
     def autocast(self) -> AbstractContextManager[Any]:
@@ -42,7 +56,9 @@ class Precision:
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
         """Gradients back to their true size (before clipping reads them); once per step."""
         if self.scaler is not None:
-            self.scaler.unscale_(optimizer)
+            self.scaler.unscale_(optimizer)  # sharded: all-reduces the found-inf flag
+            if self.shards is not None:
+                self.shards._count_ring_allreduce(torch.zeros(1), "found_inf")
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """The update; False when fp16's scaler skipped it (an inf/NaN gradient)."""

@@ -12,6 +12,15 @@ FSDP2 calls ``torch.distributed`` itself, not polytrain's communicator; its all-
 reduce-scatters are counted at the same ring rates through a counting view of
 ``torch.distributed`` installed into FSDP2's collectives module (as ``allreduce`` does for
 PyTorch's PowerSGD hook), so ``bytes_sent`` stays measured.
+
+Training features: ``--precision bf16|fp16`` is FSDP2's ``MixedPrecisionPolicy`` (parameters
+gathered and gradients reduce-scattered in that dtype, fp32 sharded parameters as the master
+weights) with the forward under autocast, as ``single`` runs it; fp16's ``GradScaler`` reads the
+DTensor gradients, and DTensor's own handler of the unscale op all-reduces the found-inf flag over
+the mesh (4 bytes a step, outside polytrain's count), so every rank skips the same steps.
+``--grad-accum K`` turns gradient sync off (``set_requires_gradient_sync(False)``) for all but the
+last micro-step; ``--clip-grad-norm X`` sums the squares of each rank's local gradient shards
+(:mod:`polytrain.runtime.clip`, one counted all-reduce).
 """
 
 from __future__ import annotations
@@ -24,13 +33,15 @@ from torch import nn
 
 from polytrain.comm.accounted import Comm
 from polytrain.config import JobConfig
+from polytrain.runtime.clip import GradSplit
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
+from polytrain.runtime.precision import DTYPES
 from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.data.zero import optimizer_state_bytes, peak_memory
-from polytrain.strategies.data.zero_shard import layers_of
+from polytrain.strategies.data.zero_units import layers_of
 
 NO_CHECKPOINT = ("its parameters are FSDP2 DTensor shards, which polytrain's checkpoint store does "
                  "not write yet")
@@ -104,26 +115,31 @@ class Fsdp(Strategy):
     family = "data"
     summary = "PyTorch FSDP2 (fully_shard per layer): parameters, gradients, optimizer state sharded"
     Options = FsdpOptions
-    supports = Supports().without(NO_CHECKPOINT, "checkpoint", "resume").without(
-        "not wired to FSDP2's sharded parameters and mixed-precision policy yet",
-        "lr_schedule", "clip", "grad_accum", "precision", "recompute")
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, precision=True).without(
+        NO_CHECKPOINT, "checkpoint", "resume").without(
+        "its forward is not wrapped for recomputation", "recompute")
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_divisible(cfg, world, self.name)
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         opts: FsdpOptions = self.options  # type: ignore[assignment]
         model = job.build_model().to(ctx.device)
         count_fsdp_traffic(ctx.comm)
+        low = DTYPES[job.config.precision]
+        policy = (MixedPrecisionPolicy() if low == torch.float32 else
+                  MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low))
         if opts.wrap == "layer":
             for layer in layers_of(model):
                 if any(True for _ in layer.parameters()):
-                    fully_shard(layer, reshard_after_forward=opts.reshard_after_forward)
-        fully_shard(model, reshard_after_forward=opts.reshard_after_forward)
+                    fully_shard(layer, reshard_after_forward=opts.reshard_after_forward,
+                                mp_policy=policy)
+        fully_shard(model, reshard_after_forward=opts.reshard_after_forward, mp_policy=policy)
         optimizer = job.make_optimizer(model.parameters())
-        spec = LoopSpec(model=model, optimizer=optimizer, step_fn=plain_step(job, ctx, model, optimizer),
+        step = plain_step(job, ctx, model, optimizer, split=GradSplit(ctx.comm))
+        spec = LoopSpec(model=model, optimizer=optimizer, step_fn=step,
                         part=ctx.rank, parts=ctx.world, replicated=False,
                         metrics={"wrap": opts.wrap, "reshard_after_forward": opts.reshard_after_forward})
         result = run_loop(job, ctx, spec)  # every rank evaluates: a forward gathers collectively
