@@ -195,6 +195,8 @@ class ShardedModel:
 
     def _hook_layers(self, u: Unit) -> None:
         def before(_m: nn.Module, _args: Any) -> None:
+            if self.full[u.index] is not None:
+                return  # gathered already: a tied unit's later layer
             op = "allgather" if torch.is_grad_enabled() else "eval-allgather"
             self.gather(u, op)
             self._prefetch(u.index + 1, op)  # forward runs the units in order

@@ -54,36 +54,63 @@ def bucket_units(params: list[nn.Parameter], world: int, bucket_mb: float) -> li
 
 
 def _layers(model: nn.Module) -> tuple[nn.Module, list[nn.Module]]:
-    """The module whose children are the layers (descending through single-child wrappers)."""
+    """The module whose children hold the layers (descending through single-child wrappers), and
+    the layers: its children, with every trunk among them opened (:func:`_is_trunk`)."""
     root = model
     while len(list(root.children())) == 1 and not list(root.parameters(recurse=False)):
         root = next(root.children())
-    return root, list(root.children())
+    return root, _open(root)
+
+
+def _open(m: nn.Module) -> list[nn.Module]:
+    out: list[nn.Module] = []
+    for child in m.children():
+        out.extend(_open(child) if _is_trunk(child) else [child])
+    return out
+
+
+def _is_trunk(m: nn.Module) -> bool:
+    """Whether ``m``'s children are layers rather than one layer's parts: a ModuleList or
+    ModuleDict (never called itself: hooks on it would not fire), or a module with no parameters
+    of its own that holds one (a transformer's trunk: embeddings, blocks, final norm; nanoGPT's
+    ``transformer``, Hugging Face's ``GPT2Model``). The layers are then its blocks."""
+    if isinstance(m, (nn.ModuleList, nn.ModuleDict)):
+        return True
+    return not list(m.parameters(recurse=False)) and any(
+        isinstance(c, (nn.ModuleList, nn.ModuleDict)) for c in m.children())
 
 
 def layers_of(model: nn.Module) -> list[nn.Module]:
-    """The model's layers: the children of the first module that has more than one."""
-    return _layers(model)[1]
+    """The model's layers (:func:`_layers`) that share no parameter with another layer: FSDP2
+    shards each parameter in one group, so a tied embedding and head stay with the root's."""
+    layers = _layers(model)[1]
+    seen: dict[int, int] = {}
+    for layer in layers:
+        for p in layer.parameters():
+            seen[id(p)] = seen.get(id(p), 0) + 1
+    return [m for m in layers if all(seen[id(p)] == 1 for p in m.parameters())]
 
 
 def layer_units(model: nn.Module, world: int) -> list[Unit]:
-    """Stage 3: one unit per layer; layers that share a parameter (and those between them) merge.
-    Parameters the root itself owns form a unit gathered around the whole forward."""
+    """Stage 3: one unit per layer; layers that share a parameter (a tied embedding and head) make
+    one unit, at the first one's place: gathered before the first one's forward, kept until the
+    last one's has run, reduced once backward has been through all of them. Parameters the root
+    itself owns form a unit gathered around the whole forward."""
     root, children = _layers(model)
     groups: list[tuple[list[nn.Module], list[nn.Parameter]]] = []
     owner: dict[int, int] = {}
     for child in children:
         ps = list(child.parameters())
-        hits = {owner[id(p)] for p in ps if id(p) in owner}
+        hits = sorted({owner[id(p)] for p in ps if id(p) in owner})
         if not hits:
             groups.append(([], []))
-        else:  # a tied parameter: this layer and every group since the first sharer become one
-            first = min(hits)
-            mods = [m for g in groups[first:] for m in g[0]]
-            prm = [p for g in groups[first:] for p in g[1]]
-            del groups[first:]
-            groups.append((mods, prm))
-        idx = len(groups) - 1
+            idx = len(groups) - 1
+        else:  # tied: every group this layer shares with joins the first, and so does the layer
+            idx = hits[0]
+            for h in hits[1:]:
+                groups[idx][0].extend(groups[h][0])
+                groups[idx][1].extend(groups[h][1])
+                groups[h] = ([], [])
         groups[idx][0].append(child)
         for p in ps:
             if id(p) not in {id(q) for q in groups[idx][1]}:
@@ -93,8 +120,9 @@ def layer_units(model: nn.Module, world: int) -> list[Unit]:
     own = list(root.parameters(recurse=False))
     if own:
         groups.insert(0, ([root], own))
-    units = [_unit(i, prm, world) for i, (_, prm) in enumerate(g for g in groups if g[1])]
-    for unit, (mods, _) in zip(units, [g for g in groups if g[1]], strict=True):
+    kept = [g for g in groups if g[1]]
+    units = [_unit(i, prm, world) for i, (_, prm) in enumerate(kept)]
+    for unit, (mods, _) in zip(units, kept, strict=True):
         unit.modules = mods
     return units
 
