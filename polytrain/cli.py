@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="interface the job's c10d stores listen on (default 127.0.0.1 on one "
                         "machine; under torchrun: rank 0's store, default MASTER_ADDR's own)")
     p.add_argument("--cluster", help="with --strategy auto: plan for this cluster (see `polytrain plan`)")
+    p.add_argument("--allow-inexact", action="store_true",
+                   help="with --strategy auto: may choose a strategy that learns differently from "
+                        "single-process training (averaging period, staleness, a gradient codec)")
     p = sub.add_parser("compare", help="run several strategies on the same job, one table")
     p.add_argument("--strategies", required=True, help="comma-separated ids, e.g. single,allreduce")
     p.add_argument("--target-accuracy", type=float, help="report time to reach this test accuracy")
@@ -166,6 +169,9 @@ def _add_plan_parsers(sub: Any) -> None:
     p.add_argument("--profile", help="a profile from `polytrain profile --out` (default: measure now)")
     p.add_argument("--compute-scale", type=float, default=1.0, help="multiply profiled compute times")
     p.add_argument("--top", type=int, default=5, help="rows of the table; default 5")
+    p.add_argument("--allow-inexact", action="store_true",
+                   help="recommend strategies that learn differently from single-process training "
+                        "too (default: only those that learn exactly as it does)")
     p.add_argument("--json", action="store_true", help="the whole ranking as JSON")
     p.add_argument("--sweep", help="hosts=LO..HI: best predicted samples/s per strategy vs hosts")
     p.add_argument("--out", help="directory for plan.json and the pictures (default runs/plan-<time>)")
@@ -203,7 +209,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     else:
         cfg = load_config(None, _model_overrides(args), args.sets)
     a = PlanArgs(args.cluster, args.procs, args.memory_limit, args.profile, args.compute_scale, args.top,
-                 args.json, args.sweep, args.out, args.batch_size, args.model is not None)
+                 args.json, args.sweep, args.out, args.batch_size, args.model is not None,
+                 args.allow_inexact)
     return run_plan(cfg, a, console)
 
 
@@ -249,7 +256,7 @@ def _resolve_auto(args: argparse.Namespace) -> None:
                           "recommended --strategy and --set options.")
     cfg = load_config(args.config, {**_overrides(args), "strategy": "single"}, args.sets)
     testbed = os.environ.get(TESTBED_ENV)
-    best = auto_strategy(cfg, args.cluster, json.loads(testbed) if testbed else None)
+    best = auto_strategy(cfg, args.cluster, json.loads(testbed) if testbed else None, args.allow_inexact)
     args.strategy, args.procs = best.strategy, best.procs
     args.sets = [*args.sets, *(f"{k}={v}" for k, v in best.options.items())]
     from rich.console import Console

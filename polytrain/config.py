@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from polytrain.errors import ConfigError, did_you_mean
+from polytrain.errors import ConfigError, validation_parts
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 # Straggler emulation works with every strategy: --set slow_rank=R --set slow_factor=F makes
@@ -230,17 +230,7 @@ FIELDS = tuple(JobConfig.model_fields)
 
 def _friendly(err: ValidationError, source: str) -> ConfigError:
     """Turn pydantic's report into one paragraph naming each field, its value and the rule."""
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(job)"
-        if e["type"] == "extra_forbidden":
-            lines.append(f"unknown key '{loc}'. {did_you_mean(str(e['loc'][-1]), FIELDS)}")
-        elif not e["loc"]:  # a rule across fields: its message names them and their values
-            lines.append(str(e["msg"]).removeprefix("Value error, "))
-        else:
-            msg = str(e["msg"]).removeprefix("Value error, ")
-            lines.append(f"'{loc}' = {e.get('input')!r}: {msg}")
-    return ConfigError(f"Invalid job in {source}: " + "; ".join(lines) + ".")
+    return ConfigError(f"Invalid job in {source}: " + "; ".join(validation_parts(err, FIELDS, "key")) + ".")
 
 
 def make_config(data: dict[str, Any], source: str = "the job") -> JobConfig:

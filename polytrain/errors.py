@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 
 class PolytrainError(Exception):
@@ -56,3 +57,21 @@ def unknown(kind: str, value: str, valid: Iterable[str], fix: str = "") -> Confi
     if fix:
         msg += f" {fix}"
     return ConfigError(msg)
+
+
+def validation_parts(err: Any, fields: Iterable[str], noun: str) -> list[str]:
+    """A pydantic ``ValidationError`` as one phrase per error, naming the {noun} (a job key or a
+    strategy option), its value and the rule; an unknown name gets the nearest valid ones."""
+    valid = sorted(fields)
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            hint = did_you_mean(str(e["loc"][-1]), valid) if valid else f"It takes no {noun}s."
+            parts.append(f"unknown {noun} '{loc}'. {hint}")
+        elif not loc:  # a rule across fields: its message names them and their values
+            parts.append(msg)
+        else:
+            parts.append(f"{noun} '{loc}' = {e.get('input')!r}: {msg}")
+    return parts

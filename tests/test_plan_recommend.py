@@ -358,3 +358,38 @@ def test_zb_h1_priced_below_1f1b_from_the_same_orders() -> None:
     one, _ = pipeline(scene, "1f1b", 4, 8)
     zb, _ = pipeline(scene, "zb-h1", 4, 8)
     assert zb.step_s < one.step_s
+
+
+def test_recommendation_learns_exactly_unless_inexact_is_allowed() -> None:
+    """On a slow link local-sgd (averaging every 16 steps) and async ps step faster than any exact
+    strategy; the recommendation stays exact unless --allow-inexact."""
+    from polytrain.config import load_config
+    from polytrain.plan.commands import first_choice
+    from polytrain.strategies import make_strategy
+
+    ranked = rank(candidates(Scene(vgg_like(), Cluster.parse("hosts=4,nic=1gbit"), 64)))
+    cfg = load_config(None, {"strategy": "allreduce", "procs": 4, "model": "vgg16"})
+    best = first_choice(ranked, cfg)
+    assert best.exact and make_strategy(best.strategy, best.options).is_exact()
+    fastest = first_choice(ranked, cfg, inexact=True)
+    assert not fastest.exact and ranked.index(fastest) < ranked.index(best)
+    marks = {(c.strategy, c.options.get("consistency")): c.exact for c in ranked if c.strategy == "ps"}
+    assert marks[("ps", "bsp")] and not marks[("ps", "async")]
+
+
+def test_the_planner_names_no_strategy_each_prices_itself() -> None:
+    """plan/ dispatches on no strategy name: the registry's strategies offer and price themselves."""
+    import ast
+
+    from polytrain.strategies import registry
+
+    names = set(registry())
+    plan_dir = Path(__file__).resolve().parent.parent / "polytrain" / "plan"
+    for path in plan_dir.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                consts = [c.value for c in ast.walk(node) if isinstance(c, ast.Constant)]
+                assert not names & set(consts), f"{path.name}:{node.lineno} compares a strategy name"
+    priced = {n for n, cls in registry().items() if cls.priced()}
+    offered = {c.strategy for c in candidates(Scene(vgg_like(), CLUSTER, 64))}
+    assert offered <= priced and "single" in offered

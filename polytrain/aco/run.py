@@ -164,7 +164,3 @@ class Runner:
         return RankOutcome(col.best_len, col.best_tour.tolist(), it, time.perf_counter() - start,
                            tours_built, exchanges, col.restarts,
                            self.comm.summary() if self.comm is not None else {})
-
-
-def is_tour(tour: list[int], n: int) -> bool:
-    return len(tour) == n and sorted(tour) == list(range(n))

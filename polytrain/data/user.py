@@ -39,10 +39,6 @@ EXPECTED = ("a map-style torch Dataset of (x, y) samples, a tuple (train, test) 
             "(x, y) or (x_train, y_train, x_test, y_test), or a dict of those")
 
 
-def is_user_dataset(name: str) -> bool:
-    return ":" in name
-
-
 def _stack(ds: Any, target: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Every (x, y) sample of a map-style dataset as two tensors."""
     try:
@@ -210,4 +206,3 @@ def _load(target: str, options_json: str, seed: int) -> Dataset:
 def load_user_dataset(target: str, options: Mapping[str, Any] | None, seed: int = 0) -> Dataset:
     """Build (once per process) and return the user's dataset as in-memory tensors."""
     return _load(target, json.dumps(dict(options or {}), sort_keys=True, default=str), seed)
-

@@ -113,6 +113,19 @@ def price(compression: str, options: dict[str, Any], params: tuple[tuple[str, tu
                       _median_s(encode, repeats), _median_s(decode, repeats), bool(codec.flat))
 
 
+def codec_price(options: Any, params: tuple[tuple[str, tuple[int, ...]], ...]) -> CodecPrice | None:
+    """The codec a strategy's typed ``CodecOptions`` name, priced; None when it sends fp32."""
+    if options.compression == "none":
+        return None
+    if options.entropy != "none":
+        raise ValueError("entropy coding is not priced by the planner (its size depends on the gradients)")
+    from polytrain.comm.options import CodecOptions
+
+    keys = set(CodecOptions.model_fields) - {"compression", "collective", "entropy", "error_feedback"}
+    chosen = options.model_dump(include=keys, exclude_defaults=True)
+    return cached_price(options.compression, tuple(sorted(chosen.items())), params)
+
+
 @functools.lru_cache(maxsize=64)
 def cached_price(compression: str, options: tuple[tuple[str, Any], ...],
                  params: tuple[tuple[str, tuple[int, ...]], ...]) -> CodecPrice:

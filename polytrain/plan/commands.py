@@ -24,7 +24,7 @@ from polytrain.plan.cluster import MAX_WORLD, Cluster, parse_bytes
 from polytrain.plan.estimate import Scene
 from polytrain.plan.predict import local_collectives
 from polytrain.plan.profile import Profile, measure_profile, median_of
-from polytrain.plan.recommend import HYBRIDS, Candidate, candidates, check_memory, command, rank, to_json
+from polytrain.plan.recommend import Candidate, candidates, check_memory, command, rank, to_json
 
 
 def job_of(profile: Profile) -> dict[str, Any]:
@@ -155,6 +155,7 @@ class PlanArgs:
     out: str | None
     batch: int | None = None
     model_given: bool = True
+    allow_inexact: bool = False
 
 
 def plan_candidates(
@@ -179,17 +180,21 @@ def applies(c: Candidate, cfg: JobConfig) -> str | None:
 
 
 def first_choice(ranked: list[Candidate], cfg: JobConfig, procs: int | None = None,
-                 codecs: bool = False) -> Candidate:
-    """The fastest candidate that fits and passes its strategy's checks. A gradient codec is
-    never chosen unless ``codecs``: the planner predicts its time, not the accuracy it costs."""
+                 inexact: bool = False) -> Candidate:
+    """The fastest candidate that fits and passes its strategy's checks. Unless ``inexact``, only
+    strategies that learn exactly as single-process training (`Strategy.is_exact`): the planner
+    predicts a step's time, not the extra steps or the accuracy an averaging period, staleness or
+    a gradient codec costs."""
     for c in ranked:
-        if not codecs and c.options.get("compression", "none") != "none":
+        if not inexact and not c.exact:
             continue
         if c.fits and (procs is None or c.procs == procs) and applies(c, cfg) is None:
             return c
     raise ConfigError(
-        "The planner found no strategy that fits and passes its checks. Fix: raise "
-        "--memory-limit or change --procs / --batch-size."
+        "The planner found no strategy that fits and passes its checks"
+        + ("" if inexact else " among those that learn exactly as single-process training")
+        + ". Fix: raise --memory-limit or change --procs / --batch-size"
+        + ("." if inexact else ", or add --allow-inexact.")
     )
 
 
@@ -214,11 +219,12 @@ def run_plan(cfg: JobConfig, a: PlanArgs, console: Console) -> int:
     console.print(show.ranking_table(ranked, a.top, title))
     for line in show.not_fitting(ranked):
         console.print(line, highlight=False)
-    best = first_choice(ranked, cfg)
+    best = first_choice(ranked, cfg, inexact=a.allow_inexact)
     console.print(f"recommended: {command(best, job)}", highlight=False, soft_wrap=True)
-    fastest = first_choice(ranked, cfg, codecs=True)
+    fastest = first_choice(ranked, cfg, inexact=True)
     if fastest is not best:
-        console.print(f"faster with a gradient codec, which learns differently (check accuracy): "
+        console.print(f"faster per step, but learns differently from single-process training (it may "
+                      f"need more steps to the same accuracy; --allow-inexact to recommend it): "
                       f"{command(fastest, job)}", highlight=False, soft_wrap=True)
     out = Path(a.out or f"runs/plan-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
@@ -240,10 +246,12 @@ def parse_sweep(text: str) -> tuple[int, int]:
 
 
 def sweep(prof: Profile, cluster: Cluster, batch: int, scale: float, lo: int, hi: int) -> dict[str, Any]:
-    """Best predicted samples/s per strategy for host counts LO, 2·LO, ... HI; the crossover
-    (uncompressed strategies only: ``allreduce`` here is plain data parallelism)."""
+    """Best predicted samples/s per strategy for host counts LO, 2·LO, ... HI; the crossover: the
+    first rank count at which a hybrid strategy beats the best exact data-parallel one
+    (uncompressed strategies only)."""
     rows, hosts = [], lo
-    each: dict[str, int] = {}  # hybrid -> first rank count at which it beats allreduce
+    each: dict[str, int] = {}  # hybrid -> first rank count at which it beats data parallelism
+    families: dict[str, str] = {}
     while hosts <= hi:
         cl = cluster.with_hosts(hosts)
         best: dict[str, Candidate] = {}
@@ -254,6 +262,7 @@ def sweep(prof: Profile, cluster: Cluster, batch: int, scale: float, lo: int, hi
                 c.strategy not in best or c.samples_per_s > best[c.strategy].samples_per_s
             ):
                 best[c.strategy] = c
+            families[c.strategy] = c.family
         rate = {s: c.samples_per_s for s, c in best.items()}
         top = max(best.values(), key=lambda c: c.samples_per_s) if best else None
         rows.append(
@@ -265,22 +274,20 @@ def sweep(prof: Profile, cluster: Cluster, batch: int, scale: float, lo: int, hi
                 "best": top.label if top else "-",
             }
         )
-        for h in HYBRIDS:
-            if h not in each and h in rate and "allreduce" in rate and rate[h] > rate["allreduce"]:
-                each[h] = cl.world
+        data = max((c.samples_per_s for c in best.values() if c.family == "data" and c.exact), default=None)
+        for s, c in best.items():
+            if c.family == "hybrid" and s not in each and data is not None and c.samples_per_s > data:
+                each[s] = cl.world
         hosts *= 2
     crossover = min(each.values(), default=None)
-    return {"rows": rows, "crossover_ranks": crossover, "crossover_by_hybrid": each}
+    return {"rows": rows, "crossover_ranks": crossover, "crossover_by_hybrid": each, "families": families}
 
 
 def run_sweep(prof: Profile, cluster: Cluster, batch: int, a: PlanArgs, console: Console) -> int:
     lo, hi = parse_sweep(a.sweep or "")
     result = sweep(prof, cluster, batch, a.compute_scale, lo, hi)
-    shown = [
-        s
-        for s in ("allreduce", "local-sgd", "ps", "owt", "mesh", "gpipe", "1f1b", "pipedream", "tensor")
-        if any(s in r["samples_per_s"] for r in result["rows"])
-    ]
+    families = result["families"]  # every strategy but the single-process reference, by family
+    shown = sorted((s for s, f in families.items() if f != "reference"), key=lambda s: (families[s], s))
     if a.as_json:
         console.print_json(json.dumps(result))
         return 0
@@ -288,9 +295,9 @@ def run_sweep(prof: Profile, cluster: Cluster, batch: int, a: PlanArgs, console:
     x = result["crossover_ranks"]
     by = ", ".join(f"{h} at {n} ranks" for h, n in sorted(result["crossover_by_hybrid"].items()))
     console.print(
-        f"MP-DP crossover: a hybrid overtakes allreduce at {x} ranks ({by})"
+        f"MP-DP crossover: a hybrid overtakes data parallelism at {x} ranks ({by})"
         if x
-        else "MP-DP crossover: no hybrid overtakes allreduce in this range",
+        else "MP-DP crossover: no hybrid overtakes data parallelism in this range",
         highlight=False,
     )
     out = Path(a.out or f"runs/plan-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -301,7 +308,8 @@ def run_sweep(prof: Profile, cluster: Cluster, batch: int, a: PlanArgs, console:
     return 0
 
 
-def auto_strategy(cfg: JobConfig, cluster_text: str | None, testbed: dict[str, Any] | None) -> Candidate:
+def auto_strategy(cfg: JobConfig, cluster_text: str | None, testbed: dict[str, Any] | None,
+                  inexact: bool = False) -> Candidate:
     """The planner's first choice for ``cfg`` (``--strategy auto``): on ``--cluster`` when given (its
     world size), else on the testbed this runs on or this machine with ``cfg.procs`` processes."""
     from polytrain.plan.predict import cached_profile, run_cluster
@@ -309,4 +317,4 @@ def auto_strategy(cfg: JobConfig, cluster_text: str | None, testbed: dict[str, A
     cluster = Cluster.parse(cluster_text) if cluster_text is not None else run_cluster(cfg.procs, testbed)
     prof = cached_profile(cfg)  # after the cheap checks: it measures the model
     ranked = plan_candidates(prof, cluster, cfg.batch_size, 1.0, None)
-    return first_choice(ranked, cfg, procs=cluster.world if cluster_text else cfg.procs)
+    return first_choice(ranked, cfg, procs=cluster.world if cluster_text else cfg.procs, inexact=inexact)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from polytrain.plan.cost import allreduce_s, p2p_s, refilled, shared_cores
 from polytrain.plan.estimate import Estimate, Scene, Span
-from polytrain.plan.partition import LayerCost, Partition, pipedream_plan
+from polytrain.plan.partition import LayerCost, Partition, balanced, pipedream_plan, uniform
 from polytrain.plan.simulate import StageTimes, pipeline_step, schedule_orders
 from polytrain.strategies.pipeline.schedule import get_schedule, in_flight
 
@@ -35,6 +35,42 @@ def plan_partition(scene: Scene, stages: int, micro: float, link_bps: float | No
     ]
     link = link_bps or (scene.cluster.nic_bps if scene.cluster.hosts > 1 else scene.cluster.intra_bps)
     return pipedream_plan(costs, stages, link, replicate=False).partition
+
+
+def run_partition(scene: Scene, stages: int, micro: float, partition: str, replicate: bool = False,
+                  link_gbps: float = 10.0) -> Partition | None:
+    """The cut the runtime makes for a pipeline's ``partition`` option
+    (`strategies.pipeline.planning.resolve_partition`), from the profile at the micro-batch where
+    the runtime measures one; None: the planner's own (replicated stages are not priced)."""
+    prof, layers = scene.profile, scene.layers
+    if partition == "uniform" or stages == 1:
+        return uniform(layers, stages)
+    if partition == "params":
+        return balanced([r.param_bytes for r in prof.layers], stages)
+    if partition == "time":
+        return balanced([sum(scene.layer_fb(i, micro)) for i in range(layers)], stages)
+    if partition == "auto":
+        return None if replicate else plan_partition(scene, stages, micro, link_gbps * 1e9 / 8)
+    return Partition.parse(partition)
+
+
+def price_pipeline(scene: Scene, schedule: str, stages: int, microbatches: int, dp: int = 1,
+                   partition: str = "auto", replicate: bool = False, link_gbps: float = 10.0) -> Estimate:
+    """A pipeline run with these options priced: its own cut (``partition``), then `pipeline`."""
+    flush = get_schedule(schedule).flush
+    micro = scene.batch / dp / microbatches if flush else scene.batch / dp
+    part = run_partition(scene, stages, micro, partition, replicate, link_gbps)
+    est, used = pipeline(scene, schedule, stages, microbatches, dp, part)
+    return Estimate(est.step_s, est.peak_memory_bytes, est.bytes_per_step, est.nic_bytes_per_step,
+                    est.spans, {**est.detail, "partition": str(used)})
+
+
+def planned_partition(scene: Scene, schedule: str, stages: int, microbatches: int, dp: int = 1) -> str:
+    """The planner's own cut for a candidate (PipeDream's DP on the cluster's link), pinned in the
+    command it recommends."""
+    flush = get_schedule(schedule).flush
+    micro = scene.batch / dp / microbatches if flush else scene.batch / dp
+    return str(plan_partition(scene, stages, micro))
 
 
 def _stage_memory(scene: Scene, schedule: str, part: Partition, micro: float, count: int) -> int:

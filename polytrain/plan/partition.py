@@ -141,11 +141,6 @@ class Partition:
         first = sum(self.replicas[:stage])
         return list(range(first, first + self.replicas[stage]))
 
-    def rank_for(self, stage: int, microbatch: int) -> int:
-        """The rank that runs ``microbatch`` on ``stage``: its replicas take micro-batches in turn."""
-        ranks = self.stage_ranks(stage)
-        return ranks[microbatch % len(ranks)]
-
     def to_json(self) -> dict[str, Any]:
         return {"counts": list(self.counts), "replicas": list(self.replicas), "text": str(self)}
 

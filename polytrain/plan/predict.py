@@ -21,17 +21,9 @@ from typing import Any
 import torch
 
 from polytrain.config import JobConfig
-from polytrain.plan import estimate as est
 from polytrain.plan.cluster import Cluster
-from polytrain.plan.codecs import CodecPrice, cached_price
 from polytrain.plan.estimate import Estimate, Scene
-from polytrain.plan.estimate_pipe import pipeline, plan_partition
-from polytrain.plan.partition import Partition, balanced, uniform
 from polytrain.plan.profile import Profile, measure_profile
-from polytrain.strategies.pipeline.schedule import get_schedule
-
-PIPES = ("gpipe", "1f1b", "zb-h1", "pipedream", "spectrain", "layerwise")
-MODELLED = ("single", "allreduce", "local-sgd", "ps", "owt", "tensor", "mesh", *PIPES)
 
 
 def cache_dir() -> Path:
@@ -134,84 +126,19 @@ def run_cluster(world: int, testbed: dict[str, Any] | None) -> Cluster:
     return Cluster(1, world, 10e9 / 8, 2e9, 1e-4, 1e-4, cores, collectives=local_collectives())
 
 
-def _partition(opts: dict[str, Any], stages: int, scene: Scene, micro: float) -> Partition | None:
-    """The cut the runtime makes for ``opts`` (`strategies.pipeline.planning.resolve_partition`),
-    from the profile at the micro-batch where the runtime measures one; None: the planner's own."""
-    text, prof, layers = str(opts.get("partition", "auto")), scene.profile, scene.layers
-    if text == "uniform" or stages == 1:
-        return uniform(layers, stages)
-    if text == "params":
-        return balanced([r.param_bytes for r in prof.layers], stages)
-    if text == "time":
-        return balanced([sum(scene.layer_fb(i, micro)) for i in range(layers)], stages)
-    if text == "auto":
-        if str(opts.get("replicate", False)).lower() in ("true", "1"):
-            return None  # replicated stages are not priced: the planner's one-replica plan
-        return plan_partition(scene, stages, micro, float(opts.get("link_gbps", 10.0)) * 1e9 / 8)
-    return Partition.parse(text)
-
-
 def estimate_for(cfg: JobConfig, world: int, scene: Scene) -> Estimate | str:
-    """The estimate of ``cfg``'s strategy and options on ``world`` ranks, or why it has none."""
-    s, o = cfg.strategy, dict(cfg.options)
-    if s == "single":
-        return est.single(scene)
-    if s == "allreduce":
-        return est.allreduce(scene, world, float(o.get("bucket_mb", 25.0)), _codec(o, world, scene))
-    if s == "local-sgd":
-        return est.local_sgd(scene, world, int(o.get("period", 4)))
-    if s == "ps":
-        return est.ps(
-            scene,
-            world,
-            int(o.get("servers", 1)),
-            str(o.get("sharding", "layer")),
-            str(o.get("consistency", "bsp")),
-        )
-    if s == "owt":
-        return est.owt(scene, world)
-    if s == "tensor":
-        return est.tensor(scene, world)
-    if s in PIPES:
-        schedule = {"layerwise": "gpipe", "spectrain": "pipedream"}.get(s, s)
-        m = 1 if s in ("layerwise", "pipedream", "spectrain") else int(o.get("microbatches", 4))
-        default = "uniform" if s == "layerwise" else "auto"
-        micro = scene.batch / m if get_schedule(schedule).flush else scene.batch
-        part = _partition({**o, "partition": o.get("partition", default)}, world, scene, micro)
-        return pipeline(scene, schedule, world, m, partition=part)[0]
-    if s == "mesh":
-        return _mesh(o, world, scene)
-    return f"the planner does not model '{s}' yet"
+    """The estimate of ``cfg``'s strategy with its options on ``world`` ranks (the strategy prices
+    itself: `Strategy.price`), or why it has none."""
+    from polytrain.strategies import make_strategy
 
-
-def _codec(o: dict[str, Any], world: int, scene: Scene) -> CodecPrice | None:
-    """The run's codec priced (``compression`` and its options), None when it sends fp32."""
-    name = str(o.get("compression", "none"))
-    if name == "none":
-        return None
-    from polytrain.comm.options import CodecOptions
-
-    keys = set(CodecOptions.model_fields) - {"compression", "collective", "entropy", "error_feedback"}
-    if o.get("entropy", "none") != "none":
-        raise ValueError("entropy coding is not priced by the planner (its size depends on the gradients)")
-    return cached_price(name, tuple(sorted((k, v) for k, v in o.items() if k in keys)), scene.profile.params)
-
-
-def _mesh(o: dict[str, Any], world: int, scene: Scene) -> Estimate:
-    from polytrain.runtime.layout import Layout
-
-    layout = Layout(int(o.get("dp", -1)), int(o.get("pp", 1)), int(o.get("tp", 1))).resolve(world)
-    if layout.tp > 1:
-        return est.tensor(scene, layout.tp, layout.dp)
-    m = int(o.get("microbatches", 0)) or layout.pp
-    micro = scene.batch / layout.dp / m
-    part = _partition({"partition": o.get("partition", "uniform")}, layout.pp, scene, micro)
-    return pipeline(scene, str(o.get("schedule", "1f1b")), layout.pp, m, layout.dp, part)[0]
+    return make_strategy(cfg.strategy, cfg.options).price(scene, world)
 
 
 def predict_run(cfg: JobConfig, world: int, testbed: dict[str, Any] | None = None) -> dict[str, Any]:
     """``{"step_s", "samples_per_s", "peak_memory_bytes", ...}`` or ``{"modelled": False, "why"}``."""
-    if cfg.strategy not in MODELLED:  # before profiling: nothing to measure for it
+    from polytrain.strategies import get_strategy_class
+
+    if not get_strategy_class(cfg.strategy).priced():  # before profiling: nothing to measure for it
         return {"modelled": False, "why": f"the planner does not model '{cfg.strategy}' yet"}
     try:
         scene = Scene(cached_profile(cfg), run_cluster(world, testbed), cfg.batch_size)

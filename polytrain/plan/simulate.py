@@ -17,7 +17,7 @@ what the planner prices is, action for action, what the runtime will execute.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from polytrain.strategies.pipeline.actions import Action, Orders
@@ -239,8 +239,3 @@ def pipeline_step(
     second = pipeline_timeline(schedule, times, long, cores, wake_s)
     slope = (makespan_s(second) - makespan_s(first)) / (long - short)
     return PipelineEstimate(slope, timed_bubble(second), first)
-
-
-def stage_sums(values: Sequence[float], bounds: Sequence[tuple[int, int]]) -> tuple[float, ...]:
-    """Per stage, the sum of per-layer ``values`` over its layers ``[a, b)``."""
-    return tuple(sum(values[a:b]) for a, b in bounds)

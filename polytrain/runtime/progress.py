@@ -277,12 +277,3 @@ class PlainLines:
                          if self.eval and isinstance(self.eval.get(k), int | float))
         return (f"{self.description} step {step}/{self.total} loss {loss} samples/s {rate} "
                 f"elapsed {t:.1f}s" + (f" (eval at step {at[1]}:{tested})" if tested else ""))
-
-
-def wait_for(path: Path, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if path.exists():
-            return True
-        time.sleep(0.1)
-    return False

@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any, ClassVar
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from polytrain.config import JobConfig
-from polytrain.errors import ConfigError, did_you_mean, unknown
+from polytrain.errors import ConfigError, unknown, validation_parts
 from polytrain.runtime.job import Job, RankContext, RankResult, fingerprint
 from polytrain.runtime.supports import Supports
+
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
+
+#: What a strategy offers the planner on a cluster: (processes, options) to price.
+Offer = tuple[int, dict[str, Any]]
 
 
 class NoOptions(BaseModel):
@@ -37,6 +44,9 @@ class Strategy:
     #: What it honours of checkpoint, resume, eval, compression, torchrun, testbed
     #: (:mod:`polytrain.runtime.supports`); checked by ``prepare()`` before any process starts.
     supports: ClassVar[Supports] = Supports()
+    #: It learns exactly as single-process training (same parameters, to float tolerance) with
+    #: options that keep it so (`is_exact`); the planner recommends only these by default.
+    exact: ClassVar[bool] = False
 
     _registry: ClassVar[dict[str, type[Strategy]]] = {}
 
@@ -77,6 +87,29 @@ class Strategy:
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         raise NotImplementedError
 
+    # -- pricing: what the planner asks of a strategy ------------------------------------------
+
+    def is_exact(self) -> bool:
+        """Whether these options keep it equal to single-process training (a gradient codec
+        changes what is averaged)."""
+        return self.exact and getattr(self.options, "compression", "none") == "none"
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        """The (processes, options) the planner prices on ``scene``'s cluster (its world size,
+        the profiled model and batch); a strategy with none is not planned."""
+        return iter(())
+
+    @classmethod
+    def priced(cls) -> bool:
+        """Whether the cost model prices it (it overrides `price`)."""
+        return cls.price is not Strategy.price
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        """The cost model's estimate of a step with these options on ``world`` ranks, or why it
+        has none (:mod:`polytrain.plan.estimate` holds the shared building blocks)."""
+        return f"the planner does not model '{self.name}' yet"
+
 
 _loaded = False
 
@@ -116,16 +149,7 @@ def make_strategy(name: str, options: dict[str, Any]) -> Strategy:
     try:
         opts = cls.Options(**options)
     except ValidationError as err:
-        fields = sorted(cls.Options.model_fields)
-        parts = []
-        for e in err.errors():
-            key = ".".join(str(p) for p in e["loc"])
-            if e["type"] == "extra_forbidden":
-                valid = did_you_mean(key, fields) if fields else "It takes no options."
-                parts.append(f"unknown option '{key}'. {valid}")
-            else:
-                msg = str(e["msg"]).removeprefix("Value error, ")
-                parts.append(f"option '{key}' = {e.get('input')!r}: {msg}")
+        parts = validation_parts(err, cls.Options.model_fields, "option")
         raise ConfigError(
             f"Strategy '{name}': " + "; ".join(parts) + ". Set options with --set KEY=VALUE."
         ) from None

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime import recompute
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.runtime.supports import Supports
-from polytrain.strategies.base import Strategy
+from polytrain.strategies.base import Offer, Strategy
+
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
 
 
 class Single(Strategy):
@@ -18,6 +24,16 @@ class Single(Strategy):
     fixed_procs = 1
     family = "reference"
     summary = "one process, plain SGD steps on the whole global batch (the reference)"
+    exact = True
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        yield 1, {}
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        from polytrain.plan import estimate as est
+
+        return est.single(scene)
 
     def check(self, cfg: JobConfig, world: int) -> None:
         if world != 1:

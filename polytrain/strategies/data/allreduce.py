@@ -15,7 +15,8 @@ overlap with backward), one span per ring phase.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ConfigDict, field_validator
 from torch import nn
@@ -39,7 +40,10 @@ from polytrain.runtime.accumulate import check_accum
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.runtime.supports import Supports
-from polytrain.strategies.base import Strategy
+from polytrain.strategies.base import Offer, Strategy
+
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
 
 
 class AllreduceOptions(CollectiveOptions, CodecOptions):
@@ -103,9 +107,27 @@ class Allreduce(Strategy):
     name = "allreduce"
     family = "data"
     summary = "synchronous data parallelism: DDP bucketed all-reduce overlapped with backward"
+    exact = True
     Options = AllreduceOptions
     supports = Supports(compression=True, lr_schedule=True, clip=True, grad_accum=True, precision=True,
                         recompute=True)
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        from polytrain.plan.codecs import DEFAULT_CODECS
+
+        w = scene.cluster.world
+        if w >= 2 and scene.batch % w == 0:
+            yield w, {}
+            for codec, options in DEFAULT_CODECS:
+                yield w, {"compression": codec, **options}
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        from polytrain.plan import estimate as est
+        from polytrain.plan.codecs import codec_price
+
+        o: AllreduceOptions = self.options  # type: ignore[assignment]
+        return est.allreduce(scene, world, o.bucket_mb, codec_price(o, scene.profile.params))
 
     def supports_for(self, cfg: JobConfig) -> Supports:
         if self.options.compression == "powersgd":  # type: ignore[attr-defined]

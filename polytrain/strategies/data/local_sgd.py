@@ -24,7 +24,8 @@ the residuals are part of each rank's checkpoint.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import ConfigDict, Field
@@ -38,8 +39,11 @@ from polytrain.config import JobConfig
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop
 from polytrain.runtime.supports import Supports
-from polytrain.strategies.base import Strategy
+from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.data.allreduce import check_divisible, codec_engine
+
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
 
 
 class LocalSgdOptions(CollectiveOptions, CodecOptions):
@@ -115,6 +119,18 @@ class LocalSgd(Strategy):
     summary = "local SGD on each rank, parameters averaged every `period` steps (PSGD)"
     Options = LocalSgdOptions
     supports = Supports(compression=True, lr_schedule=True)
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        w = scene.cluster.world
+        if w >= 2 and scene.batch % w == 0:
+            for period in (4, 16):
+                yield w, {"period": period}
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        from polytrain.plan import estimate as est
+
+        return est.local_sgd(scene, world, self.options.period)  # type: ignore[attr-defined]
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_divisible(cfg, world, self.name)

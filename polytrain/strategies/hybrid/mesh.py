@@ -18,7 +18,8 @@ layout is :class:`~polytrain.runtime.layout.Layout`. That data-parallel all-redu
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -37,7 +38,7 @@ from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.layout import Layout
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.runtime.supports import Supports
-from polytrain.strategies.base import Strategy
+from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.data.allreduce import check_divisible, codec_engine, codec_loop_fields
 from polytrain.strategies.model.layerwise import check_partition_text, utilisation
 from polytrain.strategies.model.shard_collectives import (
@@ -49,6 +50,9 @@ from polytrain.strategies.model.shard_collectives import (
 from polytrain.strategies.model.tensor import check_plan, check_transformer, shard_model
 from polytrain.strategies.model.tp_plan import unchunk
 from polytrain.strategies.pipeline.flush import FlushPipeline, Pipelined
+
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
 
 PIPELINE_OPTIONS = {"schedule", "microbatches", "partition"}
 
@@ -94,9 +98,43 @@ def _mesh_groups(ctx: RankContext, layout: Layout) -> dict[str, GroupComm]:
 class Mesh(Strategy):
     name = "mesh"
     family = "hybrid"
+    exact = True
     summary = "2-D hybrid: dp × pp (replicated pipelines) or dp × tp (replicated tensor groups)"
     Options = MeshOptions
     supports = Supports(compression=True, lr_schedule=True, clip=True, grad_accum=True)
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        """dp × pp layouts (1F1B, the planner's cut pinned) and dp × tp for transformers."""
+        from polytrain.plan import estimate as est
+        from polytrain.plan.estimate_pipe import planned_partition
+
+        w, n, b = scene.cluster.world, scene.layers, scene.batch
+        pp = 2
+        while pp <= min(n, w // 2):
+            dp = w // pp
+            if w % pp == 0 and b % dp == 0:
+                for m in sorted({pp, 2 * pp}):
+                    if m <= b // dp and (b // dp) % m == 0:
+                        cut = planned_partition(scene, "1f1b", pp, m, dp)
+                        yield w, {"dp": dp, "pp": pp, "microbatches": m, "partition": cut}
+            pp *= 2
+        heads = int(scene.profile.model_options.get("n_head", 4))
+        if est.tp_layers(scene.profile):
+            for tp in (2, 4):
+                if tp < w and w % tp == 0 and heads % tp == 0 and b % (w // tp) == 0:
+                    yield w, {"dp": w // tp, "tp": tp}
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        from polytrain.plan import estimate as est
+        from polytrain.plan.estimate_pipe import price_pipeline
+
+        o: MeshOptions = self.options  # type: ignore[assignment]
+        layout = o.layout.resolve(world)
+        if layout.tp > 1:
+            return est.tensor(scene, layout.tp, layout.dp)
+        m = o.microbatches or layout.pp
+        return price_pipeline(scene, o.schedule, layout.pp, m, layout.dp, o.partition)
 
     @property
     def opts(self) -> MeshOptions:

@@ -20,6 +20,9 @@ Equals single-process training of the same network.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -29,7 +32,7 @@ from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, StepFn, run_loop
 from polytrain.runtime.supports import Supports
-from polytrain.strategies.base import Strategy
+from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.model.shard import first_weight_layer, keep_out_rows, out_size
 from polytrain.strategies.model.shard_collectives import (
     Evaluating,
@@ -40,6 +43,9 @@ from polytrain.strategies.model.shard_collectives import (
     shard_bounds,
 )
 from polytrain.strategies.pipeline.options import meta_model
+
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
 
 
 def fully_connected(child: nn.Module) -> tuple[str, nn.Linear] | None:
@@ -165,7 +171,19 @@ class Owt(Strategy):
     name = "owt"
     supports = Supports(lr_schedule=True)
     family = "hybrid"
+    exact = True
     summary = "one weird trick: conv layers data-parallel, FC layers model-parallel"
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        w = scene.cluster.world
+        if w >= 2 and scene.profile.fc_start is not None and scene.profile.task == "classify":
+            yield w, {}
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        from polytrain.plan import estimate as est
+
+        return est.owt(scene, world)
 
     def check(self, cfg: JobConfig, world: int) -> None:
         """Refuse, before any process starts, a model owt cannot cut: no trailing fully connected

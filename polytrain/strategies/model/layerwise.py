@@ -13,7 +13,8 @@ step's loss travels back with the gradients, so every rank reports it.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -23,9 +24,12 @@ from polytrain.plan.partition import Partition, check_cuttable
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop
 from polytrain.runtime.supports import Supports
-from polytrain.strategies.base import Strategy
+from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.pipeline.flush import PLANNERS, FlushPipeline, Pipelined, plan
 from polytrain.strategies.pipeline.options import meta_model
+
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
 
 __all__ = ["PLANNERS", "Layerwise", "check_partition_text", "plan", "utilisation"]
 
@@ -55,8 +59,22 @@ class Layerwise(Strategy):
     name = "layerwise"
     supports = Supports(lr_schedule=True, clip=True, grad_accum=True)
     family = "model"
+    exact = True
     summary = "consecutive layers on consecutive ranks, one mini-batch at a time (1/P busy)"
     Options = LayerwiseOptions
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        from polytrain.plan.estimate_pipe import planned_partition
+
+        w = scene.cluster.world
+        if 2 <= w <= scene.layers:
+            yield w, {"partition": planned_partition(scene, "gpipe", w, 1)}
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        from polytrain.plan.estimate_pipe import price_pipeline
+
+        return price_pipeline(scene, "gpipe", world, 1, 1, self.options.partition)  # type: ignore[attr-defined]
 
     def check(self, cfg: JobConfig, world: int) -> None:
         opts: LayerwiseOptions = self.options  # type: ignore[assignment]

@@ -49,11 +49,3 @@ def own_group_only(conv: nn.Conv2d) -> None:
     in/2, k, k))."""
     conv.in_channels //= conv.groups
     conv.groups = 1
-
-
-def param_keys(prefix: str, layer: WeightLayer) -> list[str]:
-    """State-dict keys of ``layer``'s weight (and bias) under ``prefix`` (the child's path)."""
-    keys = [f"{prefix}.weight"]
-    if layer.bias is not None:
-        keys.append(f"{prefix}.bias")
-    return keys

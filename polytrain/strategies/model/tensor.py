@@ -12,6 +12,9 @@ from the shards at the end (booked as ``gather_model`` bytes).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
@@ -26,11 +29,14 @@ from polytrain.runtime.clip import sharded_split
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.runtime.supports import Supports
-from polytrain.strategies.base import Strategy
+from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.model.megatron import ShardDims, check_heads, shard_transformer
 from polytrain.strategies.model.shard_collectives import Evaluating, Wire, gather_state
 from polytrain.strategies.model.tp_attention import local_comms
 from polytrain.strategies.model.tp_plan import apply_plan, derive_plan, parse_plan, unchunk
+
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
 
 
 class TensorOptions(BaseModel):
@@ -85,8 +91,22 @@ class Tensor(Strategy):
     name = "tensor"
     supports = Supports(lr_schedule=True, clip=True, grad_accum=True)
     family = "model"
+    exact = True
     summary = "Megatron tensor parallelism: heads and MLP columns split, f/g all-reduces"
     Options = TensorOptions
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        from polytrain.plan import estimate as est
+
+        w, prof = scene.cluster.world, scene.profile
+        if w in (2, 4) and est.tp_layers(prof) and int(prof.model_options.get("n_head", 4)) % w == 0:
+            yield w, {}
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        from polytrain.plan import estimate as est
+
+        return est.tensor(scene, world)
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_transformer(cfg, world, self.name)

@@ -1,7 +1,7 @@
 """The one executor: runs a stage's list of actions — any schedule — over point-to-point messages.
 
 A stage holds its slice of the model (an ``nn.Sequential``), an inbox of activations from the
-previous stage and one of gradients from the next (`wire`), and the activations of the
+previous stage and one of gradients from the next (`activations_wire`), and the activations of the
 micro-batches in flight (forward done, backward not yet). For each action of its order:
 
 - ``F m``: take the input (stage 0: the data; else the activation of m, (b, ...) as the previous

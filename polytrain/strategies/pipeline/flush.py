@@ -5,7 +5,7 @@
 consecutive stages over a list of ranks and run each step as a flush schedule — ``gpipe``,
 ``1f1b`` or ``zb-h1`` (its W actions run the split backward), the same `schedule.stage_orders`
 data the pipeline strategies and the planner use — through `executor.StageExecutor` and its
-`wire`. What happens at the flush is the caller's: ``layerwise`` steps its optimizer, ``mesh``
+`activations_wire`. What happens at the flush is the caller's: ``layerwise`` steps its optimizer, ``mesh``
 all-reduces the stage gradients across replicas first, ``distbelief`` pushes them to its stage's
 servers instead. Weights tied across stages have their gradient summed over those stages at the
 flush (`ties`); distbelief refuses them.

@@ -11,13 +11,19 @@ backward (``torch.utils.checkpoint``), trading compute for activation memory.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 from polytrain.config import JobConfig
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.supports import Supports
-from polytrain.strategies.base import Strategy
+from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.pipeline.options import FlushOptions, check_microbatches, check_pipeline
 from polytrain.strategies.pipeline.shell import PipelineRun, RunPlan
 from polytrain.strategies.pipeline.weights import FlushWeights
+
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
 
 
 def flush_plan(strategy: str, opts: FlushOptions, accum: int = 1, recompute: bool = False) -> RunPlan:
@@ -34,11 +40,12 @@ def flush_plan(strategy: str, opts: FlushOptions, accum: int = 1, recompute: boo
     )
 
 
-class GPipe(Strategy):
-    name = "gpipe"
-    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, recompute=True)
+class FlushStrategy(Strategy):
+    """A flush pipeline (gpipe, 1f1b, zb-h1): M micro-batches, one synchronous update per step,
+    so it equals ``single``; each names its schedule by its own name."""
+
     family = "pipeline"
-    summary = "GPipe: M micro-batches, all forwards then all backwards, one synchronous update"
+    exact = True
     Options = FlushOptions
 
     def check(self, cfg: JobConfig, world: int) -> None:
@@ -50,3 +57,26 @@ class GPipe(Strategy):
         opts: FlushOptions = self.options  # type: ignore[assignment]
         return PipelineRun(job, ctx, opts, flush_plan(self.name, opts, job.config.grad_accum,
                                                    job.config.activation_checkpointing)).run()
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        from polytrain.plan.estimate_pipe import planned_partition
+
+        w, b = scene.cluster.world, scene.batch
+        if 2 <= w <= scene.layers:
+            for m in sorted({w, 2 * w, 4 * w}):
+                if m <= b and b % m == 0:
+                    yield w, {"microbatches": m, "partition": planned_partition(scene, cls.name, w, m)}
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        from polytrain.plan.estimate_pipe import price_pipeline
+
+        o: FlushOptions = self.options  # type: ignore[assignment]
+        return price_pipeline(scene, self.name, world, o.microbatches, 1, o.partition, o.replicate,
+                              o.link_gbps)
+
+
+class GPipe(FlushStrategy):
+    name = "gpipe"
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, recompute=True)
+    summary = "GPipe: M micro-batches, all forwards then all backwards, one synchronous update"

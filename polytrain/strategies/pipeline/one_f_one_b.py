@@ -9,28 +9,11 @@ most P−s micro-batches' activations instead of M: lower peak activation memory
 
 from __future__ import annotations
 
-from polytrain.config import JobConfig
-from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.supports import Supports
-from polytrain.strategies.base import Strategy
-from polytrain.strategies.pipeline.gpipe import flush_plan
-from polytrain.strategies.pipeline.options import FlushOptions, check_microbatches, check_pipeline
-from polytrain.strategies.pipeline.shell import PipelineRun
+from polytrain.strategies.pipeline.gpipe import FlushStrategy
 
 
-class OneFOneB(Strategy):
+class OneFOneB(FlushStrategy):
     name = "1f1b"
     supports = Supports(lr_schedule=True, clip=True, grad_accum=True, recompute=True)
-    family = "pipeline"
     summary = "1F1B with flush (PipeDream-Flush/DAPPLE): bounded activations, one synchronous update"
-    Options = FlushOptions
-
-    def check(self, cfg: JobConfig, world: int) -> None:
-        opts: FlushOptions = self.options  # type: ignore[assignment]
-        check_microbatches(self.name, cfg, opts.microbatches * cfg.grad_accum)
-        check_pipeline(opts, cfg, world, self.name)
-
-    def run(self, job: Job, ctx: RankContext) -> RankResult:
-        opts: FlushOptions = self.options  # type: ignore[assignment]
-        return PipelineRun(job, ctx, opts, flush_plan(self.name, opts, job.config.grad_accum,
-                                                   job.config.activation_checkpointing)).run()

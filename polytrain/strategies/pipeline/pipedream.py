@@ -13,13 +13,35 @@ backward on a stage) per stage, and the stashed versions and their bytes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 from polytrain.config import JobConfig
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.supports import Supports
-from polytrain.strategies.base import Strategy
+from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.pipeline.options import AsyncOptions, check_pipeline
 from polytrain.strategies.pipeline.shell import PipelineRun, RunPlan
 from polytrain.strategies.pipeline.weights import StashedWeights
+
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
+
+
+def stream_offers(scene: Scene) -> Iterator[Offer]:
+    """A stream pipeline on the cluster's ranks, the planner's cut pinned in its options."""
+    from polytrain.plan.estimate_pipe import planned_partition
+
+    w = scene.cluster.world
+    if 2 <= w <= scene.layers:
+        yield w, {"partition": planned_partition(scene, "pipedream", w, 1)}
+
+
+def price_stream(opts: AsyncOptions, scene: Scene, world: int) -> Estimate:
+    """A stream pipeline (pipedream's schedule, one mini-batch per step) priced."""
+    from polytrain.plan.estimate_pipe import price_pipeline
+
+    return price_pipeline(scene, "pipedream", world, 1, 1, opts.partition, opts.replicate, opts.link_gbps)
 
 
 class PipeDream(Strategy):
@@ -31,6 +53,13 @@ class PipeDream(Strategy):
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_pipeline(self.options, cfg, world, self.name)  # type: ignore[arg-type]
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        return stream_offers(scene)
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        return price_stream(self.options, scene, world)  # type: ignore[arg-type]
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: AsyncOptions = self.options  # type: ignore[assignment]

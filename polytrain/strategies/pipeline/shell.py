@@ -35,7 +35,7 @@ scanned again), and automatic collection is off while a flush segment runs; it i
 flush, where the allocations of the segment trigger it outside the pipeline's window. Reference
 counting frees a segment's tensors and graphs as always; only cyclic garbage waits for the flush.
 
-Each stage reports the same per-step loss (it travels with the gradients, see `wire`), so the
+Each stage reports the same per-step loss (it travels with the gradients, see `activations_wire`), so the
 ``step`` events of every rank agree, as for data-parallel strategies.
 """
 

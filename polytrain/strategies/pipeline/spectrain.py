@@ -11,14 +11,21 @@ the stage makes between this forward and its backward; the backward uses the sam
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.supports import Supports
-from polytrain.strategies.base import Strategy
+from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.pipeline.options import AsyncOptions, check_pipeline
+from polytrain.strategies.pipeline.pipedream import price_stream, stream_offers
 from polytrain.strategies.pipeline.shell import PipelineRun, RunPlan
 from polytrain.strategies.pipeline.weights import PredictedWeights
+
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
 
 
 class SpecTrain(Strategy):
@@ -27,6 +34,14 @@ class SpecTrain(Strategy):
     family = "pipeline"
     summary = "SpecTrain: asynchronous 1F1B with weight prediction W - s*lr*v instead of stashing"
     Options = AsyncOptions
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        if scene.profile.optimizer in ("sgd", "momentum"):
+            yield from stream_offers(scene)
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        return price_stream(self.options, scene, world)  # type: ignore[arg-type]
 
     def check(self, cfg: JobConfig, world: int) -> None:
         opts: AsyncOptions = self.options  # type: ignore[assignment]

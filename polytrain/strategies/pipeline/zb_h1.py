@@ -15,8 +15,7 @@ from __future__ import annotations
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.strategies.base import Strategy
-from polytrain.strategies.pipeline.gpipe import flush_plan
+from polytrain.strategies.pipeline.gpipe import FlushStrategy, flush_plan
 from polytrain.strategies.pipeline.options import FlushOptions, check_microbatches, check_pipeline
 from polytrain.strategies.pipeline.shell import PipelineRun
 
@@ -32,11 +31,9 @@ def check_split(name: str, opts: FlushOptions) -> None:
         )
 
 
-class ZeroBubbleH1(Strategy):
+class ZeroBubbleH1(FlushStrategy):
     name = "zb-h1"
-    family = "pipeline"
     summary = "ZB-H1 zero bubble: 1F1B with B and W split, W deferred into the bubble, one update"
-    Options = FlushOptions
 
     def check(self, cfg: JobConfig, world: int) -> None:
         opts: FlushOptions = self.options  # type: ignore[assignment]

@@ -27,8 +27,8 @@ re-shard them; the per-push counters restart at 0 on both sides.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import ConfigDict, Field
@@ -42,7 +42,7 @@ from polytrain.runtime import schedule
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop
 from polytrain.runtime.supports import Supports
-from polytrain.strategies.base import Strategy
+from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.ps.checkpoint import restore_server, server_saver
 from polytrain.strategies.ps.client import PSClient, gather_shards, shard_name
@@ -57,6 +57,9 @@ from polytrain.strategies.ps.sharding import (
     param_infos,
 )
 from polytrain.strategies.ps.worker import WorkerLoop
+
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
 
 
 class PsOptions(CodecOptions):
@@ -121,9 +124,33 @@ def check_roles(name: str, servers: int, world: int, role: str = "worker") -> in
 class Ps(Strategy):
     name = "ps"
     family = "parameter-server"
+    exact = True  # with consistency=bsp (`is_exact`)
+
+    def is_exact(self) -> bool:
+        return super().is_exact() and self.options.consistency == "bsp"  # type: ignore[attr-defined]
+
     summary = "parameter servers (layer|size sharding) with bsp, async (Downpour), ssp or k-of-n"
     Options = PsOptions
     supports = Supports(compression=True, lr_schedule=True)
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        w = scene.cluster.world
+        groups = {name.split(".", 1)[0] for name, _ in scene.profile.params}
+        for servers in sorted({1, 2, w // 4, w // 2} - {0}):
+            if servers >= w or scene.batch % (w - servers):
+                continue
+            for sharding in ("layer", "size"):
+                if sharding == "layer" and servers > len(groups):
+                    continue
+                for consistency in ("bsp", "async", "ssp", "k-of-n"):
+                    yield w, {"servers": servers, "sharding": sharding, "consistency": consistency}
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        from polytrain.plan import estimate as est
+
+        o: PsOptions = self.options  # type: ignore[assignment]
+        return est.ps(scene, world, o.servers, o.sharding, o.consistency)
 
     @property
     def opts(self) -> PsOptions:
