@@ -30,7 +30,8 @@ It needs the same ``--procs`` and ``wrap`` (the same shards).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -51,10 +52,13 @@ from polytrain.runtime.loop import (
 )
 from polytrain.runtime.precision import DTYPES, Precision
 from polytrain.runtime.supports import Supports
-from polytrain.strategies.base import Strategy
+from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.data.zero import optimizer_state_bytes, peak_memory
 from polytrain.strategies.data.zero_units import layers_of
+
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
 
 
 class FsdpOptions(BaseModel):
@@ -186,6 +190,23 @@ class Fsdp(Strategy):
     Options = FsdpOptions
     supports = Supports(lr_schedule=True, clip=True, grad_accum=True, precision=True).without(
         "its forward is not wrapped for recomputation", "recompute")
+    exact = True
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        w = scene.cluster.world
+        if w >= 2 and scene.batch % w == 0:
+            yield w, {}
+            yield w, {"reshard_after_forward": False}
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        """ZeRO stage 3 with FSDP2's default prefetch of the next layer (``wrap=layer``)."""
+        from polytrain.plan.estimate_shard import sharded
+
+        o: FsdpOptions = self.options  # type: ignore[assignment]
+        if o.wrap == "model":
+            return "the planner prices fsdp per layer (wrap=layer) only"
+        return sharded(scene, world, 3, prefetch=True, keep_gathered=not o.reshard_after_forward)
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_divisible(cfg, world, self.name)

@@ -24,7 +24,8 @@ writes the consolidated ``model.pt`` in the model's own key names. A resume need
 from __future__ import annotations
 
 import resource
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -40,11 +41,14 @@ from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, StepFn, commit_checkpoint, newest_checkpoint, run_loop
 from polytrain.runtime.precision import Precision
 from polytrain.runtime.supports import Supports
-from polytrain.strategies.base import Strategy
+from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.data.zero_memory import formula_bytes, held_bytes
 from polytrain.strategies.data.zero_shard import ShardedModel
 from polytrain.strategies.data.zero_units import bucket_units, layer_units
+
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
 
 DEFAULT_BUCKET_MB = 25.0
 NO_CODEC = ("zero's reduce-scatter and all-gather carry dense shards, and no codec is wired into "
@@ -99,6 +103,21 @@ class Zero(Strategy):
                         why={"compression": NO_CODEC}).without(
         "its stage-3 hooks gather a layer around its forward, not around a recomputation",
         "recompute")
+    exact = True
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        w = scene.cluster.world
+        if w >= 2 and scene.batch % w == 0 and scene.profile.param_bytes >= 4 * w:
+            for stage in (1, 2, 3):
+                yield w, {"stage": stage}
+            yield w, {"stage": 3, "prefetch": 1}
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        from polytrain.plan.estimate_shard import sharded
+
+        o: ZeroOptions = self.options  # type: ignore[assignment]
+        return sharded(scene, world, o.stage, o.bucket_mb or DEFAULT_BUCKET_MB, bool(o.prefetch))
 
     def check(self, cfg: JobConfig, world: int) -> None:
         opts: ZeroOptions = self.options  # type: ignore[assignment]
