@@ -288,3 +288,11 @@ def test_fsdp_resume_is_exact(fsdp_run: tuple[Path, dict[str, Any]], tmp_path: P
     polytrain.train(resume=str(part))
     assert_same_params(load_model(part), load_model(full), atol=0, rtol=0)
     assert step_losses(part) == step_losses(full)
+
+
+def test_optimizer_state_bytes_per_parameter() -> None:
+    """K of the formulas: AdamW keeps Adam's two moments (it reported 0 before)."""
+    from polytrain.strategies.data.zero import optimizer_state_bytes
+
+    assert [optimizer_state_bytes(JobConfig(optimizer=o)) for o in ("sgd", "momentum", "adam", "adamw")] \
+        == [0, 4, 8, 8]

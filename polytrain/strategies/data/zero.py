@@ -74,8 +74,9 @@ class ZeroOptions(BaseModel):
 
 
 def optimizer_state_bytes(cfg: JobConfig) -> int:
-    """K: bytes of optimizer state per fp32 parameter (Adam: two moments; momentum: a velocity)."""
-    return {"adam": 8, "momentum": 4}.get(cfg.optimizer, 0)
+    """K: bytes of optimizer state per fp32 parameter (Adam, AdamW: two moments; momentum: a
+    velocity)."""
+    return {"adam": 8, "adamw": 8, "momentum": 4}.get(cfg.optimizer, 0)
 
 
 def count_params(cfg: JobConfig) -> int | None:
