@@ -29,8 +29,7 @@ from harness import write_results  # noqa: E402
 from polytrain.comm.codecs.engine import Engine  # noqa: E402
 from polytrain.comm.exchange import Item, Unit, units  # noqa: E402
 from polytrain.comm.options import CodecOptions  # noqa: E402
-from polytrain.data import task_loss  # noqa: E402
-from polytrain.data.base import load_dataset  # noqa: E402
+from polytrain.data import load_dataset, task_loss  # noqa: E402
 from polytrain.models.registry import build_model  # noqa: E402
 
 WORLD = 4

@@ -46,9 +46,9 @@ def _worker(model: str, blocks: int, steps: int, threads: int) -> None:
 
     from polytrain.comm import Comm
     from polytrain.config import make_config
+    from polytrain.metrics.recorder import Recorder
     from polytrain.runtime.checkpoint import CheckpointStore
     from polytrain.runtime.job import Job, RankContext
-    from polytrain.runtime.recorder import Recorder
     from polytrain.strategies import make_strategy
 
     dist.init_process_group("gloo")

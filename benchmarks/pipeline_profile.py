@@ -77,12 +77,12 @@ def worker(schedule_name: str, blocks: int, block_steps: int, microbatches: int)
     from polytrain.comm import Comm
     from polytrain.config import make_config
     from polytrain.data import load_dataset, task_loss
+    from polytrain.metrics.recorder import Recorder
     from polytrain.models import resolve_model
     from polytrain.plan.partition import Partition, cut
     from polytrain.runtime.batches import GlobalBatches
     from polytrain.runtime.checkpoint import CheckpointStore
     from polytrain.runtime.job import Job, RankContext
-    from polytrain.runtime.recorder import Recorder
     from polytrain.strategies.pipeline import executor as pexec
     from polytrain.strategies.pipeline.gpipe import flush_plan
     from polytrain.strategies.pipeline.options import FlushOptions

@@ -151,9 +151,9 @@ def polytrain_worker(schedule_name: str, steps: int, microbatches: int, warmup: 
 
     from polytrain.comm import Comm
     from polytrain.config import make_config
+    from polytrain.metrics.recorder import Recorder
     from polytrain.runtime.checkpoint import CheckpointStore
     from polytrain.runtime.job import Job, RankContext
-    from polytrain.runtime.recorder import Recorder
     from polytrain.strategies import make_strategy
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))

@@ -30,10 +30,10 @@ sys.path.insert(0, str(HERE))
 from harness import fmt_spread, write_results  # noqa: E402
 
 from polytrain.data import dataset_spec  # noqa: E402
+from polytrain.metrics.recorder import Recorder  # noqa: E402
 from polytrain.models import resolve_model  # noqa: E402
 from polytrain.runtime import interrupt  # noqa: E402
 from polytrain.runtime.divergence import all_finite, check_finite  # noqa: E402
-from polytrain.runtime.recorder import Recorder  # noqa: E402
 
 
 def isfinite_check(tensors: Iterable[torch.Tensor | None]) -> bool:

@@ -31,11 +31,11 @@ def in_process(seconds: float) -> dict[str, float]:
     """Steps/s of the actor loop alone: env step + ε-greedy forward + n-step rows, no sends."""
     import torch
 
+    from polytrain.metrics.recorder import Recorder
     from polytrain.rl.acting import EpisodeRunner
     from polytrain.rl.config import make_rl_config
     from polytrain.rl.core import build_qnet
     from polytrain.rl.roles import RoleContext, layout_ranks
-    from polytrain.runtime.recorder import Recorder
 
     torch.set_num_threads(1)
     cpu0 = time.process_time()

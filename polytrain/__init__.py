@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from polytrain.version import __version__
 
 
 def train(**kwargs: Any) -> dict[str, Any]:

@@ -1,5 +1,3 @@
-import sys
+from polytrain.cli import run
 
-from polytrain.cli import main
-
-sys.exit(main())
+run()

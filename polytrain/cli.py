@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from polytrain import __version__
 from polytrain.errors import ConfigError, Interrupted, PolytrainError
+from polytrain.version import __version__
 
 if TYPE_CHECKING:  # rich loads when something is printed: --help and --version need none of it
     from rich.console import Console
@@ -324,7 +325,7 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
 def cmd_export(args: argparse.Namespace, console: Console) -> int:
     import torch
 
-    from polytrain.models.export import export_checkpoint
+    from polytrain.launch.export import export_checkpoint
 
     state, step = export_checkpoint(Path(args.run_dir), args.step)
     torch.save(state, args.out)
@@ -473,5 +474,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def leave(code: int) -> NoReturn:
+    """End the command with ``code``. With torch loaded, Python's own shutdown spends seconds
+    tearing torch's modules down after the work is done (measured: 1.5-2.2 s from the summary to
+    the exit of `polytrain train`, at load 9); the exit handlers still run (logging, the
+    children of multiprocessing), the standard streams are flushed, then the process ends."""
+    if "torch" in sys.modules:
+        atexit._run_exitfuncs()  # what the interpreter's shutdown would run first
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def run() -> NoReturn:
+    """The ``polytrain`` command (console script and ``python -m polytrain``)."""
+    leave(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

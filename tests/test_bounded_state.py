@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from polytrain.runtime.recorder import BUFFER, Recorder
+from polytrain.metrics.recorder import BUFFER, Recorder
 from tests.conftest import run_cli
 
 

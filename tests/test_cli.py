@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -101,3 +103,18 @@ def test_compare_runs_each_strategy_on_the_same_job(tmp_path: Path) -> None:
     assert all(s["time_to_accuracy_s"] is not None for s in data["strategies"])
     for col in ("samples/s", "Final loss", "Accuracy", "Bytes/sample", "Peak memory", "Time to"):
         assert col in r.stdout
+
+
+@pytest.mark.slow
+def test_the_command_ends_without_the_interpreters_teardown_but_loses_nothing() -> None:
+    """With torch loaded, `leave` skips Python's module teardown (seconds after a run) yet runs
+    the exit handlers, flushes unterminated output and keeps the exit code."""
+    code = ("import atexit, torch\n"
+            "from polytrain.cli import leave\n"
+            "atexit.register(lambda: print('handler ran', flush=True))\n"
+            "print('no newline yet', end='')\n"
+            "leave(3)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 3
+    assert r.stdout == "no newline yethandler ran\n"

@@ -16,7 +16,7 @@ from polytrain.comm.options import CodecOptions
 from polytrain.config import make_config
 from polytrain.errors import ConfigError
 from polytrain.launch.prepare import prepare
-from polytrain.runtime.recorder import Recorder
+from polytrain.metrics.recorder import Recorder
 from tests.conftest import assert_same_params, load_model
 from tests.test_resume_all import _cut_back as cut_back
 

@@ -20,9 +20,9 @@ import polytrain
 from polytrain.comm import Comm
 from polytrain.config import make_config
 from polytrain.errors import ConfigError
+from polytrain.metrics.recorder import Recorder
 from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.runtime.recorder import Recorder
 from polytrain.strategies import make_strategy
 from polytrain.strategies.pipeline.metrics import (
     bubble_fraction,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from polytrain.runtime.recorder import Recorder
+from polytrain.metrics.recorder import Recorder
 
 
 def _events(path: Path) -> list[dict]:

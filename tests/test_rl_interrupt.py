@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from polytrain.metrics.recorder import Recorder
 from polytrain.rl import checkpoint
 from polytrain.rl.api import resume_config
 from polytrain.rl.config import make_rl_config
@@ -20,7 +21,6 @@ from polytrain.rl.dqn import run_dqn
 from polytrain.rl.results import write_config
 from polytrain.rl.roles import RoleContext, layout_ranks
 from polytrain.runtime import interrupt
-from polytrain.runtime.recorder import Recorder
 
 SMALL = {"algo": "dqn", "hidden": 16, "depth": 1, "batch_size": 16, "learning_starts": 64,
          "target_update": 40, "replay_capacity": 300, "eps_decay_steps": 300, "eval_every_s": 1e6,

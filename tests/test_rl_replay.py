@@ -115,11 +115,11 @@ def test_replay_server_stores_an_add_at_the_actors_or_the_max_priority(initial: 
     """ADD = rows | |TD| (actor priorities, Ape-X) or rows alone (max priority, PER) | episodes."""
     import torch
 
+    from polytrain.metrics.recorder import Recorder
     from polytrain.rl.config import make_rl_config
     from polytrain.rl.protocol import Kind, Msg
     from polytrain.rl.replay_server import ReplayServer
     from polytrain.rl.roles import RoleContext, layout_ranks
-    from polytrain.runtime.recorder import Recorder
 
     cfg = make_rl_config({"algo": "apex", "actors": 2, "initial_priority": initial, "alpha": 1.0})
     server = ReplayServer(RoleContext(cfg, 1, layout_ranks(cfg), Recorder(1), tmp_path))

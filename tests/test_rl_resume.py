@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from polytrain.errors import ConfigError
+from polytrain.metrics.recorder import Recorder
 from polytrain.rl import checkpoint
 from polytrain.rl.api import resume_config
 from polytrain.rl.config import RLConfig, make_rl_config
 from polytrain.rl.dqn import run_dqn
 from polytrain.rl.results import write_config
 from polytrain.rl.roles import RoleContext, layout_ranks
-from polytrain.runtime.recorder import Recorder
 from tests.conftest import ROOT
 
 # small and quick: learning starts at 64 transitions, evaluation only at the end (1 episode)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from polytrain.errors import CheckpointError, ConfigError
+from polytrain.metrics.recorder import Recorder
 from polytrain.runtime.batches import GlobalBatches
 from polytrain.runtime.checkpoint import CheckpointStore
-from polytrain.runtime.recorder import Recorder
 
 
 def test_parts_of_a_global_batch_are_the_global_batch() -> None:

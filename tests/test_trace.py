@@ -14,7 +14,7 @@ from polytrain.config import load_config
 from polytrain.data import dataset_spec
 from polytrain.errors import ConfigError
 from polytrain.models import build_model
-from polytrain.models.trace import split_model
+from polytrain.models.split import split_model
 from polytrain.strategies.pipeline.ties import find_ties
 
 CFG = GPTConfig(block_size=16, vocab_size=50, n_layer=4, n_head=2, n_embd=16)

@@ -28,8 +28,8 @@ import torch
 from polytrain.comm.accounted import Comm
 from polytrain.comm.codecs.engine import Engine
 from polytrain.comm.exchange import Item, compressed_mean
-from polytrain.comm.ring import RingStats, ring_all_reduce
-from polytrain.runtime.recorder import Recorder
+from polytrain.comm.ring import record_ring, ring_all_reduce
+from polytrain.metrics.recorder import Recorder
 
 
 def done_future(tensor: torch.Tensor) -> torch.futures.Future:
@@ -37,13 +37,6 @@ def done_future(tensor: torch.Tensor) -> torch.futures.Future:
     fut: torch.futures.Future = torch.futures.Future()
     fut.set_result(tensor)
     return fut
-
-
-def record_ring(rec: Recorder, stats: RingStats, **fields: Any) -> None:
-    """One ``comm`` span per ring phase: ``ring reduce-scatter 0`` … ``ring all-gather W-2``."""
-    for p in stats.phases:
-        rec.add_span(f"ring {p.phase.kind} {p.phase.step}", "comm", p.start - rec.t0, p.end - rec.t0,
-                     bytes=p.bytes_sent, **fields)
 
 
 def builtin_hook(comm: Comm, world: int, rec: Recorder) -> Any:

@@ -36,8 +36,8 @@ from polytrain.comm.accounted import Comm
 from polytrain.comm.codecs.base import Parts
 from polytrain.comm.codecs.engine import DecodeError, Engine, parts_of
 from polytrain.comm.codecs.payload import Payload, PayloadError, frame, unframe
-from polytrain.comm.ring import _peer, ring_all_reduce
-from polytrain.runtime.recorder import Recorder
+from polytrain.comm.ring import _peer, record_ring, ring_all_reduce
+from polytrain.metrics.recorder import Recorder
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,6 @@ def all_gather_bytes(comm: Comm, msg: torch.Tensor, op: str) -> list[torch.Tenso
 
 def _reduce(comm: Comm, flat: torch.Tensor, collective: str, op: str, rec: Recorder) -> None:
     if collective == "ring" and comm.world > 1:
-        from polytrain.comm.ddp_hooks import record_ring
-
         record_ring(rec, ring_all_reduce(flat, comm, op=op))
     else:
         comm.all_reduce(flat, op=op)

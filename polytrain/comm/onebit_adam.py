@@ -53,7 +53,7 @@ from torch import nn
 
 from polytrain.comm.accounted import Comm
 from polytrain.comm.twostage import OP, TwoStage
-from polytrain.runtime.recorder import Recorder
+from polytrain.metrics.recorder import Recorder
 
 
 def adam_bound(beta1: float, beta2: float) -> float:

@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from polytrain.comm.accounted import Comm
+
+if TYPE_CHECKING:
+    from polytrain.metrics.recorder import Recorder
 
 DEFAULT_SEGMENT_ELEMS = 1 << 18  # 1 MiB of float32: see the module docstring
 
@@ -149,3 +152,10 @@ def ring_all_reduce(tensor: torch.Tensor, comm: Comm, *, op: str = "ring",
     if work is not tensor:
         tensor.copy_(work)
     return stats
+
+
+def record_ring(rec: Recorder, stats: RingStats, **fields: Any) -> None:
+    """One ``comm`` span per ring phase: ``ring reduce-scatter 0`` … ``ring all-gather W-2``."""
+    for p in stats.phases:
+        rec.add_span(f"ring {p.phase.kind} {p.phase.step}", "comm", p.start - rec.t0, p.end - rec.t0,
+                     bytes=p.bytes_sent, **fields)

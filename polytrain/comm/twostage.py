@@ -37,7 +37,7 @@ from polytrain.comm.codecs.engine import Engine
 from polytrain.comm.codecs.quant import OneBit
 from polytrain.comm.exchange import all_gather_bytes
 from polytrain.comm.ring import _peer
-from polytrain.runtime.recorder import Recorder
+from polytrain.metrics.recorder import Recorder
 
 OP = "onebit"
 

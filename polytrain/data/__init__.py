@@ -20,12 +20,11 @@ from polytrain.data.base import (
     DatasetEntry,
     DataSpec,
     dataset_names,
-    dataset_spec,
-    load_dataset,
     parse_options,
     register_dataset,
     validate_dataset_options,
 )
+from polytrain.data.resolve import dataset_spec, load_dataset
 from polytrain.data.tasks import task_correct, task_loss
 
 __all__ = [

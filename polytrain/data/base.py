@@ -78,7 +78,7 @@ def dataset_names() -> list[str]:
     return sorted(DATASETS)
 
 
-def _entry(name: str) -> DatasetEntry:
+def entry_of(name: str) -> DatasetEntry:
     if name not in DATASETS:
         raise unknown("dataset", name, DATASETS, fix="Or give your own as 'pkg.module:factory'.")
     return DATASETS[name]
@@ -142,30 +142,8 @@ def validate_dataset_options(name: str, options: Mapping[str, Any] | None) -> Ba
 
         split_target(name, "user dataset")
         return None
-    entry = _entry(name)
+    entry = entry_of(name)
     return parse_options("dataset", name, entry.Options, options)
-
-
-def dataset_spec(name: str, options: Mapping[str, Any] | None = None) -> DataSpec:
-    """The DataSpec of ``name`` with ``options``, without building the tensors (a user
-    dataset is built, once per process, to read its spec from a sample)."""
-    if ":" in name:
-        from polytrain.data.user import load_user_dataset
-
-        return load_user_dataset(name, options).spec
-    entry = _entry(name)
-    return entry.spec(parse_options("dataset", name, entry.Options, options))
-
-
-def load_dataset(name: str, options: Mapping[str, Any] | None = None, seed: int = 0) -> Dataset:
-    """Build dataset ``name`` in memory; the same (name, options, seed) gives the same tensors."""
-    if ":" in name:
-        from polytrain.data.user import load_user_dataset
-
-        return load_user_dataset(name, options, seed)
-    entry = _entry(name)
-    opts = parse_options("dataset", name, entry.Options, options)
-    return entry.build(opts, seed)
 
 
 def generator(*key: int) -> torch.Generator:

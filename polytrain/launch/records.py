@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from polytrain.errors import ConfigError
-from polytrain.runtime.jsonsafe import json_safe
+from polytrain.metrics.jsonsafe import json_safe
 
 LOOPBACK = "127.0.0.1"
 LAUNCHER_PID_ENV = "POLYTRAIN_LAUNCHER_PID"  # the local launcher's pid, its ranks' parent

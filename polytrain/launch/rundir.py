@@ -13,8 +13,8 @@ import torch
 from polytrain.config import JobConfig, to_toml
 from polytrain.errors import ConfigError
 from polytrain.launch.records import atomic_json, make_run_dir
+from polytrain.metrics.jsonsafe import json_safe
 from polytrain.runtime.job import Job, RankContext
-from polytrain.runtime.jsonsafe import json_safe
 
 TESTBED_ENV = "POLYTRAIN_TESTBED_RECORD"  # set by polytrain testbed on every host
 
@@ -80,7 +80,7 @@ def build_summary(job: Job, ctx: RankContext, records: list[dict[str, Any]],
                   events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The run's summary; ``events``: every rank's events of the whole run (after a resume, its
     steps, samples and time count from step 1, and ``resumes`` lists where it resumed)."""
-    import polytrain
+    from polytrain.version import __version__
 
     whole = _whole_run(records, events or [])
     samples, wall = whole["samples"], whole["wall_s"]
@@ -122,7 +122,7 @@ def build_summary(job: Job, ctx: RankContext, records: list[dict[str, Any]],
         "backend": ctx.backend,
         "precision": job.config.precision,
         "device": str(ctx.device),
-        "polytrain_version": polytrain.__version__,
+        "polytrain_version": __version__,
         "torch_version": torch.__version__,
     }
 

@@ -26,11 +26,11 @@ from polytrain.errors import ConfigError
 from polytrain.launch.reaper import remove_when_agent_ends
 from polytrain.launch.records import clear_error_record, die_with_parent, write_error_record
 from polytrain.launch.stores import bind_address, tcp_store
+from polytrain.metrics.recorder import Recorder
 from polytrain.runtime import interrupt
 from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.progress import RankProgress
-from polytrain.runtime.recorder import Recorder
 from polytrain.runtime.same_data import check_same_data
 from polytrain.runtime.startup_trace import rank_mark
 from polytrain.strategies import make_strategy

@@ -135,7 +135,7 @@ def build_model(
         raise ConfigError(f"split={split!r}: '{name}' already returns its layers (an "
                           "nn.Sequential or a list); use --set partition=... to place them.")
     from polytrain.models.call import is_hf_model
-    from polytrain.models.trace import split_model
+    from polytrain.models.split import split_model
     from polytrain.models.trace_export import example_batch
 
     if is_hf_model(model[0]) and hasattr(model[0], "set_attn_implementation"):

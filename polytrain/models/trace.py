@@ -41,13 +41,13 @@ import torch.fx as fx
 from torch import nn
 
 from polytrain.errors import ConfigError
-from polytrain.models.call import ModelCall, token_inputs
+from polytrain.models.call import ModelCall
 
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 ROOT = "m"  # the traced wrapper's attribute holding the user's module
 
 
-class _Forward(nn.Module):
+class Forward(nn.Module):
     """The traced root: ``forward(x)`` calls the module by its model-call contract
     (:meth:`polytrain.models.call.ModelCall.logits`: nanoGPT with placeholder targets so that it
     returns every position's logits, a Hugging Face model with ``input_ids``) and returns the
@@ -86,7 +86,7 @@ def cut_paths(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if n and not isinstance(m, lists)]
 
 
-def _check_paths(model: nn.Module, paths: list[str]) -> None:
+def check_paths(model: nn.Module, paths: list[str]) -> None:
     valid = cut_paths(model)
     for p in paths:
         if p not in valid:
@@ -100,12 +100,12 @@ class TraceFailed(Exception):
     """A tracer could not trace the forward (the message says why)."""
 
 
-def _trace(model: nn.Module, paths: list[str] | None, tokens: bool = True) -> fx.GraphModule:
-    root = _Forward(model, tokens)
+def trace_graph(model: nn.Module, paths: list[str] | None, tokens: bool = True) -> fx.GraphModule:
+    root = Forward(model, tokens)
     try:
         graph = _Tracer(paths).trace(root)
     except Exception as exc:
-        raise TraceFailed(f"{type(exc).__name__}: {_first_line(exc)}") from exc
+        raise TraceFailed(f"{type(exc).__name__}: {first_line(exc)}") from exc
     gm = fx.GraphModule(root, graph)
     gm.graph.eliminate_dead_code()  # e.g. the loss a targets model computed from placeholder targets
     gm.recompile()
@@ -124,7 +124,7 @@ def _where(n: fx.Node) -> str:
     return n.name
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:300] if text else ""
 
@@ -295,7 +295,7 @@ def _segment(gm: fx.GraphModule, nodes: list[fx.Node], start: int, end: int,
     return fx.GraphModule(modal.attributes(g) if modal is not None else gm, g)
 
 
-def _cut(gm: fx.GraphModule, model: nn.Module, paths: list[str] | None, modal: Any = None
+def cut_graph(gm: fx.GraphModule, model: nn.Module, paths: list[str] | None, modal: Any = None
          ) -> nn.Sequential:
     nodes = [n for n in gm.graph.nodes if n.op != "call_module" or n.target != "_guards_fn"]
     body = [n for n in nodes if n.op != "placeholder"]
@@ -320,42 +320,3 @@ def _cut(gm: fx.GraphModule, model: nn.Module, paths: list[str] | None, modal: A
     return nn.Sequential(*(
         _segment(gm, body, a, b, carried[k], carried[k + 1] if k < len(cuts) else None, modal)
         for k, (a, b) in enumerate(bounds)))
-
-
-def split_model(model: nn.Module, split: str, example: torch.Tensor | None = None
-                ) -> nn.Sequential:
-    """``model`` as an ``nn.Sequential`` of traced segments cut at ``split`` (see the module doc);
-    ``example`` (a batch of inputs) lets ``torch.export`` try first."""
-    paths = None if split.strip() == "auto" else [p.strip() for p in split.split(",") if p.strip()]
-    if paths is not None:
-        if not paths:
-            raise ConfigError("split= needs module paths (e.g. split=layer2,layer3) or 'auto'.")
-        _check_paths(model, paths)
-    fallback = None
-    if example is not None:
-        from polytrain.models.trace_export import split_exported
-
-        try:
-            return _tag(split_exported(model, paths, example), "torch.export", None, model)
-        except Exception as exc:  # any failure of export or of its cut: FX next, reason kept
-            fallback = f"torch.export: {type(exc).__name__}: {_first_line(exc)}"
-    try:
-        gm = _trace(model, paths, token_inputs(example))
-    except TraceFailed as exc:
-        kids = ", ".join(n for n, _ in model.named_children()) or "none"
-        raise ConfigError(
-            f"split: cannot trace {type(model).__name__}.forward: "
-            f"{fallback + '; ' if fallback else ''}torch.fx: {exc}. Cut at its named children "
-            f"(split=PATHS among: {kids}; their insides are not traced), or make the model an "
-            "nn.Sequential of its layers.") from exc
-    return _tag(_cut(gm, model, paths), "torch.fx", fallback, model)
-
-
-def _tag(seq: nn.Sequential, tracer: str, fallback: str | None, model: nn.Module) -> nn.Sequential:
-    seq.tracer = tracer  # type: ignore[assignment]
-    seq.tracer_fallback = fallback  # type: ignore[assignment]
-    seq.__dict__["model_call"] = ModelCall.of(model)  # how the traced root called the module
-    # the module's own state-dict keys: a segment may hold a non-persistent buffer of the module
-    # (BERT's position_ids) as a persistent one, which model.pt leaves out
-    seq.__dict__["user_keys"] = tuple(model.state_dict().keys())
-    return seq

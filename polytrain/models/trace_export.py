@@ -30,6 +30,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from polytrain.data import DataSpec
+from polytrain.models.trace import Forward, cut_graph
 
 aten = torch.ops.aten
 #: aten op -> index of its training flag
@@ -122,9 +123,8 @@ def split_exported(model: nn.Module, paths: list[str] | None, example: torch.Ten
                    ) -> nn.Sequential:
     """``model`` exported and cut at ``paths`` (``split=auto`` when None); raises on any failure."""
     from polytrain.models.call import token_inputs
-    from polytrain.models.trace import _cut, _Forward
 
-    root = _Forward(model, token_inputs(example))
+    root = Forward(model, token_inputs(example))
     device = next((p.device for p in model.parameters()), example.device)
     example = example.to(device)
     batch = torch.export.Dim("batch", min=1)
@@ -135,7 +135,7 @@ def split_exported(model: nn.Module, paths: list[str] | None, example: torch.Ten
     # no cut carries the targets (pure nodes only; in-place buffer updates stay)
     gm.graph.eliminate_dead_code()
     gm.recompile()
-    seq = _cut(gm, model, paths, Exported(root, gm))  # type: ignore[arg-type]
+    seq = cut_graph(gm, model, paths, Exported(root, gm))  # type: ignore[arg-type]
     if device.type == "meta":  # built without memory for the launcher's checks: no values
         return seq
     modes = {m: m.training for m in model.modules()}

@@ -295,13 +295,12 @@ def _layers_or_whole(model: nn.Module) -> nn.Sequential:
 
 
 def _fc_start(model: nn.Sequential) -> int | None:
-    from polytrain.strategies.hybrid.owt import fc_start
+    """Where the trailing fully connected children begin (what owt cuts), None: no such run or
+    nothing before it."""
+    from polytrain.models.layers import trailing_fc_start
 
-    try:
-        start = fc_start(model)
-    except ConfigError:
-        return None
-    return start if start > 0 else None
+    start = trailing_fc_start(model)
+    return start if 0 < start < len(model) else None
 
 
 def _optimizer_s(model: nn.Module, make: Callable[[Any], torch.optim.Optimizer], repeats: int) -> float:

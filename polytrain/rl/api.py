@@ -76,7 +76,7 @@ def _interrupted(cfg: RLConfig, run_dir: Path, sup: Any) -> Interrupted:
 
 def resume_config(run_dir: str, options: dict[str, Any]) -> RLConfig:
     """The config of a run continued from its checkpoint (ConfigError if it cannot be)."""
-    from polytrain.rl.checkpoint import resume_options
+    from polytrain.rl.resume import resume_options
 
     return make_rl_config(resume_options(Path(run_dir), options))
 

@@ -248,8 +248,8 @@ def rank_main(payload: dict[str, Any], rank: int) -> None:
     interrupt.install(None)  # a stop request sets a flag: the lead learner ends at its next check
     import torch
 
+    from polytrain.metrics.recorder import Recorder
     from polytrain.rl.roles_run import run_role
-    from polytrain.runtime.recorder import Recorder
 
     run_dir = Path(payload["run_dir"])
     (run_dir / "ranks").mkdir(parents=True, exist_ok=True)

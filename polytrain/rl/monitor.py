@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from polytrain.metrics.recorder import Recorder
 from polytrain.rl.config import RLConfig
 from polytrain.rl.envs import greedy_returns
 from polytrain.runtime import interrupt
-from polytrain.runtime.recorder import Recorder
 
 PROGRESS_EVERY_S = 0.5
 

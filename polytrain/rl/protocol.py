@@ -45,8 +45,8 @@ from typing import Any
 
 import torch
 
+from polytrain.metrics.recorder import Recorder
 from polytrain.rl.links import Link
-from polytrain.runtime.recorder import Recorder
 
 
 class Kind(IntEnum):

@@ -128,7 +128,7 @@ LEAD_FIGURES = ("target_return", "solved", "stop_reason", "time_to_target_s", "t
 
 
 def build_summary(cfg: RLConfig, run_dir: Path, sup: Supervision) -> dict[str, Any]:
-    import polytrain
+    from polytrain.version import __version__
 
     ranks = layout_ranks(cfg)
     records = {r: rec for r in range(cfg.world)
@@ -164,7 +164,7 @@ def build_summary(cfg: RLConfig, run_dir: Path, sup: Supervision) -> dict[str, A
                   for r, e in sorted(sup.exits.items())},
         "peak_rss_bytes": max((r["peak_rss_bytes"] for r in records.values()), default=0),
         "per_rank": [records[r] for r in sorted(records)],
-        "config": cfg.model_dump(), "polytrain_version": polytrain.__version__,
+        "config": cfg.model_dump(), "polytrain_version": __version__,
         "torch_version": torch.__version__,
     }
 

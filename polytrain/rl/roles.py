@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 from polytrain.comm import Comm
+from polytrain.metrics.recorder import Recorder
 from polytrain.rl.config import RLConfig
 from polytrain.rl.core import TransitionRow
 from polytrain.rl.links import Link
 from polytrain.runtime.layout import RL_ORDER, Layout
-from polytrain.runtime.recorder import Recorder
 
 ROLE_NAMES = {"replicas": "learner", "replay": "replay", "servers": "server", "actors": "actor"}
 

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from polytrain.comm import Comm
+from polytrain.metrics.recorder import Recorder
 from polytrain.rl.config import make_rl_config
 from polytrain.rl.links import Link, make_links
 from polytrain.rl.roles import RoleContext, describe, layout_ranks, role
-from polytrain.runtime.recorder import Recorder
 
 
 def _dispatch(ctx: RoleContext) -> dict[str, Any]:
@@ -89,7 +89,7 @@ def run_role(payload: dict[str, Any], rank: int, recorder: Recorder) -> dict[str
         dist.barrier()  # everyone is up: start the shared clock together
     extra: dict[str, object] = {"resume": bool(payload.get("resume"))}
     if extra["resume"]:  # as the training loop does: the record and the clock go on from the checkpoint
-        from polytrain.rl.checkpoint import resume_point
+        from polytrain.rl.resume import resume_point
 
         point = resume_point(Path(payload["run_dir"]), cfg.algo)
         recorder.start_clock()  # (again below, after the barrier): the resume event at the cut's time

@@ -15,6 +15,7 @@ from torch import nn
 from polytrain.comm import Comm
 from polytrain.config import JobConfig, total_steps
 from polytrain.data import Dataset, DataSpec, load_dataset, task_correct, task_loss
+from polytrain.metrics.recorder import Recorder
 from polytrain.models import resolve_model
 from polytrain.models.call import ModelCall, call_of
 from polytrain.models.export import Form
@@ -24,7 +25,6 @@ from polytrain.runtime import schedule
 from polytrain.runtime.batches import GlobalBatches
 from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.progress import RankProgress
-from polytrain.runtime.recorder import Recorder
 
 # Fields that change what is computed: a checkpoint only resumes a job that agrees on all of them.
 FINGERPRINT_FIELDS = ("strategy", "model", "dataset", "batch_size", "lr", "optimizer", "momentum",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -119,9 +120,8 @@ def _discover() -> None:
     global _loaded
     if _loaded:
         return
-    import polytrain.strategies as pkg
-
-    for mod in pkgutil.walk_packages(pkg.__path__, prefix=pkg.__name__ + "."):
+    here = str(Path(__file__).resolve().parent)  # this package's directory
+    for mod in pkgutil.walk_packages([here], prefix=__name__.rpartition(".")[0] + "."):
         importlib.import_module(mod.name)
     _loaded = True
 

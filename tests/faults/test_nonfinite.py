@@ -15,8 +15,8 @@ import polytrain
 from polytrain.config import load_config
 from polytrain.errors import ConfigError, RankFailure
 from polytrain.launch.records import atomic_json
+from polytrain.metrics.jsonsafe import json_safe
 from polytrain.runtime.checkpoint import CheckpointStore
-from polytrain.runtime.jsonsafe import json_safe
 
 BAD = [("lr", v) for v in (math.nan, math.inf, 0.0, -1.0)] + \
       [("momentum", v) for v in (math.nan, math.inf, -0.1, 1.0)] + \

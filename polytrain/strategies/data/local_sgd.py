@@ -31,10 +31,9 @@ import torch
 from pydantic import ConfigDict, Field
 
 from polytrain.comm.codecs.engine import Engine
-from polytrain.comm.ddp_hooks import record_ring
 from polytrain.comm.exchange import Item, codec_report, compressed_mean
 from polytrain.comm.options import CodecOptions, CollectiveOptions, check_codec
-from polytrain.comm.ring import ring_all_reduce
+from polytrain.comm.ring import record_ring, ring_all_reduce
 from polytrain.config import JobConfig
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop

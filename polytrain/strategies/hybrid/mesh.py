@@ -27,10 +27,9 @@ from torch import nn
 
 from polytrain.comm import GroupComm, new_groups
 from polytrain.comm.codecs.engine import Engine
-from polytrain.comm.ddp_hooks import record_ring
 from polytrain.comm.exchange import Item, codec_report, compressed_mean
 from polytrain.comm.options import CodecOptions, CollectiveOptions, check_codec
-from polytrain.comm.ring import ring_all_reduce
+from polytrain.comm.ring import record_ring, ring_all_reduce
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.clip import sharded_split

@@ -29,11 +29,12 @@ from torch import nn
 from polytrain.config import JobConfig
 from polytrain.data import dataset_spec
 from polytrain.errors import ConfigError
+from polytrain.models.layers import fully_connected, trailing_fc_start
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, StepFn, run_loop
 from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Offer, Strategy
-from polytrain.strategies.model.shard import first_weight_layer, keep_out_rows, out_size
+from polytrain.strategies.model.shard import keep_out_rows, out_size
 from polytrain.strategies.model.shard_collectives import (
     Evaluating,
     Wire,
@@ -48,26 +49,10 @@ if TYPE_CHECKING:
     from polytrain.plan.estimate import Estimate, Scene
 
 
-def fully_connected(child: nn.Module) -> tuple[str, nn.Linear] | None:
-    """(path, layer) when ``child``'s only weights are one nn.Linear's (with activations, dropout or
-    a flatten beside it): a layer owt can cut into output rows. None otherwise — a transformer
-    block (several Linears, LayerNorms) or a child with a normalisation beside its Linear."""
-    found = first_weight_layer(child)
-    if found is None or not isinstance(found[1], nn.Linear):
-        return None
-    own = {id(p) for p in found[1].parameters()}
-    if any(id(p) not in own for p in child.parameters()):
-        return None
-    return found[0], found[1]
-
-
 def fc_start(model: nn.Module) -> int:
     """Index of the first child of the trailing run of fully connected children (`fully_connected`)."""
-    children = list(model.children())
-    start = len(children)
-    while start > 0 and fully_connected(children[start - 1]) is not None:
-        start -= 1
-    if start == len(children):
+    start = trailing_fc_start(model)
+    if start == len(list(model.children())):
         raise ConfigError(
             "Strategy 'owt' makes the fully connected layers at the end of the model "
             "model-parallel, but the model's last child is not one: a child whose only weights are "

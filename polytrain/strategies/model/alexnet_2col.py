@@ -24,11 +24,12 @@ from torch import nn
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.models.alexnet import ColumnLayer, alexnet_columns
+from polytrain.models.layers import first_weight_layer
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
-from polytrain.strategies.model.shard import first_weight_layer, keep_out_rows, out_size, own_group_only
+from polytrain.strategies.model.shard import keep_out_rows, out_size, own_group_only
 from polytrain.strategies.model.shard_collectives import Evaluating, Wire, gather, gather_state, shard_bounds
 
 

@@ -7,23 +7,10 @@ output features/channels of the full layer for any input.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 from torch import nn
 
-WeightLayer = nn.Linear | nn.Conv2d
-
-
-def weight_layers(module: nn.Module) -> Iterator[tuple[str, WeightLayer]]:
-    """(name, layer) of every Linear / Conv2d inside ``module``, in order."""
-    for name, m in module.named_modules():
-        if isinstance(m, nn.Linear | nn.Conv2d):
-            yield name, m
-
-
-def first_weight_layer(module: nn.Module) -> tuple[str, WeightLayer] | None:
-    return next(weight_layers(module), None)
+from polytrain.models.layers import WeightLayer
 
 
 def out_size(layer: WeightLayer) -> int:

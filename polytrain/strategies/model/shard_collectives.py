@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from polytrain.comm import Comm
-from polytrain.runtime.recorder import Recorder
+from polytrain.metrics.recorder import Recorder
 
 
 @dataclass

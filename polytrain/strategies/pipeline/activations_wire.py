@@ -55,8 +55,8 @@ import numpy as np
 import torch
 
 from polytrain.comm import Comm
+from polytrain.metrics.recorder import Recorder
 from polytrain.plan.profile import TensorMeta
-from polytrain.runtime.recorder import Recorder
 
 HEADER = 24  # bytes of the trailer: float64 tag, micro-batch index, ack
 POOL = 16  # buffers an outbox keeps per size, and an inbox tracks for reuse

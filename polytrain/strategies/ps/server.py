@@ -76,7 +76,7 @@ import torch
 from torch import nn
 
 from polytrain.comm import Comm
-from polytrain.runtime.recorder import Recorder
+from polytrain.metrics.recorder import Recorder
 from polytrain.strategies.ps.busy import BusyClock
 from polytrain.strategies.ps.consistency import Consistency, ProtocolError
 from polytrain.strategies.ps.pulls import PullEncoder

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from polytrain.runtime.jsonsafe import json_safe
+from polytrain.metrics.jsonsafe import json_safe
 
 FLUSH_EVERY_S = 0.05
 BUFFER = 4096  # events held before a write, whatever the time
