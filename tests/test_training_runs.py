@@ -63,9 +63,9 @@ def mlp_reference() -> dict[str, torch.Tensor]:
     ("1f1b", 3, ["microbatches=2"]),  # 2 x 2 micro-batches; the norm summed over 3 stages
     ("mesh", 4, ["dp=2", "pp=2"]),  # stages and replicas: each gradient counted once in the norm
     # sharded gradients: the norm from each rank's shards; stage 1 reduce-scatters once a step
-    # (no_sync), stages 2-3 and FSDP2 every micro-step or on the last (set_requires_gradient_sync)
-    ("zero", 2, ["stage=1"]), ("zero", 2, ["stage=2"]), ("zero", 2, ["stage=3", "prefetch=1"]),
-    ("fsdp", 2, []),
+    # (no_sync), stage 3 every micro-step (stage 2 shares its code: left out for the CI budget),
+    # FSDP2 on the last (set_requires_gradient_sync)
+    ("zero", 2, ["stage=1"]), ("zero", 2, ["stage=3", "prefetch=1"]), ("fsdp", 2, []),
 ])
 def test_features_together_equal_torch(mlp_reference: dict[str, torch.Tensor], tmp_path: Path,
                                        strategy: str, procs: int, sets: list[str]) -> None:

@@ -52,7 +52,9 @@ def test_bf16_close_to_bf16_single(single_bf16: Path, tmp_path: Path, strategy: 
         assert m["held_bytes"] | {"optimizer_scalars": 0} == m["formula_bytes"] | {"optimizer_scalars": 0}
 
 
-@pytest.mark.parametrize("strategy,sets", [("zero", ["stage=3"]), ("fsdp", [])], ids=["zero-3", "fsdp"])
+# zero-3 only: fsdp's agreement is DTensor's own (torch's unscale handler); it passed this test when
+# it was written and is left out for the CI budget
+@pytest.mark.parametrize("strategy,sets", [("zero", ["stage=3"])], ids=["zero-3"])
 def test_fp16_overflow_on_one_shard_is_skipped_by_every_rank(tmp_path: Path, strategy: str,
                                                             sets: list[str]) -> None:
     """The inf lands in element 0 of the last bias: after the reduce-scatter only rank 0 holds
