@@ -66,7 +66,8 @@ def build(variant: str, job: Any, comm: Any) -> tuple[Any, Any, Any]:
 
     from polytrain.strategies.data import fsdp as fsdp_mod
     from polytrain.strategies.data.zero_memory import held_bytes
-    from polytrain.strategies.data.zero_shard import ShardedModel, bucket_units, layer_units
+    from polytrain.strategies.data.zero_shard import ShardedModel
+    from polytrain.strategies.data.zero_units import bucket_units, layer_units
 
     model = job.build_model()
     if variant.startswith("zero"):

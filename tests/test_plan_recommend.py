@@ -208,6 +208,8 @@ def test_plan_cli_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[
         ("owt", []),
         ("mesh", ["dp=2", "pp=2"]),
         ("mesh", ["dp=2", "pp=2", "schedule=dualpipev"]),
+        ("zero", ["stage=3", "prefetch=1"]),
+        ("fsdp", ["reshard_after_forward=false"]),
     ],
 )
 def test_every_run_is_priced_with_its_own_options(strategy: str, sets: list[str]) -> None:
@@ -423,3 +425,34 @@ def test_the_planner_names_no_strategy_each_prices_itself() -> None:
     priced = {n for n, cls in registry().items() if cls.priced()}
     offered = {c.strategy for c in candidates(Scene(vgg_like(), CLUSTER, 64))}
     assert offered <= priced and "single" in offered
+
+
+def test_sharding_priced_and_chosen_when_replicas_do_not_fit() -> None:
+    """zero stages and fsdp price themselves: memory per rank falls stage by stage as the formulas
+    say (Adam: optimizer 2Ψ; stage 2 with units smaller than the model: its transient is a unit's
+    gradient and its flat copy), bytes are all-reduce's at stages 1-2 and 1.5x at stage 3; under a
+    --memory-limit between allreduce's peak and stage 3's, the fastest fitting exact candidate
+    shards (and no replica-holding data-parallel candidate fits)."""
+    scene = Scene(gpt_like(), Cluster.parse("hosts=4,nic=10gbit"), 32)
+    cands = candidates(scene)
+    by = {(c.strategy, tuple(sorted(c.options.items()))): c.estimate for c in cands}
+    ar = by[("allreduce", ())]
+    z = {s: by[("zero", (("stage", s),))] for s in (1, 2, 3)}
+    p, w = gpt_like().param_bytes, 4
+    base = ar.peak_memory_bytes - 5 * p  # allreduce: 2Ψ + 2Ψ (Adam) + Ψ of DDP buckets
+    assert z[1].peak_memory_bytes == base + int(2 * p + 2 * p / w)
+    from polytrain.strategies import make_strategy
+
+    small = make_strategy("zero", {"stage": 2, "bucket_mb": 0.1}).price(scene, w)
+    assert not isinstance(small, str)
+    assert ar.peak_memory_bytes > z[1].peak_memory_bytes > small.peak_memory_bytes > z[3].peak_memory_bytes
+    assert z[1].bytes_per_step == z[2].bytes_per_step == ar.bytes_per_step == 2 * (w - 1) * p
+    assert z[3].bytes_per_step == 3 * (w - 1) * p
+    assert by[("fsdp", ())].bytes_per_step == z[3].bytes_per_step
+    assert by[("zero", (("prefetch", 1), ("stage", 3)))].step_s <= z[3].step_s
+    limit = (ar.peak_memory_bytes + z[3].peak_memory_bytes) // 2
+    ranked = rank(candidates(scene, memory_limit=limit))
+    fitting = [c for c in ranked if c.fits and c.exact]
+    assert fitting and fitting[0].strategy in ("zero", "fsdp", "tensor", "gpipe", "1f1b", "zb-h1", "mesh")
+    assert not any(c.fits for c in ranked if c.strategy == "allreduce")
+    assert any(c.fits for c in ranked if c.strategy == "zero" and c.options["stage"] == 3)

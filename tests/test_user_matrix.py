@@ -165,3 +165,24 @@ def test_export_of_a_pipeline_checkpoint_is_model_pt(tmp_path: Path) -> None:
     vocab = exported["transformer.wte.weight"].shape[0]
     GPT(GPTConfig(block_size=16, vocab_size=vocab, n_layer=2, n_head=2, n_embd=16)
         ).load_state_dict(exported, strict=True)
+
+
+# sharded data parallelism on the two GPTs (tied embedding and head: one stage-3 unit)
+SHARDED: dict[str, tuple[int, dict[str, Any]]] = {"zero-3": (2, {"stage": 3, "prefetch": 1}),
+                                                   "fsdp": (2, {})}
+
+
+@pytest.mark.parametrize("variant", sorted(SHARDED))
+def test_sharded_strategies_equal_single_on_gpts(singles: dict[str, Path], tmp_path: Path,
+                                                 variant: str) -> None:
+    procs, options = SHARDED[variant]
+    for model in ("nanogpt", "hf-gpt2"):
+        out = tmp_path / model
+        train(out, variant.split("-")[0], procs, options, **MODELS[model])
+        ours, ref = load_model(out), load_model(singles[model])
+        assert set(ours) == set(ref) == _user_keys(model)
+        assert_same_params(ours, ref)
+        a, b = step_losses(out), step_losses(singles[model])
+        assert list(a) == list(range(1, STEPS + 1))
+        for s in a:
+            assert a[s] == pytest.approx(b[s], rel=1e-5, abs=1e-6)

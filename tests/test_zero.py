@@ -30,7 +30,8 @@ from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job
 from polytrain.strategies.data.zero_memory import held_bytes
-from polytrain.strategies.data.zero_shard import ShardedModel, bucket_units, layer_units
+from polytrain.strategies.data.zero_shard import ShardedModel
+from polytrain.strategies.data.zero_units import bucket_units, layer_units, layers_of
 from tests.conftest import assert_same_params, load_model, read_summary, step_losses
 from tests.test_comm import _port
 
@@ -165,13 +166,21 @@ def test_engine_equals_single_holds_and_sends_the_formulas(engine: dict[int, lis
 
 def test_layer_units_merge_tied_layers() -> None:
     """Stage 3 gathers a layer's unit before its forward: a parameter two layers share (tied
-    embedding and head) puts both, and the layers between them, into one unit."""
+    embedding and head) puts both into one unit at the first one's place; the layer between
+    keeps its own. A trunk (ModuleDict/ModuleList, or a parameterless module holding one) is
+    opened into its blocks: its own forward hooks would never fire (ModuleDict) or gather all."""
     emb, mid, head = nn.Embedding(7, 4), nn.Linear(4, 4), nn.Linear(4, 7, bias=False)
     head.weight = emb.weight
     units = layer_units(nn.Sequential(emb, mid, head, nn.Linear(7, 3)), 2)
-    assert [u.modules for u in units] == [[emb, mid, head], [units[1].modules[0]]]
-    assert [u.numel for u in units] == [28 + 20, 24] and [u.padded for u in units] == [48, 24]
+    assert [u.modules for u in units] == [[emb, head], [mid], [units[2].modules[0]]]
+    assert [u.numel for u in units] == [28, 20, 24] and [u.padded for u in units] == [28, 20, 24]
     assert bucket_units(list(mid.parameters()), 3, 25.0)[0].padded == 21  # 20 -> 3·7
+    trunk = nn.ModuleDict({"wte": emb, "h": nn.ModuleList([mid, nn.Linear(4, 4)])})
+    gpt = nn.Module()
+    gpt.transformer, gpt.lm_head = trunk, head
+    units = layer_units(gpt, 2)
+    assert [u.modules for u in units] == [[emb, head], [mid], [trunk["h"][1]]]
+    assert layers_of(gpt) == [mid, trunk["h"][1]]  # fsdp leaves the tied pair to the root
 
 
 class OneParameter(nn.Module):
@@ -243,14 +252,47 @@ def test_zero_stage3_resume_and_consolidated_checkpoint(single: Path, tmp_path: 
     assert all(r["strategy_metrics"]["peak_memory_bytes"] > 0 for r in summary["per_rank"])
 
 
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("fsdp") / "run"
+    summary = polytrain.train(strategy="fsdp", procs=2, steps=4, checkpoint_every=2, out=str(out),
+                              **COMMON)
+    return out, summary
+
+
 @pytest.mark.slow
-def test_fsdp_equals_single(single: Path, tmp_path: Path) -> None:
+def test_fsdp_equals_single(single: Path, fsdp_run: tuple[Path, dict[str, Any]]) -> None:
     """FSDP2 runs on CPU with gloo (torch 2.13): equal to single; the ranks' parameter shards add
     up to the model; its all-gathers and reduce-scatters are counted."""
-    out = tmp_path / "fsdp"
-    summary = polytrain.train(strategy="fsdp", procs=2, steps=4, out=str(out), **COMMON)
+    out, summary = fsdp_run
     assert_same_params(load_model(out), load_model(single))
     total = summary["strategy_metrics"]["params_total"]
     assert sum(r["strategy_metrics"]["held_bytes"]["params"] for r in summary["per_rank"]) == 4 * total
     assert summary["per_rank"][1]["bytes_by_op"]["reducescatter"] > 0
     assert read_summary(out)["strategy"] == "fsdp"
+
+
+@pytest.mark.slow
+def test_fsdp_resume_is_exact(fsdp_run: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """Cut back to the step-2 checkpoint (each rank's DTensor shards and Adam state, and model.pt)
+    and resumed, FSDP2 ends bit for bit where the uninterrupted run did."""
+    from tests.test_resume_all import _cut_back
+
+    full, _ = fsdp_run
+    part = tmp_path / "part"
+    _cut_back(full, part, 2)
+    ckpt = part / "checkpoints" / "step-00000002"
+    manifest = json.loads((ckpt / "MANIFEST.json").read_text())["files"]
+    assert {"rank0.pt", "rank1.pt", "model.pt"} <= set(manifest)
+    assert set(torch.load(ckpt / "model.pt", weights_only=True)) == set(load_model(full))
+    polytrain.train(resume=str(part))
+    assert_same_params(load_model(part), load_model(full), atol=0, rtol=0)
+    assert step_losses(part) == step_losses(full)
+
+
+def test_optimizer_state_bytes_per_parameter() -> None:
+    """K of the formulas: AdamW keeps Adam's two moments (it reported 0 before)."""
+    from polytrain.strategies.data.zero import optimizer_state_bytes
+
+    assert [optimizer_state_bytes(JobConfig(optimizer=o)) for o in ("sgd", "momentum", "adam", "adamw")] \
+        == [0, 4, 8, 8]

@@ -7,7 +7,8 @@ the batch mean, so the accumulated gradient is the full batch's (the oracle: K x
 Memory for activations drops to one micro-batch's.
 
 Where gradients travel during backward (DDP's hooks), every micro-step but the last runs under
-``no_sync()``: one all-reduce per optimizer step, not K. Strategies that reduce after backward
+``no_sync()`` (FSDP2: ``set_requires_gradient_sync(False)``): one all-reduce per optimizer step,
+not K. Strategies that reduce after backward
 (``before_update``) do so once anyway. Pipelines do not come here: they multiply their
 micro-batches per step by K instead.
 """
@@ -15,7 +16,7 @@ micro-batches per step by K instead.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -44,10 +45,24 @@ def micro_batches(x: torch.Tensor, y: torch.Tensor, k: int) -> Iterator[tuple[to
 
 
 def _quiet(forward: Any, last: bool) -> AbstractContextManager[Any]:
-    """DDP's ``no_sync`` on all but the last micro-step (no gradient all-reduce there)."""
-    if last or not hasattr(forward, "no_sync"):
+    """DDP's ``no_sync`` (FSDP2's gradient sync off) on all but the last micro-step."""
+    if last:
         return nullcontext()
-    return forward.no_sync()  # type: ignore[no-any-return]
+    if hasattr(forward, "no_sync"):
+        return forward.no_sync()  # type: ignore[no-any-return]
+    if hasattr(forward, "set_requires_gradient_sync"):
+        return _unsynced(forward)
+    return nullcontext()
+
+
+@contextmanager
+def _unsynced(module: Any) -> Iterator[None]:
+    """FSDP2: backward keeps unsharded gradients and reduce-scatters nothing."""
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
 
 
 def accumulate(forward: Any, x: torch.Tensor, y: torch.Tensor, k: int,

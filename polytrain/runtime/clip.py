@@ -9,7 +9,9 @@ a tied embedding on two stages). Each rank sums the squares of its gradients in 
 weighted by ``1 / copies`` (how many ranks hold that same gradient), so that one all-reduce (sum)
 of that one number over the ranks gives exactly ``||g||^2``; every rank then scales its own
 gradients by the same factor. Where every rank holds the whole, identical gradient (data
-parallelism after its all-reduce) there is nothing to communicate.
+parallelism after its all-reduce) there is nothing to communicate. A sharded gradient (ZeRO's flat
+shards, FSDP2's DTensor gradients: each element on exactly one rank) is read through its local
+part, each counted once.
 """
 
 from __future__ import annotations
@@ -36,22 +38,28 @@ class GradSplit:
     comm: Comm | None = None
     copies: dict[int, int] = field(default_factory=dict)
 
-    def share(self, p: nn.Parameter) -> float:
+    def share(self, p: torch.Tensor) -> float:
         return 1.0 / self.copies.get(id(p), 1)
 
 
-def squared_norm(params: Iterable[nn.Parameter], split: GradSplit) -> torch.Tensor:
+def local(grad: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a gradient: a DTensor's local shard (a view), else the tensor."""
+    to_local = getattr(grad, "to_local", None)
+    return to_local() if to_local is not None else grad  # type: ignore[no-any-return]
+
+
+def squared_norm(params: Iterable[torch.Tensor], split: GradSplit) -> torch.Tensor:
     """This rank's share of ``||g||^2`` in fp32: one element on the gradients' device."""
     total: torch.Tensor | None = None
     for p in params:
         if p.grad is None:
             continue
-        part = p.grad.detach().float().pow(2).sum() * split.share(p)
+        part = local(p.grad).detach().float().pow(2).sum() * split.share(p)
         total = part if total is None else total + part
     return total if total is not None else torch.zeros(())
 
 
-def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float,
+def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float,
                    split: GradSplit | None = None) -> float:
     """Scale the gradients of ``params`` so the global norm is at most ``max_norm``; returns the
     global norm before clipping (as torch's function does). Collective over ``split.comm``."""
@@ -64,7 +72,8 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float,
     coef = torch.clamp(max_norm / (norm + EPS), max=1.0)
     for p in params:
         assert p.grad is not None
-        p.grad.detach().mul_(coef.to(p.grad.device, p.grad.dtype))
+        g = local(p.grad).detach()
+        g.mul_(coef.to(g.device, g.dtype))
     return float(norm)
 
 

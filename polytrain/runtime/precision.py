@@ -15,6 +15,11 @@ comm)`` then all-reduces the found-inf flags (op ``found_inf``, 4 bytes a rank) 
 rank skips the same step and halves its scale alike, and the scales stay equal. Between stages a
 pipeline sends activations and their gradients in the compute dtype (``wire_dtype``): bf16/fp16
 halve those bytes, and the gradient arriving for a bf16 activation is bf16 in any case.
+
+Where each rank holds only a shard of the gradient (``zero``), ranks can disagree on an overflow;
+``Precision(..., shards=comm)`` then uses torch's ``ShardedGradScaler``, which all-reduces the
+found-inf flag over those ranks in ``unscale`` (4 bytes, counted on ``comm`` as ``found_inf``),
+so every rank skips the same steps.
 """
 
 from __future__ import annotations
@@ -33,12 +38,19 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 class Precision:
     """One rank's autocast context and (fp16) gradient scaler."""
 
-    def __init__(self, name: str, device: torch.device) -> None:
+    def __init__(self, name: str, device: torch.device, shards: Comm | None = None) -> None:
         if name not in DTYPES:
             raise ValueError(f"unknown precision '{name}'; valid: {', '.join(DTYPES)}")
         self.name, self.device = name, device
         self.dtype = DTYPES[name]
-        self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
+        self.shards = shards if shards is not None and shards.world > 1 else None
+        self.scaler: torch.amp.GradScaler | None = None
+        if name == "fp16" and self.shards is not None:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            self.scaler = ShardedGradScaler(device.type, process_group=self.shards.group)
+        elif name == "fp16":
+            self.scaler = torch.amp.GradScaler(device.type)
         self.skipped = 0  # fp16 steps whose update the scaler skipped (overflow)
 
     def autocast(self) -> AbstractContextManager[Any]:
@@ -68,8 +80,10 @@ class Precision:
         # a stage that never saw the loss (only gradients from the next stage) has not scaled
         # anything yet: scaling a zero initialises the scale it unscales by (same on every rank)
         self.scaler.scale(torch.zeros((), device=self.device))
-        self.scaler.unscale_(optimizer)
-        if comm is not None and comm.world > 1:
+        self.scaler.unscale_(optimizer)  # a ShardedGradScaler (``shards``) agrees by itself
+        if self.shards is not None:
+            self.shards._count_ring_allreduce(torch.zeros(1), "found_inf")
+        elif comm is not None and comm.world > 1:
             self._agree(optimizer, comm)
 
     def _agree(self, optimizer: torch.optim.Optimizer, comm: Comm) -> None:

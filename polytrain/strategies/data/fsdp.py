@@ -12,11 +12,26 @@ FSDP2 calls ``torch.distributed`` itself, not polytrain's communicator; its all-
 reduce-scatters are counted at the same ring rates through a counting view of
 ``torch.distributed`` installed into FSDP2's collectives module (as ``allreduce`` does for
 PyTorch's PowerSGD hook), so ``bytes_sent`` stays measured.
+
+Training features: ``--precision bf16|fp16`` is FSDP2's ``MixedPrecisionPolicy`` (parameters
+gathered and gradients reduce-scattered in that dtype, fp32 sharded parameters as the master
+weights) with the forward under autocast, as ``single`` runs it; fp16's ``GradScaler`` reads the
+DTensor gradients, and DTensor's own handler of the unscale op all-reduces the found-inf flag over
+the mesh (4 bytes a step, outside polytrain's count), so every rank skips the same steps.
+``--grad-accum K`` turns gradient sync off (``set_requires_gradient_sync(False)``) for all but the
+last micro-step; ``--clip-grad-norm X`` sums the squares of each rank's local gradient shards
+(:mod:`polytrain.runtime.clip`, one counted all-reduce).
+
+Checkpoints: each rank writes the local shards of its DTensor parameters and optimizer state
+(``rank<r>.pt``, tensors only) and rank 0 the consolidated ``model.pt``; a resume copies the shards
+back in place and rebuilds the optimizer's DTensor state from them, so it continues bit for bit.
+It needs the same ``--procs`` and ``wrap`` (the same shards).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,16 +39,26 @@ from torch import nn
 
 from polytrain.comm.accounted import Comm
 from polytrain.config import JobConfig
+from polytrain.errors import ConfigError
+from polytrain.runtime.checkpoint import CheckpointStore
+from polytrain.runtime.clip import GradSplit, local
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
+from polytrain.runtime.loop import (
+    LoopSpec,
+    commit_checkpoint,
+    newest_checkpoint,
+    plain_step,
+    run_loop,
+)
+from polytrain.runtime.precision import DTYPES, Precision
 from polytrain.runtime.supports import Supports
-from polytrain.strategies.base import Strategy
+from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.data.zero import optimizer_state_bytes, peak_memory
-from polytrain.strategies.data.zero_shard import layers_of
+from polytrain.strategies.data.zero_units import layers_of
 
-NO_CHECKPOINT = ("its parameters are FSDP2 DTensor shards, which polytrain's checkpoint store does "
-                 "not write yet")
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
 
 
 class FsdpOptions(BaseModel):
@@ -81,7 +106,66 @@ def count_fsdp_traffic(comm: Comm) -> None:
 
 
 def _local(t: torch.Tensor | None) -> torch.Tensor | None:
-    return t.to_local() if t is not None and hasattr(t, "to_local") else t
+    return None if t is None else local(t)
+
+
+def _full(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's state_dict (collective: every rank gathers every DTensor)."""
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+            for k, v in model.state_dict().items()}
+
+
+def save_fsdp(job: Job, ctx: RankContext, model: nn.Module, optimizer: torch.optim.Optimizer,
+              amp: Precision | None, step: int) -> None:
+    """Collective: every rank writes its local shards and optimizer state, rank 0 also the
+    consolidated ``model.pt``, then rank 0 seals the checkpoint."""
+    opt = optimizer.state_dict()
+    ctx.checkpoints.write_rank(step, ctx.rank, {
+        "step": torch.tensor(step), "rng": torch.get_rng_state(),
+        "model": {k: local(v).detach().clone() for k, v in model.state_dict().items()},
+        "optimizer": {"param_groups": opt["param_groups"],
+                      "state": {i: {k: local(v).clone() if isinstance(v, torch.Tensor) else v
+                                    for k, v in st.items()} for i, st in opt["state"].items()}},
+        "precision": amp.state() if amp is not None else {}})
+    full = _full(model)
+    if ctx.is_leader:
+        path = ctx.checkpoints.stage(step) / "model.pt"
+        torch.save(full, path.with_suffix(".part"))
+        path.with_suffix(".part").rename(path)
+    ctx.comm.barrier()  # every rank's file is written
+    if ctx.is_leader:
+        commit_checkpoint(job, ctx, step)
+
+
+def restore_fsdp(ctx: RankContext, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 amp: Precision | None) -> int:
+    """Copy this rank's saved shards back into its DTensors; rebuild the optimizer's state as
+    DTensors laid out like their parameters."""
+    from torch.distributed.tensor import DTensor
+
+    ckpt = newest_checkpoint(ctx)
+    state = CheckpointStore.load_rank(ckpt, ctx.rank)
+    with torch.no_grad():
+        for k, v in model.state_dict().items():
+            saved = state["model"][k]
+            if local(v).shape != saved.shape:
+                raise ConfigError(f"Checkpoint {ckpt} holds shards of another layout ({k}: "
+                                  f"{tuple(saved.shape)}, here {tuple(local(v).shape)}); resume "
+                                  "with the --procs and wrap it was written with.")
+            local(v).copy_(saved)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    opt = state["optimizer"]
+    for i, st in opt["state"].items():
+        p = params[int(i)]
+        for k, v in st.items():
+            if isinstance(p, DTensor) and isinstance(v, torch.Tensor) and v.dim() > 0:
+                st[k] = DTensor.from_local(v, p.device_mesh, p.placements, shape=p.shape,
+                                           stride=p.stride())
+    optimizer.load_state_dict(opt)
+    if amp is not None:
+        amp.load_state(state.get("precision", {}))
+    torch.set_rng_state(state["rng"])
+    return int(state["step"])
 
 
 def fsdp_held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
@@ -104,27 +188,51 @@ class Fsdp(Strategy):
     family = "data"
     summary = "PyTorch FSDP2 (fully_shard per layer): parameters, gradients, optimizer state sharded"
     Options = FsdpOptions
-    supports = Supports().without(NO_CHECKPOINT, "checkpoint", "resume").without(
-        "not wired to FSDP2's sharded parameters and mixed-precision policy yet",
-        "lr_schedule", "clip", "grad_accum", "precision", "recompute")
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, precision=True).without(
+        "its forward is not wrapped for recomputation", "recompute")
+    exact = True
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        w = scene.cluster.world
+        if w >= 2 and scene.batch % w == 0:
+            yield w, {}
+            yield w, {"reshard_after_forward": False}
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        """ZeRO stage 3 with FSDP2's default prefetch of the next layer (``wrap=layer``)."""
+        from polytrain.plan.estimate_shard import sharded
+
+        o: FsdpOptions = self.options  # type: ignore[assignment]
+        if o.wrap == "model":
+            return "the planner prices fsdp per layer (wrap=layer) only"
+        return sharded(scene, world, 3, prefetch=True, keep_gathered=not o.reshard_after_forward)
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_divisible(cfg, world, self.name)
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         opts: FsdpOptions = self.options  # type: ignore[assignment]
         model = job.build_model().to(ctx.device)
         count_fsdp_traffic(ctx.comm)
+        low = DTYPES[job.config.precision]
+        policy = (MixedPrecisionPolicy() if low == torch.float32 else
+                  MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low))
         if opts.wrap == "layer":
             for layer in layers_of(model):
                 if any(True for _ in layer.parameters()):
-                    fully_shard(layer, reshard_after_forward=opts.reshard_after_forward)
-        fully_shard(model, reshard_after_forward=opts.reshard_after_forward)
+                    fully_shard(layer, reshard_after_forward=opts.reshard_after_forward,
+                                mp_policy=policy)
+        fully_shard(model, reshard_after_forward=opts.reshard_after_forward, mp_policy=policy)
         optimizer = job.make_optimizer(model.parameters())
-        spec = LoopSpec(model=model, optimizer=optimizer, step_fn=plain_step(job, ctx, model, optimizer),
+        step = plain_step(job, ctx, model, optimizer, split=GradSplit(ctx.comm))
+        amp: Precision | None = getattr(step, "precision", None)
+        spec = LoopSpec(model=model, optimizer=optimizer, step_fn=step,
                         part=ctx.rank, parts=ctx.world, replicated=False,
+                        save=lambda i: save_fsdp(job, ctx, model, optimizer, amp, i),
+                        restore=lambda: restore_fsdp(ctx, model, optimizer, amp),
                         metrics={"wrap": opts.wrap, "reshard_after_forward": opts.reshard_after_forward})
         result = run_loop(job, ctx, spec)  # every rank evaluates: a forward gathers collectively
         result.strategy_metrics.update({
@@ -132,7 +240,6 @@ class Fsdp(Strategy):
             "optimizer_bytes_per_param": optimizer_state_bytes(job.config),
             "held_bytes": fsdp_held_bytes(model, optimizer), **peak_memory(ctx.device)})
         if result.model_state is not None:
-            full = {k: v.full_tensor() if hasattr(v, "full_tensor") else v
-                    for k, v in model.state_dict().items()}  # collective on every rank
-            result.model_state = {k: v.detach().clone() for k, v in full.items()} if ctx.is_leader else None
+            full = _full(model)  # collective on every rank
+            result.model_state = full if ctx.is_leader else None
         return result

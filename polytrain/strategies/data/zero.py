@@ -10,6 +10,13 @@ again before its backward, and freed after each. Stages 1–2 send what an all-r
 (one more all-gather), Ψ' the parameter count padded per unit to a multiple of W. The layout and
 the hooks live in :mod:`polytrain.strategies.data.zero_shard`.
 
+Training features: ``--precision bf16|fp16`` keeps the shards as fp32 master weights and
+gathers, computes and reduce-scatters in the low precision (under autocast, as ``single`` does);
+fp16's loss scaler agrees on overflows across the ranks (``Precision(shards=...)``).
+``--grad-accum K`` runs K micro-steps (stage 1: one reduce-scatter a step; stages 2–3: one a
+micro-step, added into the shard). ``--clip-grad-norm X`` takes the global norm from the gradient
+shards (each element on one rank) with one 4-byte all-reduce (:mod:`polytrain.runtime.clip`).
+
 Checkpoints: each rank writes its shards and its optimizer state (``rank<r>.pt``); rank 0 also
 writes the consolidated ``model.pt`` in the model's own key names. A resume needs the same W.
 """
@@ -17,7 +24,8 @@ writes the consolidated ``model.pt`` in the model's own key names. A resume need
 from __future__ import annotations
 
 import resource
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -25,15 +33,22 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from polytrain.comm.ddp_hooks import sync_buffers
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
+from polytrain.runtime.accumulate import accumulate
 from polytrain.runtime.checkpoint import CheckpointStore
+from polytrain.runtime.clip import GradSplit, clip_grad_norm
 from polytrain.runtime.divergence import all_finite
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, StepFn, commit_checkpoint, newest_checkpoint, run_loop
+from polytrain.runtime.precision import Precision
 from polytrain.runtime.supports import Supports
-from polytrain.strategies.base import Strategy
+from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.data.allreduce import check_divisible
 from polytrain.strategies.data.zero_memory import formula_bytes, held_bytes
-from polytrain.strategies.data.zero_shard import ShardedModel, bucket_units, layer_units
+from polytrain.strategies.data.zero_shard import ShardedModel
+from polytrain.strategies.data.zero_units import bucket_units, layer_units
+
+if TYPE_CHECKING:
+    from polytrain.plan.estimate import Estimate, Scene
 
 DEFAULT_BUCKET_MB = 25.0
 NO_CODEC = ("zero's reduce-scatter and all-gather carry dense shards, and no codec is wired into "
@@ -59,8 +74,9 @@ class ZeroOptions(BaseModel):
 
 
 def optimizer_state_bytes(cfg: JobConfig) -> int:
-    """K: bytes of optimizer state per fp32 parameter (Adam: two moments; momentum: a velocity)."""
-    return {"adam": 8, "momentum": 4}.get(cfg.optimizer, 0)
+    """K: bytes of optimizer state per fp32 parameter (Adam, AdamW: two moments; momentum: a
+    velocity)."""
+    return {"adam": 8, "adamw": 8, "momentum": 4}.get(cfg.optimizer, 0)
 
 
 def count_params(cfg: JobConfig) -> int | None:
@@ -84,9 +100,25 @@ class Zero(Strategy):
     family = "data"
     summary = "ZeRO stages 1-3: optimizer state, gradients and parameters sharded over the ranks"
     Options = ZeroOptions
-    supports = Supports(why={"compression": NO_CODEC}).without(
-        "its sharded step does not apply it yet (the hooks exist: optimizer_step, grad_norm_sq)",
-        "lr_schedule", "clip", "grad_accum", "precision", "recompute")
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, precision=True,
+                        why={"compression": NO_CODEC}).without(
+        "its stage-3 hooks gather a layer around its forward, not around a recomputation",
+        "recompute")
+    exact = True
+
+    @classmethod
+    def offers(cls, scene: Scene) -> Iterator[Offer]:
+        w = scene.cluster.world
+        if w >= 2 and scene.batch % w == 0 and scene.profile.param_bytes >= 4 * w:
+            for stage in (1, 2, 3):
+                yield w, {"stage": stage}
+            yield w, {"stage": 3, "prefetch": 1}
+
+    def price(self, scene: Scene, world: int) -> Estimate | str:
+        from polytrain.plan.estimate_shard import sharded
+
+        o: ZeroOptions = self.options  # type: ignore[assignment]
+        return sharded(scene, world, o.stage, o.bucket_mb or DEFAULT_BUCKET_MB, bool(o.prefetch))
 
     def check(self, cfg: JobConfig, world: int) -> None:
         opts: ZeroOptions = self.options  # type: ignore[assignment]
@@ -112,42 +144,62 @@ class Zero(Strategy):
         check_param_count(sum(p.numel() for p in params), ctx.world)
         units = (layer_units(model, ctx.world) if opts.stage == 3 else
                  bucket_units(params, ctx.world, opts.bucket_mb or DEFAULT_BUCKET_MB))
-        sm = ShardedModel(model, units, ctx.comm, opts.stage, opts.prefetch)
+        amp = Precision(job.config.precision, ctx.device, shards=ctx.comm)
+        sm = ShardedModel(model, units, ctx.comm, opts.stage, opts.prefetch, dtype=amp.dtype)
         optimizer = job.make_optimizer(sm.optimizer_params())
-        spec = LoopSpec(model=model, optimizer=optimizer, step_fn=zero_step(job, ctx, sm, optimizer),
-                        part=ctx.rank, parts=ctx.world, replicated=opts.stage < 3,
-                        save=lambda step: save_sharded(job, ctx, sm, optimizer, step),
-                        restore=lambda: restore_sharded(ctx, sm, optimizer),
-                        metrics={"stage": opts.stage, "units": len(units), "prefetch": opts.prefetch})
+
+        def evaluate() -> dict[str, float]:
+            with amp.autocast():  # the units are in the compute dtype under mixed precision
+                return job.evaluate(model)
+
+        spec = LoopSpec(model=model, optimizer=optimizer, step_fn=zero_step(job, ctx, sm, optimizer, amp),
+                        part=ctx.rank, parts=ctx.world, replicated=not sm.collective_state,
+                        save=lambda step: save_sharded(job, ctx, sm, optimizer, amp, step),
+                        restore=lambda: restore_sharded(ctx, sm, optimizer, amp), evaluate=evaluate,
+                        metrics={"stage": opts.stage, "units": len(units), "prefetch": opts.prefetch},
+                        precision=amp)
         result = run_loop(job, ctx, spec)
         result.strategy_metrics.update(memory_report(job, ctx, sm, optimizer))
-        if opts.stage == 3 and result.model_state is not None:
+        if sm.collective_state and result.model_state is not None:
             full = sm.consolidated()  # collective: every rank evaluated, every rank gathers
             result.model_state = full if ctx.is_leader else None
         return result
 
 
-def zero_step(job: Job, ctx: RankContext, sm: ShardedModel, optimizer: torch.optim.Optimizer) -> StepFn:
-    """One step: forward and backward (the hooks reduce-scatter each unit's gradient as it is
-    ready, and at stage 3 gather and free layers), wait for the reductions, update the shards."""
-    rec = ctx.recorder
-    skip_nonfinite = job.config.on_nonfinite == "skip"
+def zero_step(job: Job, ctx: RankContext, sm: ShardedModel, optimizer: torch.optim.Optimizer,
+              amp: Precision) -> StepFn:
+    """One step: ``--grad-accum`` micro-steps of forward and backward (the hooks reduce-scatter
+    each unit's gradient as it is ready, and at stage 3 gather and free layers), each followed by
+    waiting for its reductions; then unscale (fp16), clip by the global norm, update the shards."""
+    rec, cfg = ctx.recorder, job.config
+    skip_nonfinite = cfg.on_nonfinite == "skip" and amp.scaler is None  # a scaler skips itself
+    split = GradSplit(ctx.comm)  # every gradient element on exactly one rank
 
     def step(i: int, x: torch.Tensor, y: torch.Tensor) -> float:
         x, y = x.to(ctx.device), y.to(ctx.device)
         sm.begin_step()
-        with rec.span("forward", step=i):
-            loss = job.forward_loss(sm.model, x, y)
-        with rec.span("backward", step=i):
-            loss.backward()
-        with rec.span("reducescatter-wait", "comm", step=i):
-            sm.finish_backward()
+
+        def loss_of(f: Any, xm: torch.Tensor, ym: torch.Tensor) -> torch.Tensor:
+            with rec.span("forward", step=i), amp.autocast():
+                return job.forward_loss(f, xm, ym)
+
+        def backward(loss: torch.Tensor) -> None:
+            with rec.span("backward", step=i):
+                amp.backward(loss)
+            with rec.span("reducescatter-wait", "comm", step=i):
+                sm.finish_backward()
+
+        loss = accumulate(sm, x, y, cfg.grad_accum, loss_of, backward)
+        amp.unscale(optimizer)
+        if cfg.clip_grad_norm is not None:
+            clip_grad_norm(sm.shards, cfg.clip_grad_norm, split)
         if skip_nonfinite and not _all_ranks_finite(ctx, sm):
             rec.emit("skipped", step=i, reason="non-finite gradient")
-            return float(loss.detach())
+            return loss
         with rec.span("optimizer", step=i):
-            sm.optimizer_step(optimizer)
-        return float(loss.detach())
+            if not sm.optimizer_step(optimizer, amp):
+                rec.emit("skipped", step=i, reason="fp16 gradient overflow; loss scale halved")
+        return loss
 
     return step
 
@@ -161,14 +213,14 @@ def _all_ranks_finite(ctx: RankContext, sm: ShardedModel) -> bool:
 
 
 def save_sharded(job: Job, ctx: RankContext, sm: ShardedModel, optimizer: torch.optim.Optimizer,
-                 step: int) -> None:
+                 amp: Precision, step: int) -> None:
     """Collective: every rank writes its shards and optimizer state; rank 0 also writes the
     consolidated ``model.pt`` (the model's own key names), then seals the checkpoint."""
     ctx.checkpoints.write_rank(step, ctx.rank, {
         "step": torch.tensor(step), "rng": torch.get_rng_state(),
         "shards": {str(i): s.detach().clone() for i, s in enumerate(sm.shards)},
-        "optimizer": optimizer.state_dict()})
-    full = sm.consolidated() if sm.stage == 3 or ctx.is_leader else None
+        "optimizer": optimizer.state_dict(), "precision": amp.state()})
+    full = sm.consolidated() if sm.collective_state or ctx.is_leader else None
     if ctx.is_leader:
         assert full is not None
         path = ctx.checkpoints.stage(step) / "model.pt"
@@ -179,7 +231,8 @@ def save_sharded(job: Job, ctx: RankContext, sm: ShardedModel, optimizer: torch.
         commit_checkpoint(job, ctx, step)
 
 
-def restore_sharded(ctx: RankContext, sm: ShardedModel, optimizer: torch.optim.Optimizer) -> int:
+def restore_sharded(ctx: RankContext, sm: ShardedModel, optimizer: torch.optim.Optimizer,
+                    amp: Precision) -> int:
     """Load this rank's shards and optimizer state from the newest good checkpoint."""
     ckpt = newest_checkpoint(ctx)
     state = CheckpointStore.load_rank(ckpt, ctx.rank)
@@ -190,6 +243,7 @@ def restore_sharded(ctx: RankContext, sm: ShardedModel, optimizer: torch.optim.O
                           "stage differ); resume with the --procs and stage it was written with.")
     sm.load_shards([shards[str(i)] for i in range(len(sm.shards))])
     optimizer.load_state_dict(state["optimizer"])
+    amp.load_state(state.get("precision", {}))
     torch.set_rng_state(state["rng"])
     return int(state["step"])
 
@@ -211,5 +265,6 @@ def memory_report(job: Job, ctx: RankContext, sm: ShardedModel,
     return {"params_total": sum(u.numel for u in sm.units), "params_padded": padded,
             "unit_params": [u.numel for u in sm.units], "optimizer_bytes_per_param": k,
             "held_bytes": held_bytes(sm, optimizer),
-            "formula_bytes": formula_bytes(sm.stage, padded, ctx.world, k, sm.dtype.itemsize),
+            "formula_bytes": formula_bytes(sm.stage, padded, ctx.world, k, sm.dtype.itemsize,
+                                           sm.mixed),
             **peak_memory(ctx.device)}

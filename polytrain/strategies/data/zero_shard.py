@@ -1,18 +1,18 @@
 """The sharded state behind ``zero`` (Rajbhandari et al., "ZeRO: Memory Optimizations Toward
-Training Trillion Parameter Models", SC'20): flat units, their shards, and the hooks that move them.
+Training Trillion Parameter Models", SC'20): the rank's shards of the flat units
+(:mod:`polytrain.strategies.data.zero_units`) and the hooks that move them.
 
-A *unit* is a group of whole parameters flattened into one vector of Ψ_u elements, padded with
-zeros to Ψ'_u = W·⌈Ψ_u/W⌉ so that it splits into W equal chunks of S_u = Ψ'_u/W; rank r owns
-chunk r of every unit (its *shard*). Stages 1–2 make units of consecutive parameters up to
-``bucket_mb`` (DDP's buckets); stage 3 makes one unit per layer (child module), merging layers that
-share a parameter (tied weights), so that a layer's parameters can be gathered just before it runs.
-
-What each rank holds between steps (Ψ' = Σ Ψ'_u, K bytes of optimizer state per element)::
+What each rank holds between steps (Ψ' = Σ Ψ'_u, K bytes of optimizer state per element), fp32::
 
     stage  parameters            gradients                 optimizer state
     1      full units  4Ψ'       full units  4Ψ'           K·Ψ'/W   (its shard's)
     2      full units  4Ψ'       its shards  4Ψ'/W         K·Ψ'/W
     3      its shards  4Ψ'/W     its shards  4Ψ'/W         K·Ψ'/W
+
+Under ``--precision bf16|fp16`` (``dtype``) the shards are fp32 master weights (4Ψ'/W) and the
+gathered units, their gradients and every all-gather and reduce-scatter are in the low precision
+(e = 2 bytes): parameters eΨ' at stages 1–2 (none kept at stage 3), gradients eΨ' at stage 1
+plus the fp32 gradient shard 4Ψ'/W the optimizer reads at every stage.
 
 Each step every unit's gradient is reduce-scattered (its sum's chunk r lands on rank r) as soon
 as backward has produced all of the unit's gradients (post-accumulate-grad hooks; launched in
@@ -21,135 +21,62 @@ asynchronously, so they overlap the rest of backward). The optimizer then steps 
 and stages 1–2 all-gather the updated shards into the full units. Stage 3 instead all-gathers a
 layer's unit before its forward, frees it after, gathers it again when the gradient of the
 layer's output arrives (a tensor hook: the layer's backward is next), and frees it once its
-gradients are reduce-scattered. Parameters keep their ``nn.Parameter`` objects throughout: only
-their ``.data`` points into a gathered unit, or at an empty tensor while freed.
+gradients are reduce-scattered. Its gradients then accumulate straight into one flat buffer
+(each ``p.grad`` a view of it), which is what the reduce-scatter sends: a layer's gradient
+exists once, not as ``p.grad`` plus a flat copy. Parameters keep their ``nn.Parameter`` objects
+throughout: only their ``.data`` points into a gathered unit, or at an empty tensor while freed.
+
+``--grad-accum K``: the step calls the model K times (``__call__``), under ``no_sync()`` but the
+last. Stage 1 then accumulates into its full gradient buffers and reduce-scatters once a step;
+stages 2–3 keep only shards, so they reduce-scatter every micro-step and add into the shard
+(K reduce-scatters a step, and at stage 3 K forward and K backward gathers).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
 from polytrain.comm.accounted import Comm
+from polytrain.runtime.precision import Precision
+from polytrain.strategies.data.zero_units import Unit
 
 EMPTY_SHAPE = (0,)
-# Reduce-scatters in flight at once: each holds its unit's full-size gradient copy (stages 2–3),
-# so an unbounded queue would keep a whole model's gradient alive until backward ends (measured:
-# zero-3's transient memory 11.6 MB against allreduce's 6.1 MB on gpt-mini before this bound).
-MAX_INFLIGHT = 2
-
-
-@dataclass
-class Unit:
-    """One flat unit: its parameters (in order), their shapes, Ψ_u, and the modules whose forward
-    uses it at stage 3 (empty at stages 1–2)."""
-
-    index: int
-    params: list[nn.Parameter]
-    shapes: list[torch.Size]
-    numel: int
-    world: int
-    modules: list[nn.Module] = field(default_factory=list)
-
-    @property
-    def padded(self) -> int:
-        return self.world * math.ceil(self.numel / self.world)
-
-    @property
-    def shard_numel(self) -> int:
-        return self.padded // self.world
-
-
-def bucket_units(params: list[nn.Parameter], world: int, bucket_mb: float) -> list[Unit]:
-    """Stages 1–2: consecutive parameters grouped into units of at most ``bucket_mb`` MiB (one
-    parameter larger than that makes a unit of its own)."""
-    cap = int(bucket_mb * 2**20)
-    groups: list[list[nn.Parameter]] = []
-    size = 0
-    for p in params:
-        nbytes = p.numel() * p.element_size()
-        if not groups or size + nbytes > cap:
-            groups.append([])
-            size = 0
-        groups[-1].append(p)
-        size += nbytes
-    return [_unit(i, g, world) for i, g in enumerate(groups)]
-
-
-def _layers(model: nn.Module) -> tuple[nn.Module, list[nn.Module]]:
-    """The module whose children are the layers (descending through single-child wrappers)."""
-    root = model
-    while len(list(root.children())) == 1 and not list(root.parameters(recurse=False)):
-        root = next(root.children())
-    return root, list(root.children())
-
-
-def layers_of(model: nn.Module) -> list[nn.Module]:
-    """The model's layers: the children of the first module that has more than one."""
-    return _layers(model)[1]
-
-
-def layer_units(model: nn.Module, world: int) -> list[Unit]:
-    """Stage 3: one unit per layer; layers that share a parameter (and those between them) merge.
-    Parameters the root itself owns form a unit gathered around the whole forward."""
-    root, children = _layers(model)
-    groups: list[tuple[list[nn.Module], list[nn.Parameter]]] = []
-    owner: dict[int, int] = {}
-    for child in children:
-        ps = list(child.parameters())
-        hits = {owner[id(p)] for p in ps if id(p) in owner}
-        if not hits:
-            groups.append(([], []))
-        else:  # a tied parameter: this layer and every group since the first sharer become one
-            first = min(hits)
-            mods = [m for g in groups[first:] for m in g[0]]
-            prm = [p for g in groups[first:] for p in g[1]]
-            del groups[first:]
-            groups.append((mods, prm))
-        idx = len(groups) - 1
-        groups[idx][0].append(child)
-        for p in ps:
-            if id(p) not in {id(q) for q in groups[idx][1]}:
-                groups[idx][1].append(p)
-        for p in groups[idx][1]:
-            owner[id(p)] = idx
-    own = list(root.parameters(recurse=False))
-    if own:
-        groups.insert(0, ([root], own))
-    units = [_unit(i, prm, world) for i, (_, prm) in enumerate(g for g in groups if g[1])]
-    for unit, (mods, _) in zip(units, [g for g in groups if g[1]], strict=True):
-        unit.modules = mods
-    return units
-
-
-def _unit(index: int, params: list[nn.Parameter], world: int) -> Unit:
-    return Unit(index, list(params), [p.shape for p in params], sum(p.numel() for p in params), world)
+# Reduce-scatters in flight at once: each holds its unit's full-size gradient (stages 2–3), so an
+# unbounded queue would keep a whole model's gradient alive until backward ends (measured:
+# zero-3's transient memory 11.6 MB against allreduce's 6.1 MB on gpt-mini before a bound). One
+# still overlaps a unit's reduce-scatter with the next unit's backward.
+MAX_INFLIGHT = 1
 
 
 class ShardedModel:
     """The rank's shards of ``model``'s units and the communication that keeps them consistent.
 
-    ``optimizer_params()`` are the tensors the optimizer steps (one shard (S_u,) per unit; their
-    ``.grad`` is the unit's reduced gradient shard, the mean over ranks)."""
+    ``optimizer_params()`` are the tensors the optimizer steps (one shard (S_u,) per unit, in the
+    parameters' own dtype; their ``.grad`` is the unit's reduced gradient shard, the mean over
+    ranks). ``dtype``: the gathered units' and gradients' dtype (default: the parameters')."""
 
     def __init__(self, model: nn.Module, units: list[Unit], comm: Comm, stage: int,
-                 prefetch: int = 0) -> None:
+                 prefetch: int = 0, dtype: torch.dtype | None = None) -> None:
         self.model, self.units, self.comm, self.stage = model, units, comm, stage
         self.prefetch = prefetch  # stage 3: gather the next layer while this one computes
         self._inflight: dict[int, tuple[Any, torch.Tensor]] = {}  # prefetched gathers
         self.world, self.rank = comm.world, comm.rank
         p0 = units[0].params[0]
-        self.device, self.dtype = p0.device, p0.dtype
+        self.device, self.master_dtype = p0.device, p0.dtype
+        self.dtype = dtype or p0.dtype
+        self.mixed = self.dtype != self.master_dtype  # fp32 master shards, low-precision units
         self.full: list[torch.Tensor | None] = []  # gathered units (stages 1–2: always)
         self._buf: list[torch.Tensor] = []  # stage 3: each unit's buffer, its memory freed in place
         self.gbuf: list[torch.Tensor] = []  # stage 1: full-size gradient of each unit
+        self._gflat: dict[int, torch.Tensor] = {}  # stage 3: the flat gradient backward fills
         self.shards: list[torch.Tensor] = []  # (S_u,) each, this rank's chunk
         self._pending: list[Any] = []  # in-flight reduce-scatters
+        self._sync = True  # False under no_sync(): stage 1 reduces nothing this micro-step
         self._ready = [0] * len(units)
         self._launched = [False] * len(units)
         self._next = len(units) - 1  # next unit to reduce (backward runs last unit first)
@@ -170,17 +97,18 @@ class ShardedModel:
         return flat[self.rank * u.shard_numel : (self.rank + 1) * u.shard_numel]
 
     def _build(self, u: Unit) -> None:
-        full = torch.zeros(u.padded, dtype=self.dtype, device=self.device)
-        torch.cat([p.detach().reshape(-1) for p in u.params], out=full[: u.numel])
+        flat = torch.zeros(u.padded, dtype=self.master_dtype, device=self.device)
+        torch.cat([p.detach().reshape(-1) for p in u.params], out=flat[: u.numel])
+        own = self.stage == 3 or self.mixed  # else a view: updating it updates the full unit
+        self.shards.append(self._chunk(flat, u).clone() if own else self._chunk(flat, u))
+        full = flat.to(self.dtype) if self.mixed else flat
         if self.stage == 3:
-            self.shards.append(self._chunk(full, u).clone())  # owns its memory
             self._buf.append(full)
             self.full.append(None)
             self._release(u)
             return
         self.full.append(full)
         self._view(u, full)
-        self.shards.append(self._chunk(full, u))  # a view: updating it updates the full unit
         if self.stage == 1:
             self.gbuf.append(torch.zeros_like(full))
 
@@ -190,6 +118,13 @@ class ShardedModel:
             n = shape.numel()
             p.data = full[at : at + n].view(shape)
             at += n
+
+    def _point_grads(self, u: Unit, flat: torch.Tensor) -> None:
+        """Every ``p.grad`` of ``u`` a view of ``flat``: backward accumulates into it in place."""
+        at = 0
+        for p, shape in zip(u.params, u.shapes, strict=True):
+            p.grad = flat[at : at + shape.numel()].view(shape)
+            at += shape.numel()
 
     def _release(self, u: Unit) -> None:
         for p in u.params:
@@ -208,6 +143,12 @@ class ShardedModel:
             buf.untyped_storage().resize_(u.padded * buf.element_size())
         return buf
 
+    def _send(self, index: int) -> torch.Tensor:
+        """What this rank contributes to unit ``index``'s all-gather: its shard in the units'
+        dtype, never the shard itself at stages 1–2 (a view of the buffer the gather writes)."""
+        s = self.shards[index]
+        return s.to(self.dtype) if self.mixed else (s.clone() if self.stage < 3 else s)
+
     def optimizer_params(self) -> list[torch.Tensor]:
         return self.shards
 
@@ -224,13 +165,12 @@ class ShardedModel:
                 return  # already gathered (a layer called twice, or tied layers)
             else:
                 full = self._alloc(u)
-                self.comm.all_gather_into(full, self.shards[u.index], op=op)
+                self.comm.all_gather_into(full, self._send(u.index), op=op)
             self.full[u.index] = full
             self._view(u, full)
             return
         assert full is not None
-        # the shard is a view of ``full``: send a copy, the backend must not read what it writes
-        self.comm.all_gather_into(full, self.shards[u.index].clone(), op=op)
+        self.comm.all_gather_into(full, self._send(u.index), op=op)
 
     def _prefetch(self, index: int, op: str) -> None:
         """Stage 3, ``prefetch=1``: start gathering unit ``index`` (asynchronously) unless it is
@@ -239,9 +179,8 @@ class ShardedModel:
             return
         if self.full[index] is not None or (op != "allgather" and self._launched[index]):
             return
-        u = self.units[index]
-        full = self._alloc(u)
-        work = self.comm.all_gather_into(full, self.shards[index], op=op, async_op=True)
+        full = self._alloc(self.units[index])
+        work = self.comm.all_gather_into(full, self._send(index), op=op, async_op=True)
         self._inflight[index] = (work, full)
 
     def gather_all(self, op: str = "allgather") -> None:
@@ -256,6 +195,8 @@ class ShardedModel:
 
     def _hook_layers(self, u: Unit) -> None:
         def before(_m: nn.Module, _args: Any) -> None:
+            if self.full[u.index] is not None:
+                return  # gathered already: a tied unit's later layer
             op = "allgather" if torch.is_grad_enabled() else "eval-allgather"
             self.gather(u, op)
             self._prefetch(u.index + 1, op)  # forward runs the units in order
@@ -275,31 +216,50 @@ class ShardedModel:
             with torch.no_grad():
                 self.gather(u, "allgather-backward")
                 self._prefetch(u.index - 1, "allgather-backward")  # backward runs them in reverse
+            if u.index not in self._gflat:  # the layer's gradients go straight into one buffer
+                self._gflat[u.index] = torch.zeros(u.padded, dtype=self.dtype, device=self.device)
+                self._point_grads(u, self._gflat[u.index])
         return grad
 
     # ---- gradients --------------------------------------------------------------------------
     def begin_step(self) -> None:
-        """Before forward: stage 1 points every gradient at its unit's (zeroed) full buffer, so
-        backward accumulates there; stages 2–3 start with no gradients."""
-        self._ready = [0] * len(self.units)
-        self._launched = [False] * len(self.units)
-        self._next = len(self.units) - 1
+        """Before the step's first forward: stage 1 points every gradient at its unit's (zeroed)
+        full buffer, so backward accumulates there; stages 2–3 start with no gradients."""
         for i, u in enumerate(self.units):
             if self.stage == 1:
                 self.gbuf[i].zero_()
-                at = 0
-                for p, shape in zip(u.params, u.shapes, strict=True):
-                    p.grad = self.gbuf[i][at : at + shape.numel()].view(shape)
-                    at += shape.numel()
+                self._point_grads(u, self.gbuf[i])
             else:
                 for p in u.params:
                     p.grad = None
         for s in self.shards:
             s.grad = None
+        self._begin_micro()
+
+    def _begin_micro(self) -> None:
+        self._ready = [0] * len(self.units)
+        self._launched = [False] * len(self.units)
+        self._next = len(self.units) - 1
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """One micro-step's forward (what ``accumulate`` calls)."""
+        self._begin_micro()
+        return self.model(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """A micro-step that is not the step's last: stage 1 only accumulates (no reduce-scatter);
+        stages 2–3 hold no full gradient to accumulate into, so they reduce as usual."""
+        self._sync = self.stage > 1
+        try:
+            yield
+        finally:
+            self._sync = True
 
     def _grad_ready(self, p: torch.Tensor) -> None:
-        i = self._unit_of[id(p)]
-        self._ready[i] += 1
+        if not self._sync:
+            return
+        self._ready[self._unit_of[id(p)]] += 1
         self._launch_ready()
 
     def _launch_ready(self, force: bool = False) -> None:
@@ -317,6 +277,10 @@ class ShardedModel:
         out = torch.empty(u.shard_numel, dtype=self.dtype, device=self.device)
         if self.stage == 1:
             flat = self.gbuf[u.index]
+        elif u.index in self._gflat:  # stage 3: backward filled it through the p.grad views
+            flat = self._gflat.pop(u.index)
+            for p in u.params:
+                p.grad = None
         else:
             flat = torch.zeros(u.padded, dtype=self.dtype, device=self.device)
             at = 0
@@ -325,59 +289,74 @@ class ShardedModel:
                     flat[at : at + shape.numel()].copy_(p.grad.reshape(-1))
                 at += shape.numel()
                 p.grad = None  # stage 2–3: the full gradient is not kept
-            if self.stage == 3:
-                self._release(u)
+        if self.stage == 3:
+            self._release(u)
         work = self.comm.reduce_scatter(out, flat, op="reducescatter", async_op=True)
         self._pending.append((u, work, out, flat))
-        if len(self._pending) > MAX_INFLIGHT:  # bound the gradient copies alive at once
+        while len(self._pending) > MAX_INFLIGHT:  # bound the full gradients alive at once
             self._complete(*self._pending.pop(0))
 
     def _complete(self, u: Unit, work: Any, out: torch.Tensor, flat: torch.Tensor) -> None:
-        """Wait for unit ``u``'s reduce-scatter; its shard's ``.grad`` becomes the mean over ranks
-        (and ``flat``, a full-size copy at stages 2–3, is dropped)."""
+        """Wait for unit ``u``'s reduce-scatter; its mean is added to the shard's ``.grad`` (in
+        the shard's dtype; stage 1 in fp32 keeps it in its chunk of the full gradient)."""
         work.wait()
         out.div_(self.world)
-        if self.stage == 1:  # the reduced chunk replaces this rank's chunk of the full gradient
-            chunk = self._chunk(flat, u)
-            chunk.copy_(out)
-            self.shards[u.index].grad = chunk
+        if self.stage == 1 and not self.mixed:
+            out = self._chunk(flat, u).copy_(out)
+        shard = self.shards[u.index]
+        if shard.grad is None:
+            shard.grad = out.to(self.master_dtype)
         else:
-            self.shards[u.index].grad = out
+            shard.grad.add_(out.to(self.master_dtype))
 
     def finish_backward(self) -> None:
-        """After backward: reduce what no hook launched (unused parameters), wait for every
-        reduce-scatter still in flight."""
+        """After a micro-step's backward: reduce what no hook launched (unused parameters), wait
+        for every reduce-scatter still in flight (nothing under stage 1's ``no_sync``)."""
+        if not self._sync:
+            return
         self._launch_ready(force=True)
         for entry in self._pending:
             self._complete(*entry)
         self._pending = []
 
     # ---- update -----------------------------------------------------------------------------
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """The update, on this rank's shards only (the home of mixed-precision master weights and
-        of gradient clipping when they come), then stages 1–2 gather the updated units."""
-        optimizer.step()
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, amp: Precision | None = None) -> bool:
+        """The update on this rank's shards only (through ``amp``'s scaler under fp16), then
+        stages 1–2 gather the updated units. False when fp16's scaler skipped it."""
+        stepped = True
+        if amp is not None:
+            stepped = amp.step(optimizer)
+        else:
+            optimizer.step()
         if self.stage < 3:
             self.gather_all()
-
-    def grad_norm_sq(self) -> torch.Tensor:
-        """Σ g² over the whole model, from the shards: one all-reduce of the partial sums (padding
-        is zero and adds nothing). Its square root is the global norm ``--clip-grad-norm`` needs."""
-        part = torch.zeros(1, dtype=torch.float64, device=self.device)
-        for s in self.shards:
-            if s.grad is not None:
-                part += s.grad.double().pow(2).sum()
-        self.comm.all_reduce(part, op="gradnorm")
-        return part
+        return stepped
 
     # ---- state ------------------------------------------------------------------------------
     def consolidated(self) -> dict[str, torch.Tensor]:
-        """The full model's state_dict in its own key names (collective at stage 3)."""
-        if self.stage == 3:
-            self.gather_all(op="consolidate")
-        state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self.release_all()
-        return state
+        """The full model's state_dict in its own key names, its parameters from the shards (the
+        fp32 masters under mixed precision); collective at stage 3 and under mixed precision."""
+        if not self.mixed:
+            if self.stage == 3:
+                self.gather_all(op="consolidate")
+            state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            self.release_all()
+            return state
+        values: dict[int, torch.Tensor] = {}
+        for u in self.units:
+            flat = torch.empty(u.padded, dtype=self.master_dtype, device=self.device)
+            self.comm.all_gather_into(flat, self.shards[u.index], op="consolidate")
+            at = 0
+            for p, shape in zip(u.params, u.shapes, strict=True):
+                values[id(p)] = flat[at : at + shape.numel()].view(shape).clone()
+                at += shape.numel()
+        return {k: values[id(v)] if id(v) in values else v.detach().clone()
+                for k, v in self.model.state_dict(keep_vars=True).items()}
+
+    @property
+    def collective_state(self) -> bool:
+        """Whether ``consolidated()`` is collective (every rank must call it)."""
+        return self.stage == 3 or self.mixed
 
     def load_shards(self, shards: list[torch.Tensor]) -> None:
         with torch.no_grad():
@@ -385,7 +364,6 @@ class ShardedModel:
                 s.copy_(saved)
             if self.stage < 3:
                 self.gather_all(op="restore")
-
 
 def _tensors(out: Any) -> Iterator[torch.Tensor]:
     if isinstance(out, torch.Tensor):
