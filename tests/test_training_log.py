@@ -48,6 +48,26 @@ def test_rows_are_written_as_the_ranks_report(tmp_path: Path) -> None:
     assert _rows(tmp_path)[-1]["step"] == "3"
 
 
+def test_no_row_until_every_rank_has_said_whether_it_reports(tmp_path: Path) -> None:
+    """A rank whose first steps are still buffered must not be left out of their mean: with the
+    job's world known, rows wait for every rank's start; a server (losses=False) is not waited
+    for."""
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    step = {"event": "step", "t": 0.1, "samples": 16}
+    start = {"event": "start", "first_step": 1, "steps": 3}
+    _append(ranks / "rank0.jsonl", start | {"rank": 0, "losses": False})  # a server
+    _append(ranks / "rank1.jsonl", start | {"rank": 1, "losses": True},
+            step | {"rank": 1, "step": 1, "loss": 1.0}, step | {"rank": 1, "step": 2, "loss": 1.0})
+    log = LiveLog(ranks, [CsvSink(tmp_path)], world=3)
+    log.poll()
+    assert not (tmp_path / "log.csv").read_text().strip().splitlines()[1:]  # rank 2 unheard of
+    _append(ranks / "rank2.jsonl", start | {"rank": 2, "losses": True},
+            step | {"rank": 2, "step": 1, "loss": 3.0})
+    log.poll()
+    assert [(r["step"], float(r["loss"])) for r in _rows(tmp_path)] == [("1", 2.0)]
+
+
 def test_log_ranks_all_adds_each_ranks_own_loss(tmp_path: Path) -> None:
     """--log-ranks all: the run's row (the mean) and then one row per rank with its own loss;
     the default (0) writes the run's rows only."""

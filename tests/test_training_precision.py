@@ -51,7 +51,8 @@ def test_fp16_scaler_skips_an_overflowed_step_and_recovers() -> None:
 
 def test_precision_refused_where_not_honoured() -> None:
     with pytest.raises(ConfigError, match=r"does not support precision \(--precision bf16\).*"
-                                          r"that does: 1f1b, allreduce, gpipe, .*local-sgd, mesh, .*tensor"):
+                                          r"that does: 1f1b, allreduce, fsdp, gpipe, .*local-sgd, "
+                                          r"mesh, .*tensor, zero"):
         prepare(make_config({"strategy": "pipedream", "procs": 2, "model": "mlp", "precision": "bf16"}))
     with pytest.raises(ConfigError, match="'precision' = 'fp8'"):
         make_config({"precision": "fp8"})

@@ -191,7 +191,8 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
     try:
         sinks = make_sinks(list(cfg.log), run_dir, cfg.strategy, cfg.model_dump(mode="json"))
         with FollowProgress(rank0, prepared.steps, label, console), \
-                LiveLog(run_dir / "ranks", sinks, resume=resume, per_rank=cfg.log_ranks == "all"), \
+                LiveLog(run_dir / "ranks", sinks, resume=resume, per_rank=cfg.log_ranks == "all",
+                        world=cfg.procs), \
                 rank_environment(cfg.procs, agent_dir, rdzv.env), stores_bound_to(rdzv.local_addr), \
                 prompt_stop(states, SHUTDOWN_TIMEOUT_S, lambda: stepped(run_dir / "ranks")):
             elastic_launch(lc, sys.executable)("-m", "polytrain.launch.rank_main", str(payload_path))

@@ -133,13 +133,24 @@ def make_sinks(names: list[str], run_dir: Path, tag: str, config: dict[str, Any]
 
 class StepRows:
     """Step events of every rank folded into rows: a step is complete when every rank that
-    reports losses has reported it (or at the end)."""
+    reports losses has reported it (or at the end).
 
-    def __init__(self) -> None:
+    ``world``: the ranks there are. Each says at its loop's start whether it reports a loss per
+    step (``start`` event, ``losses``: a parameter server does not); until all ``world`` have
+    said so, no step is complete, since a rank whose first steps are still in its buffer would
+    otherwise be left out of their mean. None: the ranks whose events are seen (one host's files
+    of a multi-host run)."""
+
+    def __init__(self, world: int | None = None) -> None:
         self.losses: dict[int, dict[int, float]] = {}  # step -> rank -> loss
         self.head: dict[int, dict[str, Any]] = {}  # step -> rank 0's (else first) event
         self.latest: dict[int, int] = {}  # rank -> its newest step
+        self.reports: dict[int, bool] = {}  # rank -> whether it reports losses (its start event)
+        self.world = world
         self.written = 0
+
+    def started(self, ev: dict[str, Any]) -> None:
+        self.reports[int(ev.get("rank", 0))] = bool(ev.get("losses", True))
 
     def add(self, ev: dict[str, Any]) -> None:
         step, rank = int(ev["step"]), int(ev.get("rank", 0))
@@ -152,7 +163,14 @@ class StepRows:
 
     def ready(self, final: bool = False) -> list[tuple[int, float, int, float, dict[int, float]]]:
         """(step, t, samples, mean loss, loss by rank) of the steps complete now, oldest first."""
-        upto = max(self.losses, default=0) if final else min(self.latest.values(), default=0)
+        if final:
+            upto = max(self.losses, default=0)
+        elif self.world is None:
+            upto = min(self.latest.values(), default=0)
+        elif len(self.reports) < self.world:
+            upto = 0  # a rank has not said yet whether it reports losses
+        else:
+            upto = min((self.latest.get(r, 0) for r, yes in self.reports.items() if yes), default=0)
         rows = []
         for step in sorted(s for s in self.losses if self.written < s <= upto):
             losses, head = self.losses.pop(step), self.head.pop(step)
@@ -166,14 +184,15 @@ class LiveLog:
     """The launcher's thread that writes ``sinks`` from the ranks' event files as they grow."""
 
     def __init__(self, ranks: Path, sinks: list[Sink], interval_s: float = 0.5,
-                 resume: bool = False, per_rank: bool = False) -> None:
+                 resume: bool = False, per_rank: bool = False, world: int | None = None) -> None:
         """``resume``: the files' events so far are logged already; start at their ends.
-        ``per_rank`` (``--log-ranks all``): also each rank's own loss, every step."""
+        ``per_rank`` (``--log-ranks all``): also each rank's own loss, every step.
+        ``world``: the job's ranks, whose files this process sees (`StepRows`)."""
         self.ranks, self.sinks, self.interval_s = ranks, sinks, interval_s
         self.per_rank = per_rank
         self.offsets: dict[Path, int] = ({p: p.stat().st_size for p in ranks.glob("rank*.jsonl")}
                                          if resume else {})
-        self.rows = StepRows()
+        self.rows = StepRows(world)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="polytrain-live-log", daemon=True)
 
@@ -201,6 +220,8 @@ class LiveLog:
         for ev in self._read():
             if ev.get("event") == "step":
                 self.rows.add(ev)
+            elif ev.get("event") == "start":
+                self.rows.started(ev)
             elif ev.get("event") == "eval" and int(ev.get("rank", 0)) == 0:
                 figures: dict[str, float] = {k: float(ev[k]) for k in ("accuracy", "loss") if k in ev}
                 for sink in self.sinks:
@@ -220,7 +241,7 @@ class LiveLog:
                     if not line.endswith("\n"):
                         break  # a line still being written: read it next time
                     self.offsets[path] = self.offsets.get(path, 0) + len(line)
-                    if '"event": "step"' in line or '"event": "eval"' in line:
+                    if '"event": "step"' in line or '"event": "eval"' in line or '"event": "start"' in line:
                         try:
                             out.append(json.loads(line))
                         except ValueError:

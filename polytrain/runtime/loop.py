@@ -259,7 +259,7 @@ def run_loop(job: Job, ctx: RankContext, spec: LoopSpec) -> RankResult:
     samples_at = spec.samples_at or (lambda s: s * job.batch_size)
     ctx.comm.barrier()
     ctx.recorder.start_clock()
-    ctx.recorder.emit("start", first_step=start + 1, steps=job.steps)
+    ctx.recorder.emit("start", first_step=start + 1, steps=job.steps, losses=True)
     rank_mark(ctx.run_dir, ctx.rank, "loop starts (after the start barrier)")
     t0 = time.perf_counter()
     loss = float("nan")

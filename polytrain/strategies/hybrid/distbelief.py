@@ -132,10 +132,10 @@ def _stage_plans(job: Job, o: DistBeliefOptions, lay: Layout) -> list[ShardPlan]
     return [make_plan("size", param_infos(s), o.servers) for s in stages]
 
 
-def _start(job: Job, ctx: RankContext) -> None:
+def _start(job: Job, ctx: RankContext, losses: bool = True) -> None:
     ctx.comm.barrier()
     ctx.recorder.start_clock()
-    ctx.recorder.emit("start", first_step=1, steps=job.steps)
+    ctx.recorder.emit("start", first_step=1, steps=job.steps, losses=losses)
 
 
 def _train(job: Job, ctx: RankContext, pipe: FlushPipeline, client: PSClient, policy: Any, d: int,
@@ -178,7 +178,7 @@ def _serve(job: Job, ctx: RankContext, o: DistBeliefOptions, lay: Layout, plans:
                              cfg.optimizer, policy, lr=cfg.lr, momentum=cfg.momentum,
                              weight_decay=cfg.weight_decay, recorder=ctx.recorder, straggle=ctx.straggle)
     attach_server(job, ctx, server, list(lay.server_ranks))
-    _start(job, ctx)
+    _start(job, ctx, losses=False)
     server.serve()
     stats = {"role": "server", "rank": ctx.rank, **server.stats()}
     flats = [gather_shards(ctx.comm, plans[q], lay.stage_servers(q),

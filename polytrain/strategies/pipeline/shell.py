@@ -275,7 +275,7 @@ class PipelineRun:
         gc.freeze()  # setup's objects: never scanned again (see the module docstring)
         ctx.comm.barrier()
         ctx.recorder.start_clock()
-        ctx.recorder.emit("start", first_step=start + 1, steps=job.steps)
+        ctx.recorder.emit("start", first_step=start + 1, steps=job.steps, losses=True)
         t0 = time.perf_counter()
         last = start
         for steps in _segments(start + 1, job.steps, self.plan, job):

@@ -253,7 +253,7 @@ class Ps(Strategy):
             if ctx.resume:
                 start = restore_server(ctx, server, ctx.rank, len(s["workers"]), plan,
                                        lambda kind, n: make_plan(kind, param_infos(model), n))
-            _start(job, ctx, start)
+            _start(job, ctx, start, losses=False)
             server.serve()
             return self._finish_server(job, ctx, server, plan, s)
         engine = (Engine.from_options(o, ctx.world, ctx.rank, cfg.seed) if o.compressing else None)
@@ -356,8 +356,9 @@ def _decoder(o: PsOptions, job: Job, ctx: RankContext, workers: list[int],
     return decode
 
 
-def _start(job: Job, ctx: RankContext, start: int = 0) -> None:
-    """Every rank, servers included, starts the clock after the same barrier."""
+def _start(job: Job, ctx: RankContext, start: int = 0, losses: bool = True) -> None:
+    """Every rank, servers included, starts the clock after the same barrier (``losses``: the
+    rank reports a loss per step; a server does not)."""
     ctx.comm.barrier()
     ctx.recorder.start_clock()
-    ctx.recorder.emit("start", first_step=start + 1, steps=job.steps)
+    ctx.recorder.emit("start", first_step=start + 1, steps=job.steps, losses=losses)
