@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-STARTING_GRACE_S = 1  # a stop request to ranks that have not trained yet: then SIGKILL
+STARTING_GRACE_S = 0.5  # a stop request to ranks that have not trained yet: then SIGKILL
 # Linux process states (/proc/PID/stat) of a rank that cannot answer: stopped, traced.
 STOPPED_STATES = {"T": "its process was stopped (SIGSTOP)", "t": "its process was stopped by a tracer"}
 
@@ -46,7 +46,8 @@ def prompt_stop(states: dict[int, str], grace_s: float = 10,
     def close(self: Any, death_sig: signal.Signals | None = None, timeout: int = 30) -> None:
         if death_sig is not None:  # a stop on request: the ranks act on the signal
             started = stepped is None or stepped()
-            original(self, death_sig, int(grace_s) if started else STARTING_GRACE_S)
+            # torch types the timeout int; its close waits until monotonic() + timeout, a float
+            original(self, death_sig, int(grace_s) if started else STARTING_GRACE_S)  # type: ignore[arg-type]
             return
         for local_rank, pid in self.pids().items():  # a failure: the survivors cannot help
             state = process_state(pid)
