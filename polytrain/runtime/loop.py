@@ -195,6 +195,19 @@ def commit_checkpoint(job: Job, ctx: RankContext, step: int) -> None:
     ctx.recorder.emit("checkpoint", step=step, path=str(path.relative_to(ctx.run_dir)))
 
 
+def commit_with_model(job: Job, ctx: RankContext, step: int, full: dict[str, torch.Tensor] | None) -> None:
+    """Rank 0 writes the consolidated model ``full`` beside the ranks' files of ``step`` (whole,
+    then renamed), every rank waits until every file is written, and rank 0 commits the step."""
+    if ctx.is_leader:
+        assert full is not None
+        path = ctx.checkpoints.stage(step) / "model.pt"
+        torch.save(full, path.with_suffix(".part"))
+        path.with_suffix(".part").rename(path)
+    ctx.comm.barrier()  # every rank's file is written
+    if ctx.is_leader:
+        commit_checkpoint(job, ctx, step)
+
+
 def newest_checkpoint(ctx: RankContext) -> Path:
     """The newest good checkpoint directory (refused newer ones are noted in the metrics)."""
     ckpt, warnings = ctx.checkpoints.find_good()

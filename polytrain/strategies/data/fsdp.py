@@ -45,7 +45,7 @@ from polytrain.runtime.clip import GradSplit, local
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import (
     LoopSpec,
-    commit_checkpoint,
+    commit_with_model,
     newest_checkpoint,
     plain_step,
     run_loop,
@@ -127,14 +127,7 @@ def save_fsdp(job: Job, ctx: RankContext, model: nn.Module, optimizer: torch.opt
                       "state": {i: {k: local(v).clone() if isinstance(v, torch.Tensor) else v
                                     for k, v in st.items()} for i, st in opt["state"].items()}},
         "precision": amp.state() if amp is not None else {}})
-    full = _full(model)
-    if ctx.is_leader:
-        path = ctx.checkpoints.stage(step) / "model.pt"
-        torch.save(full, path.with_suffix(".part"))
-        path.with_suffix(".part").rename(path)
-    ctx.comm.barrier()  # every rank's file is written
-    if ctx.is_leader:
-        commit_checkpoint(job, ctx, step)
+    commit_with_model(job, ctx, step, _full(model))
 
 
 def restore_fsdp(ctx: RankContext, model: nn.Module, optimizer: torch.optim.Optimizer,

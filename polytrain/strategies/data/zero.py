@@ -38,7 +38,7 @@ from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.clip import GradSplit, clip_grad_norm
 from polytrain.runtime.divergence import all_finite
 from polytrain.runtime.job import Job, RankContext, RankResult
-from polytrain.runtime.loop import LoopSpec, StepFn, commit_checkpoint, newest_checkpoint, run_loop
+from polytrain.runtime.loop import LoopSpec, StepFn, commit_with_model, newest_checkpoint, run_loop
 from polytrain.runtime.precision import Precision
 from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Offer, Strategy
@@ -220,15 +220,7 @@ def save_sharded(job: Job, ctx: RankContext, sm: ShardedModel, optimizer: torch.
         "step": torch.tensor(step), "rng": torch.get_rng_state(),
         "shards": {str(i): s.detach().clone() for i, s in enumerate(sm.shards)},
         "optimizer": optimizer.state_dict(), "precision": amp.state()})
-    full = sm.consolidated() if sm.collective_state or ctx.is_leader else None
-    if ctx.is_leader:
-        assert full is not None
-        path = ctx.checkpoints.stage(step) / "model.pt"
-        torch.save(full, path.with_suffix(".part"))
-        path.with_suffix(".part").rename(path)
-    ctx.comm.barrier()  # every rank's file is written
-    if ctx.is_leader:
-        commit_checkpoint(job, ctx, step)
+    commit_with_model(job, ctx, step, sm.consolidated() if sm.collective_state or ctx.is_leader else None)
 
 
 def restore_sharded(ctx: RankContext, sm: ShardedModel, optimizer: torch.optim.Optimizer,
