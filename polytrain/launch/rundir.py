@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -153,17 +154,13 @@ def write_stopped(run_dir: Path, cfg: JobConfig, stopped: dict[str, Any], *,
                   interrupted: bool = False) -> dict[str, Any]:
     """The launcher's summary of a run whose rank 0 wrote none (a rank failed or diverged, or
     the ranks were killed): what the ranks' event files hold, and ``stopped``: why it ended."""
-    events = []
-    for path in sorted((run_dir / "ranks").glob("rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue  # a line cut short by the kill
-    events.sort(key=lambda e: (e.get("t", 0.0), e.get("rank", 0)))
+    lines = sorted(_event_lines(run_dir / "ranks"), key=lambda e: (e[0], e[1]))  # stable: file order
     with (run_dir / "metrics.jsonl").open("w") as f:
-        for e in events:
-            f.write(json.dumps(e) + "\n")
+        f.writelines(line + "\n" for _, _, line in lines)
+    # only the events the summary reads are parsed: a long run's files hold hundreds of
+    # thousands of spans, and parsing them all kept a stopped launcher busy for seconds
+    events = [json.loads(line) for _, _, line in lines
+              if '"event": "step"' in line or '"event": "divergence"' in line]
     steps = [e for e in events if e.get("event") == "step"]
     last = max((int(e["step"]) for e in steps), default=0)
     losses = [e["loss"] for e in steps if e["step"] == last and e.get("loss") is not None]
@@ -178,6 +175,35 @@ def write_stopped(run_dir: Path, cfg: JobConfig, stopped: dict[str, Any], *,
                "config": cfg.model_dump(mode="json")}
     atomic_json(run_dir / "summary.json", summary)
     return summary
+
+
+_T = re.compile(r'"t": (-?[0-9.eE+-]+)')
+
+
+def _event_lines(ranks: Path) -> list[tuple[float, int, str]]:
+    """Every rank's event lines as (t, rank, line), as written (each file's lines whole but its
+    last, which a kill may have cut short: that one only if it parses)."""
+    out = []
+    for path in sorted(ranks.glob("rank*.jsonl")):
+        rank = int(path.stem.removeprefix("rank")) if path.stem[4:].isdigit() else 0
+        lines = path.read_text().splitlines()
+        if lines:
+            try:
+                json.loads(lines[-1])
+            except ValueError:
+                lines.pop()  # a line cut short by the kill
+        for line in lines:
+            at = line.find('"t": ')
+            end = line.find(",", at)
+            if at < 0:
+                t = 0.0
+            elif end > at:
+                t = float(line[at + 5:end])
+            else:  # "t" the last key
+                m = _T.search(line)
+                t = float(m.group(1)) if m else 0.0
+            out.append((t, rank, line))
+    return out
 
 
 def record_failure(run_dir: Path, cfg: JobConfig, rank: int) -> str:
