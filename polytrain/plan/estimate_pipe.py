@@ -58,13 +58,19 @@ def run_partition(scene: Scene, stages: int, micro: float, partition: str, repli
     return Partition.parse(partition)
 
 
+def micro_batch(scene: Scene, flush: bool, microbatches: int, dp: int = 1) -> float:
+    """Samples per micro-batch of one replica: flush schedules split B/dp into M, stream
+    schedules (pipedream) take B/dp whole."""
+    return scene.batch / dp / microbatches if flush else scene.batch / dp
+
+
 def price_pipeline(scene: Scene, schedule: str, stages: int, microbatches: int, dp: int = 1,
                    partition: str = "auto", replicate: bool = False, link_gbps: float = 10.0,
                    virtual: int | None = None) -> Estimate:
     """A pipeline run with these options priced: its own cut (``partition``, over the P·V chunks
     of ``virtual`` chunks per rank; None: the schedule's default), then `pipeline`."""
     spec = get_schedule(schedule)
-    micro = scene.batch / dp / microbatches if spec.flush else scene.batch / dp
+    micro = micro_batch(scene, spec.flush, microbatches, dp)
     chunks = stages * (virtual or spec.default_virtual)
     if spec.placement != "none" and partition == "auto":  # chunks cut auto as uniform (`chunks`)
         partition = "uniform"
@@ -78,7 +84,7 @@ def planned_partition(scene: Scene, schedule: str, stages: int, microbatches: in
     """The planner's own cut for a candidate (PipeDream's DP on the cluster's link, over the
     schedule's P·V chunks), pinned in the command it recommends."""
     spec = get_schedule(schedule)
-    micro = scene.batch / dp / microbatches if spec.flush else scene.batch / dp
+    micro = micro_batch(scene, spec.flush, microbatches, dp)
     return str(plan_partition(scene, stages * spec.default_virtual, micro))
 
 
@@ -118,7 +124,7 @@ def pipeline(
     chunks = stages * v
     homes = [chunk_rank(c, stages, spec.placement) for c in range(chunks)]
     batch = scene.batch / dp
-    micro = batch / microbatches if flush else batch
+    micro = micro_batch(scene, flush, microbatches, dp)
     part = partition or plan_partition(scene, chunks, micro)
     # each action exchanges a message with every neighbouring chunk on another rank
     fb = [scene.action_fb(a, b, micro, _remote(homes, c)) for c, (a, b) in enumerate(part.bounds)]
