@@ -240,9 +240,10 @@ def _report(console: Console, path: Path, skip: bool, tensorboard: bool = False)
 def _resolve_auto(args: argparse.Namespace) -> None:
     """``--strategy auto``: the planner's first choice replaces the strategy and its options."""
     if args.strategy != "auto":
-        if args.cluster is not None:
-            raise ConfigError("--cluster is read by --strategy auto only. Fix: add --strategy auto, "
-                              "or drop --cluster.")
+        for flag, given in (("--cluster", args.cluster is not None), ("--allow-inexact", args.allow_inexact)):
+            if given:
+                raise ConfigError(f"{flag} is read by --strategy auto only. Fix: add --strategy auto, "
+                                  f"or drop {flag}.")
         return
     if any("." not in s.split("=", 1)[0] for s in args.sets):
         raise ConfigError("--strategy auto chooses the strategy options itself. Fix: drop the strategy "

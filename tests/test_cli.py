@@ -55,6 +55,7 @@ BAD = [
     (["--steps", "100000000000000000000"], "at most 1e\\+12 steps"),
     (["--out", ""], "--out is empty"),
     (["--cluster", ""], "--cluster is read by --strategy auto only"),
+    (["--allow-inexact"], "--allow-inexact is read by --strategy auto only"),
     (["--dataset", "tests.bad_data:empty"], "inputs but 0 labels|train split is empty"),
     (["--dataset", "tests.bad_data:negative"], "labels include -1"),
     (["--dataset", "tests.bad_data:mismatch"], "32 inputs but 30 labels"),
