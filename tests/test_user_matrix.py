@@ -48,6 +48,7 @@ EXACT: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {
     "1f1b": (2, {"microbatches": 2}, SPLIT),
     "tensor": (2, {"tp_plan": "auto"}, {}),
     "mesh": (4, {"dp": 2, "pp": 2, "microbatches": 2}, SPLIT),
+    "zb-h1": (2, {"microbatches": 2}, SPLIT),  # split backward (B, then W) on the user's blocks
 }
 # hogwild on one worker: with two, a rank may read the other's first write before its forward
 INEXACT: dict[str, tuple[int, dict[str, Any], dict[str, Any]]] = {
@@ -62,7 +63,9 @@ INEXACT_MODELS = {"pipedream": ("hf-llama",)}
 SKIP = {("resnet", "tensor"): "no attention or MLP blocks to shard",
         ("resnet", "gpipe"): "tests/test_user_runs.py covers the traced ResNet pipeline",
         ("resnet", "mesh"): "as gpipe", ("hf-bert", "mesh"): "CI budget: mesh runs on the LMs",
-        ("hf-llama", "mesh"): "CI budget: mesh runs on the LMs"}
+        ("hf-llama", "mesh"): "CI budget: mesh runs on the LMs",
+        ("resnet", "zb-h1"): "as gpipe", ("hf-bert", "zb-h1"): "CI budget: zb-h1 runs on the LMs",
+        ("hf-llama", "zb-h1"): "CI budget: zb-h1 runs on the LMs"}
 STEPS = 3
 
 
