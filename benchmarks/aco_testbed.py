@@ -21,8 +21,8 @@ from typing import Any
 
 from harness import add_common_flags, alternating, fmt_spread, hold_lock, write_results
 
-from polytrain.launch.testbed import Testbed
-from polytrain.launch.testbed_torchrun import run_torchrun
+from polytrain.testbed.hosts import Testbed
+from polytrain.testbed.torchrun import run_torchrun
 
 
 def one_run(hosts: int, seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:

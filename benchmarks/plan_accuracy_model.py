@@ -121,17 +121,13 @@ def testbed_cluster(
 
     cluster = run_cluster(hosts, {"hosts": hosts, "rate_bits_per_s": 8 * parse_rate(nic, "nic")})
     collective, direct, wake = (*hop, 0.0)[:3] if isinstance(hop, list | tuple) else (hop, None, 0.0)
-    return dataclasses.replace(
-        cluster,
-        procs_per_host=1,
-        latency_s=cluster.latency_s + alpha,
-        intra_latency_s=cluster.intra_alpha + alpha,
-        cores=max(0.25, MACHINE_CORES - per_host * hosts),
-        call_s=call,
-        hop_s=collective,
-        direct_hop_s=direct,
-        wake_s=wake or 0.0,
-    )
+    from polytrain.plan.calibration import emulate
+
+    hardware = dataclasses.replace(cluster, procs_per_host=1, latency_s=cluster.latency_s + alpha,
+                                   intra_latency_s=cluster.intra_alpha + alpha)
+    return emulate(hardware, cores=max(0.25, MACHINE_CORES - per_host * hosts),
+                   burst_bytes=cluster.burst_bytes, call_s=call, hop_s=collective, direct_hop_s=direct,
+                   wake_s=wake or 0.0)
 
 
 def predict(

@@ -5,7 +5,7 @@ collective after each piece of a block's compute), measured and set beside the p
         [--bytes 1024,524288] [--compute-ms 0,4,12] [--iterations 30] [--repeats 5]
         [--frozen benchmarks/results/plan_accuracy_1129f_1130e.json] [--name plan_blocking]
 
-One process per emulated host (``polytrain.launch.testbed``, one torch thread each); per
+One process per emulated host (``polytrain.testbed.hosts``, one torch thread each); per
 (hosts, nic), ``--repeats`` jobs (a fresh testbed each, the (hosts, nic) pairs interleaved), each
 running every (bytes, compute) case, interleaved in rounds of 5 iterations (``plan_blocking_rank.py``).
 An iteration: ``compute_ms`` of matmuls (timed by each rank alone), then one blocking all-reduce of
@@ -36,8 +36,8 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 from harness import write_results  # noqa: E402
 
-from polytrain.launch.testbed import Testbed  # noqa: E402
-from polytrain.launch.testbed_torchrun import run_torchrun, testbed_record  # noqa: E402
+from polytrain.testbed.hosts import Testbed  # noqa: E402
+from polytrain.testbed.torchrun import run_torchrun, testbed_record  # noqa: E402
 
 
 def run_ranks(hosts: int, nic: str, script: str, cases: list[Any], iterations: int) -> dict[str, Any]:

@@ -9,7 +9,7 @@ scheduled). `plan_accuracy.py --hops-from` prices the testbed with these figures
     sudo .venv/bin/python benchmarks/plan_hops.py [--hosts 2,4,8] [--nic 1gbit]
         [--bytes 4096,262144] [--ops allreduce,...] [--iterations 30] [--repeats 5] [--name plan_hops]
 
-One process per emulated host (``polytrain.launch.testbed``, one torch thread each); per host count
+One process per emulated host (``polytrain.testbed.hosts``, one torch thread each); per host count
 ``--repeats`` jobs (a fresh testbed each, host counts interleaved), each running every (operation,
 bytes) case back to back, interleaved in rounds of 5 (``plan_hops_rank.py``); the first of each round
 is left out. Per job and case the mean time of the operation (all-reduce, all-gather: the median over
@@ -56,12 +56,13 @@ def priced_s(op: str, nbytes: float, hosts: int, nic: str) -> float:
     """The planner's α–β time of the operation on the testbed's links, cores not shared."""
     import dataclasses
 
+    from polytrain.plan.calibration import emulate
     from polytrain.plan.cluster import parse_rate
     from polytrain.plan.cost import allgather_s, nic_link, ring_allreduce_s
     from polytrain.plan.predict import run_cluster
 
-    cluster = dataclasses.replace(
-        run_cluster(hosts, {"hosts": hosts, "rate_bits_per_s": 8 * parse_rate(nic, "nic")}), cores=None)
+    testbed = run_cluster(hosts, {"hosts": hosts, "rate_bits_per_s": 8 * parse_rate(nic, "nic")})
+    cluster = emulate(dataclasses.replace(testbed), burst_bytes=testbed.burst_bytes)  # cores not shared
     link = nic_link(cluster)
     if op == "allreduce":
         return ring_allreduce_s(nbytes, hosts, link)

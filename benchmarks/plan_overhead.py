@@ -44,8 +44,11 @@ def predicted_without_overhead(model: str, hosts: int, profiles: dict[str, Any])
     from polytrain.plan.predict import run_cluster
 
     cluster = run_cluster(hosts, {"hosts": hosts, "rate_bits_per_s": 1e9})
-    cluster = dataclasses.replace(cluster, procs_per_host=1,
-                                  cores=max(0.25, pa.MACHINE_CORES - FITTED["per_host"] * hosts))
+    from polytrain.plan.calibration import emulate
+
+    cluster = emulate(dataclasses.replace(cluster, procs_per_host=1),
+                      cores=max(0.25, pa.MACHINE_CORES - FITTED["per_host"] * hosts),
+                      burst_bytes=cluster.burst_bytes)
     scene = Scene(profiles[model], cluster, BATCH[model], FITTED["scale"])
     # the planner's own local-sgd step, its one average spread over so many steps that it is nil
     return local_sgd(scene, hosts, 10**9).step_s, cluster.contention(hosts)

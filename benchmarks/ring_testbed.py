@@ -4,11 +4,11 @@ against the link rate, and ring / builtin, in the same processes.
     sudo .venv/bin/python benchmarks/ring_testbed.py [--hosts 2,4,8] [--nics 100mbit,1gbit]
         [--repeats 5] [--mib 100mbit=8,1gbit=32] [--segment-elems 262144] [--name ring_testbed]
 
-One process per emulated host (``polytrain.launch.testbed``), one float32 tensor; per case,
+One process per emulated host (``polytrain.testbed.hosts``), one float32 tensor; per case,
 ``--repeats`` timed calls of each implementation, interleaved (``ring_testbed_rank.py``). Bus
 bandwidth = 2(W−1)/W · bytes / time (nccl-tests' definition), time = the slowest rank's. The
 link ceiling for bulk TCP is 95.6 % of the rate (the shaper counts frame headers; see
-``polytrain/launch/testbed.py``). CPU-bound is judged from what was measured during the timed
+``polytrain/testbed/hosts.py``). CPU-bound is judged from what was measured during the timed
 calls: the machine's CPU busy fraction (``/proc/stat``) and the ranks' CPU seconds per wall
 second (summed over ranks, as a share of the machine's cores; the busy fraction also counts
 other jobs on the machine and the kernel's shaping); a case is marked CPU-bound when the
@@ -32,9 +32,9 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 from harness import fmt_spread, spread, write_results  # noqa: E402
 
 from polytrain.comm.ring import DEFAULT_SEGMENT_ELEMS  # noqa: E402
-from polytrain.launch.netns import parse_rate  # noqa: E402
-from polytrain.launch.testbed import Testbed  # noqa: E402
-from polytrain.launch.testbed_torchrun import run_torchrun, testbed_record  # noqa: E402
+from polytrain.testbed.hosts import Testbed  # noqa: E402
+from polytrain.testbed.netns import parse_rate  # noqa: E402
+from polytrain.testbed.torchrun import run_torchrun, testbed_record  # noqa: E402
 
 CPU_BOUND_BUSY = 0.90
 

@@ -22,7 +22,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 from harness import alternating, fmt_spread, write_results  # noqa: E402
 
-from polytrain.launch.netns import parse_rate  # noqa: E402
+from polytrain.testbed.netns import parse_rate  # noqa: E402
 from tests.test_testbed import measure_allreduce  # noqa: E402
 
 

@@ -4,7 +4,7 @@ root): what one pipeline boundary message costs on the testbed.
     sudo .venv/bin/python benchmarks/testbed_p2p.py [--hosts 2] [--nics 100mbit,1gbit]
         [--sizes 4,32768,131072,524288] [--repeats 50] [--name testbed_p2p]
 
-One process per emulated host (``polytrain.launch.testbed``), ranks 0 and 1 on two hosts play
+One process per emulated host (``polytrain.testbed.hosts``), ranks 0 and 1 on two hosts play
 ping-pong with gloo send/recv (``testbed_p2p_rank.py``); a message's time is half a round trip,
 median (min–max) of ``--repeats``. Beside it: the planner's price of the same message on the
 same cluster (`plan.cost.p2p_s` on `plan.predict.run_cluster`) with the shapers' bucket as
@@ -27,12 +27,12 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 from harness import fmt_spread, write_results  # noqa: E402
 
-from polytrain.launch.netns import parse_rate  # noqa: E402
-from polytrain.launch.testbed import Testbed  # noqa: E402
-from polytrain.launch.testbed_torchrun import run_torchrun  # noqa: E402
 from polytrain.plan.cluster import Cluster  # noqa: E402
 from polytrain.plan.cost import p2p_s, refilled  # noqa: E402
 from polytrain.plan.predict import run_cluster  # noqa: E402
+from polytrain.testbed.hosts import Testbed  # noqa: E402
+from polytrain.testbed.netns import parse_rate  # noqa: E402
+from polytrain.testbed.torchrun import run_torchrun  # noqa: E402
 
 
 def run_case(hosts: int, nic: str, sizes: str, repeats: int) -> list[dict[str, Any]]:

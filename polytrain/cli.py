@@ -167,11 +167,14 @@ def _add_plan_parsers(sub: Any) -> None:
     p = sub.add_parser("plan", help="predict and rank every strategy on a described cluster")
     _add_model_flags(p)
     p.add_argument("--cluster", help='e.g. "hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,'
-                                     'latency=5us[,cores=N]"; default: this machine with --procs')
+                                     'latency=5us"; default: this machine with --procs')
     p.add_argument("--procs", type=int, default=2, help="world size on this machine (no --cluster)")
     p.add_argument("--memory-limit", help="bytes per rank, e.g. 16GiB")
     p.add_argument("--profile", help="a profile from `polytrain profile --out` (default: measure now)")
     p.add_argument("--compute-scale", type=float, default=1.0, help="multiply profiled compute times")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="price an emulated cluster: its shared cores, shaped links and per-model "
+                        "terms from this file (docs/planner.md, Calibration); default: hardware only")
     p.add_argument("--top", type=int, default=5, help="rows of the table; default 5")
     p.add_argument("--allow-inexact", action="store_true",
                    help="recommend strategies that learn differently from single-process training "
@@ -214,7 +217,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         cfg = load_config(None, _model_overrides(args), args.sets)
     a = PlanArgs(args.cluster, args.procs, args.memory_limit, args.profile, args.compute_scale, args.top,
                  args.json, args.sweep, args.out, args.batch_size, args.model is not None,
-                 args.allow_inexact)
+                 args.allow_inexact, args.calibration)
     return run_plan(cfg, a, console)
 
 
@@ -349,10 +352,58 @@ def cmd_schedule(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def cmd_testbed(args: argparse.Namespace, job: list[str], console: Console) -> int:
-    from polytrain.launch.testbed_job import run_testbed
+def job_argv(ns: argparse.Namespace, drop: tuple[str, ...]) -> list[str]:
+    """A parsed ``train``/``compare`` job written back as flags (leaving out the fields in ``drop``)."""
+    out = ["--config", ns.config] if ns.config else []
+    for field, flag, *_ in JOB_FLAGS:
+        if getattr(ns, field, None) is not None and field not in drop:
+            out += [flag, str(getattr(ns, field))]  # str(float) round-trips exactly
+    for item in ns.sets:
+        out += ["--set", item]
+    for dest, flag in (("activation_checkpointing", "--activation-checkpointing"), ("debug", "--debug"),
+                       ("no_report", "--no-report"), ("tensorboard", "--tensorboard"),
+                       ("allow_inexact", "--allow-inexact")):
+        out += [flag] if getattr(ns, dest, None) else []
+    for dest, flag in (("resume", "--resume"), ("bind", "--bind"), ("cluster", "--cluster")):
+        out += [flag, getattr(ns, dest)] if getattr(ns, dest, None) is not None else []
+    return out
 
-    return run_testbed(args.hosts, args.nic, args.latency, args.loss, args.procs_per_host, job, console)
+
+def cmd_testbed(args: argparse.Namespace, job: list[str], console: Console) -> int:
+    """Parse and validate the job after ``--`` for the testbed's hosts (every rule the hosts' own
+    ``prepare()`` applies), before any emulated host starts, then run it."""
+    import time
+
+    from polytrain.testbed.job import Bed, TestbedJob, per_host, run_testbed
+
+    if not job or job[0] not in ("train", "compare", "aco"):
+        raise ConfigError(
+            "polytrain testbed runs a train, compare or aco job after '--', e.g. "
+            "polytrain testbed --hosts 4 --nic 1gbit -- train --strategy allreduce --procs 4")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if job[0] == "aco":
+        from polytrain.aco.cli import parse_aco_job
+
+        ns, host_args = parse_aco_job(job[1:])
+        nper = per_host(args.hosts, ns.procs, args.procs_per_host)
+        parse_aco_job(job[1:], args.hosts * nper)  # every rule of `polytrain aco` for this world
+        spec = TestbedJob("aco", Path(ns.out or f"runs/{stamp}-testbed-aco"), nper, tuple(host_args))
+    else:
+        from polytrain.config import load_config
+        from polytrain.launch.prepare import prepare
+
+        ns = build_parser().parse_args(job)
+        nper = per_host(args.hosts, ns.procs, args.procs_per_host)
+        names = [ns.strategy or "allreduce"] if job[0] == "train" else \
+            [s.strip() for s in ns.strategies.split(",") if s.strip()]
+        for name in names:  # a bad job is one error line here, not a failure inside N agents
+            cfg = load_config(ns.config, {**_overrides(ns), "strategy": name,
+                                          "procs": args.hosts * nper}, ns.sets)
+            prepare(cfg, hosts=args.hosts, testbed=True)
+        spec = TestbedJob(job[0], Path(ns.out or f"runs/{stamp}-testbed-{job[0]}"), nper,
+                          tuple(job_argv(ns, drop=("procs", "out", "strategy"))), tuple(names),
+                          report=not ns.no_report)
+    return run_testbed(Bed(args.hosts, args.nic, args.latency, args.loss), spec, console)
 
 
 def cmd_strategy(name: str, console: Console) -> int:

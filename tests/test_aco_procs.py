@@ -10,7 +10,7 @@ import pytest
 
 from polytrain.aco.config import ACOConfig
 from polytrain.aco.launch import run_aco
-from polytrain.launch.netns import missing_privileges
+from polytrain.testbed.netns import missing_privileges
 
 pytestmark = pytest.mark.slow
 
@@ -93,14 +93,15 @@ def test_aco_on_the_testbed_equals_one_process_and_counts_the_wire(tmp_path: Pat
 
 
 def test_testbed_aco_refuses_bad_options_before_any_host_starts() -> None:
+    import argparse
+
     from rich.console import Console
 
+    from polytrain.cli import cmd_testbed
     from polytrain.errors import ConfigError
-    from polytrain.launch.testbed_job import run_testbed
 
+    bed = argparse.Namespace(hosts=2, nic="1gbit", latency=None, loss=None, procs_per_host=None)
     with pytest.raises(ConfigError, match="ants"):
-        run_testbed(2, "1gbit", None, None, None, ["aco", "--tsp", "random:30", "--ants", "0"],
-                    Console())
+        cmd_testbed(bed, ["aco", "--tsp", "random:30", "--ants", "0"], Console())
     with pytest.raises(ConfigError, match="invalid 'aco' options"):
-        run_testbed(2, "1gbit", None, None, None, ["aco", "--tsp", "random:30", "--nope", "1"],
-                    Console())
+        cmd_testbed(bed, ["aco", "--tsp", "random:30", "--nope", "1"], Console())

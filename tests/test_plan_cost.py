@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from polytrain.errors import ConfigError
+from polytrain.plan.calibration import emulate
 from polytrain.plan.cluster import Cluster, parse_bytes
 from polytrain.plan.cost import (
     Link,
@@ -114,7 +115,7 @@ def test_ps_messages_pay_alpha_and_shared_cores_by_hand() -> None:
     t = ps_traffic([1.0, 1.0], [0, 1], range(2, 8), cl)
     assert t.phase_s == pytest.approx(0.004, rel=1e-6) and t.solo_s == pytest.approx(0.004, rel=1e-6)
     # on 2 shared cores each hop waits for the machine's 8 ranks: α × 8/2
-    shared = replace(cl, cores=2)
+    shared = emulate(cl, cores=2)
     assert ps_traffic([1.0, 1.0], [0, 1], range(2, 8), shared).phase_s == pytest.approx(0.016, rel=1e-6)
 
 
@@ -147,16 +148,17 @@ def test_cluster_parse_and_errors() -> None:
 def test_shared_cores_scale_alpha_by_hand() -> None:
     # 8 hosts, one rank each, all on 2 shared cores: each message's α is 8/2 = 4 times 1 ms.
     # Ring (tiny message): 2*7 messages * 4 ms; tree: 2*3 levels * 4 ms = 24 ms is the faster
-    cl = Cluster(hosts=8, procs_per_host=1, nic_bps=1e12, intra_bps=1e12, latency_s=1e-3, cores=2)
+    cl = Cluster(hosts=8, procs_per_host=1, nic_bps=1e12, intra_bps=1e12, latency_s=1e-3)
+    cl = emulate(cl, cores=2)
     assert allreduce_s(1.0, range(8), cl) == pytest.approx(0.024, rel=1e-6)
     # 2 of the 8 ranks (a dp×tp mesh's tensor pair): every rank computes between collectives, so
     # the pair's 2 messages wait on the machine's contention too, 2 * 4 ms
     assert allreduce_s(1.0, [0, 1], cl) == pytest.approx(0.008, rel=1e-6)
     # 2 ranks on 2 cores: no contention, α unchanged (tree = ring = 2 messages of 1 ms)
-    pair = Cluster(hosts=2, procs_per_host=1, nic_bps=1e12, intra_bps=1e12, latency_s=1e-3, cores=2)
+    pair = emulate(Cluster(hosts=2, procs_per_host=1, nic_bps=1e12, intra_bps=1e12, latency_s=1e-3), cores=2)
     assert allreduce_s(1.0, [0, 1], pair) == pytest.approx(0.002, rel=1e-6)
     # a call's own time: 0.5 ms per all-reduce or all-gather, times the contention 8/2
-    called = replace(cl, call_s=5e-4)
+    called = emulate(cl, call_s=5e-4)
     assert allreduce_s(1.0, range(8), called) == pytest.approx(0.024 + 0.002, rel=1e-6)
     extra = group_allgather_s(1.0, range(8), called) - group_allgather_s(1.0, range(8), cl)
     assert extra == pytest.approx(0.002)
@@ -169,7 +171,7 @@ def test_shared_cores_scale_alpha_by_hand() -> None:
 def test_collective_steps_pay_the_hop_by_hand() -> None:
     """``hop``: each step of a collective costs its time once, whatever its size and the cores."""
     free = Cluster(hosts=8, procs_per_host=1, nic_bps=1e12, intra_bps=1e12, latency_s=1e-3)
-    hopped = replace(free, hop_s=2e-3)
+    hopped = emulate(free, hop_s=2e-3)
     # ring: 14 steps of (1 + 2) ms = 42 ms; tree: 6 levels of (1 + 2) ms = 18 ms is the faster
     assert allreduce_s(1.0, range(8), hopped) == pytest.approx(0.018, rel=1e-6)
     # a big message: the ring (14 steps, 2·7/8·S on the wire) beats the tree (6 whole messages)
@@ -179,12 +181,9 @@ def test_collective_steps_pay_the_hop_by_hand() -> None:
     # all-gather over 4: 3 steps of (1 + 2) ms
     assert group_allgather_s(1.0, range(4), hopped) == pytest.approx(0.009, rel=1e-6)
     # on shared cores the hop is not multiplied: α grows by 8/2, the hop does not
-    shared = replace(hopped, cores=2)
+    shared = emulate(hopped, cores=2)
     assert allreduce_s(1.0, range(8), shared) == pytest.approx(6 * (4e-3 + 2e-3), rel=1e-6)
-    assert Cluster.parse("hosts=2,hop=1.3ms").hop_s == pytest.approx(1.3e-3)
-    assert "1.3 ms per collective step" in Cluster.parse("hosts=2,hop=1.3ms").describe()
-    with pytest.raises(ConfigError, match=r"'hop' is 'x'.*hop=5us"):
-        Cluster.parse("hosts=2,hop=x")
+    assert "1.3 ms per collective step" in emulate(free, hop_s=1.3e-3).describe()
 
 
 def test_direct_exchange_by_hand() -> None:
@@ -195,21 +194,19 @@ def test_direct_exchange_by_hand() -> None:
     assert direct_exchange_s(8e6, range(8), free) == pytest.approx(0.008, rel=1e-6)
     # a ring all-gather of the same bytes pays 7 α
     assert group_allgather_s(8e6, range(8), free) == pytest.approx(0.014, rel=1e-6)
-    hopped = replace(free, hop_s=2e-3)
+    hopped = emulate(free, hop_s=2e-3)
     assert direct_exchange_s(8e6, range(8), hopped) == pytest.approx(0.008 + 7 * 2e-3, rel=1e-6)
-    direct = replace(hopped, direct_hop_s=1e-3)
+    direct = emulate(hopped, direct_hop_s=1e-3)
     assert direct_exchange_s(8e6, range(8), direct) == pytest.approx(0.008 + 7 * 1e-3, rel=1e-6)
     assert direct_exchange_s(8e6, [3], direct) == 0.0
-    parsed = Cluster.parse("hosts=2,hop=1.3ms,direct_hop=0.9ms")
+    parsed = emulate(free, hop_s=1.3e-3, direct_hop_s=0.9e-3)
     assert (parsed.hop_s, parsed.direct_hop) == pytest.approx((1.3e-3, 0.9e-3))
     assert "0.9 ms per direct message" in parsed.describe()
-    assert Cluster.parse("hosts=2,hop=1.3ms").direct_hop == pytest.approx(1.3e-3)
-    with pytest.raises(ConfigError, match=r"'direct_hop' is '5'.*direct_hop=5us"):
-        Cluster.parse("hosts=2,direct_hop=5")
-    woken = Cluster.parse("hosts=2,cores=2,wake=1ms")
+    assert emulate(free, hop_s=1.3e-3).direct_hop == pytest.approx(1.3e-3)
+    woken = emulate(free, cores=2, wake_s=1e-3)
     assert woken.wake_s == pytest.approx(1e-3) and "1 ms to wake a waiting rank" in woken.describe()
-    with pytest.raises(ConfigError, match=r"'wake' is 1 ms with no 'cores'.*cores=2,wake=1ms"):
-        Cluster.parse("hosts=2,wake=1ms")
+    with pytest.raises(ConfigError, match=r"wake_s is 1 ms with no cores"):
+        emulate(free, wake_s=1e-3)
 
 
 def test_owt_scatters_all_gathers_but_the_last() -> None:
@@ -218,7 +215,7 @@ def test_owt_scatters_all_gathers_but_the_last() -> None:
     from polytrain.plan.estimate import Scene, owt
     from tests.test_plan_recommend import vgg_like
 
-    cl = Cluster(hosts=4, procs_per_host=1, nic_bps=1e9, intra_bps=1e12, latency_s=1e-3, hop_s=2e-3)
+    cl = emulate(Cluster(hosts=4, procs_per_host=1, nic_bps=1e9, intra_bps=1e12, latency_s=1e-3), hop_s=2e-3)
     scene = Scene(vgg_like(), cl, 64)
     prof = scene.profile
     est = owt(scene, 4)
@@ -240,13 +237,9 @@ def test_shaped_link_bucket_by_hand() -> None:
     # ring over 4: each rank sends 2·3/4·S back to back, the bucket helps once per call
     assert ring_allreduce_s(4 * MB, 4, link) == pytest.approx((6 * MB - 50_000) / 1e7 + 6e-4)
     assert allgather_s(4 * MB, 4, link) == pytest.approx((3 * MB - 50_000) / 1e7 + 3e-4)
-    shaped = Cluster(hosts=6, procs_per_host=1, nic_bps=1e8, latency_s=0.0, burst_bytes=MB)
+    shaped = emulate(Cluster(hosts=6, procs_per_host=1, nic_bps=1e8, latency_s=0.0), burst_bytes=MB)
     t = ps_traffic([3 * MB, 1 * MB], [0, 1], [2, 3, 4, 5], shaped)
     assert t.phase_s == pytest.approx(0.11)  # (12 MB − 1 MB) / 100 MB/s
-    assert Cluster.parse("hosts=2,nic=100mbit,burst=50kB").burst_bytes == 50_000
-    assert Cluster.parse("hosts=2,cores=2,call=1.5ms").call_s == pytest.approx(1.5e-3)
-    with pytest.raises(ConfigError, match=r"'call' is '2'.*call=5us"):
-        Cluster.parse("hosts=2,call=2")
     for nic in (1e7, 1e8):  # the bucket never makes a faster link slower
         fast, slow = Link(1e-4, nic * 10, 5e4), Link(1e-4, nic, 5e4)
         assert ring_allreduce_s(MB, 4, fast) <= ring_allreduce_s(MB, 4, slow)
@@ -254,7 +247,7 @@ def test_shaped_link_bucket_by_hand() -> None:
 
 def test_bucket_refills_at_the_shaped_rate_by_hand() -> None:
     """Collectives separated by a little compute find only what the bucket refilled meanwhile."""
-    cl = Cluster(hosts=2, procs_per_host=1, nic_bps=1e8, latency_s=0.0, burst_bytes=MB)
+    cl = emulate(Cluster(hosts=2, procs_per_host=1, nic_bps=1e8, latency_s=0.0), burst_bytes=MB)
     assert refilled(cl, 0.002).burst_bytes == pytest.approx(200_000)  # 2 ms at 100 MB/s
     assert refilled(cl, 0.5).burst_bytes == MB  # never more than the bucket's depth
     assert refilled(cl, -1.0).burst_bytes == 0.0
@@ -272,8 +265,8 @@ def test_bucket_refills_at_the_shaped_rate_by_hand() -> None:
 def test_testbed_cluster_has_the_testbeds_bucket() -> None:
     from types import SimpleNamespace
 
-    from polytrain.launch.testbed import Testbed
     from polytrain.plan.predict import TESTBED_GOODPUT, run_cluster
+    from polytrain.testbed.hosts import Testbed
 
     for bits in (1e8, 1e9, 1e6):
         stub = SimpleNamespace(rate_bits_per_s=int(bits), _delay_us=0, _loss_pct=0.0)
@@ -288,7 +281,8 @@ def test_testbed_cluster_has_the_testbeds_bucket() -> None:
 def test_gloo_all_reduce_is_always_a_ring() -> None:
     """``collectives=ring`` (gloo: its all-reduce has no other algorithm): 2(n−1) steps even where
     a tree or two levels would be faster; ``auto`` (NCCL) takes the fastest."""
-    hopped = Cluster(hosts=8, procs_per_host=1, nic_bps=1e12, intra_bps=1e12, latency_s=1e-3, hop_s=2e-3)
+    hopped = emulate(Cluster(hosts=8, procs_per_host=1, nic_bps=1e12, intra_bps=1e12, latency_s=1e-3),
+                     hop_s=2e-3)
     gloo = replace(hopped, collectives="ring")
     assert allreduce_s(1.0, range(8), hopped) == pytest.approx(6 * 3e-3, rel=1e-6)  # the tree
     assert allreduce_s(1.0, range(8), gloo) == pytest.approx(14 * 3e-3, rel=1e-6)  # the ring

@@ -311,11 +311,12 @@ def test_pipeline_messages_get_only_the_refilled_bucket() -> None:
     compute every message finds it full again."""
     from dataclasses import replace
 
+    from polytrain.plan.calibration import emulate
     from polytrain.plan.estimate_pipe import pipeline
 
     prof = vgg_like()
     plain = Cluster.parse("hosts=2,nic=100mbit,latency=10us")
-    shaped = replace(plain, burst_bytes=50_000)
+    shaped = emulate(plain, burst_bytes=50_000)
     instant = replace(prof, layers=tuple(replace(r, forward_s=1e-9, backward_s=1e-9, forward_fixed_s=0.0,
                                                  backward_fixed_s=0.0) for r in prof.layers))
     for p, refills in ((instant, False), (prof, True)):

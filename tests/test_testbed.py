@@ -5,7 +5,7 @@ skipped, with the reason, only when that is really missing. The whole file takes
 
 Also a tier-4 measurement helper: ``python tests/test_testbed.py --bench`` prints the gloo
 all-reduce bus bandwidth over 2 and 4 emulated hosts at 100mbit and 1gbit (the table quoted
-in ``polytrain/launch/testbed.py``).
+in ``polytrain/testbed/hosts.py``).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 
 from polytrain.errors import ConfigError
-from polytrain.launch import netns
-from polytrain.launch.testbed import Testbed as Bed  # aliases: pytest collects "test*" names
-from polytrain.launch.testbed import parse_latency, parse_loss, parse_rate
-from polytrain.launch.testbed_torchrun import run_torchrun, torchrun_command
-from polytrain.launch.testbed_torchrun import testbed_record as record_of
+from polytrain.testbed import netns
+from polytrain.testbed.hosts import Testbed as Bed  # aliases: pytest collects "test*" names
+from polytrain.testbed.hosts import parse_latency, parse_loss, parse_rate
+from polytrain.testbed.torchrun import run_torchrun, torchrun_command
+from polytrain.testbed.torchrun import testbed_record as record_of
 
 REPO = Path(__file__).resolve().parents[1]
 NO_PRIVILEGE = netns.missing_privileges()
@@ -211,7 +211,7 @@ def test_two_testbeds_at_once_do_not_collide() -> None:
 
 HOLD = """
 import json, sys
-from polytrain.launch.testbed import Testbed as Bed
+from polytrain.testbed.hosts import Testbed as Bed
 with Bed(2, "100mbit") as tb:
     print(json.dumps({"id": tb.id, "subnet": tb.subnet, "ns": tb.namespaces}), flush=True)
     sys.stdin.read()  # hold the testbed until the parent closes our stdin
@@ -237,8 +237,8 @@ def test_concurrent_processes_get_distinct_testbeds() -> None:
 
 HOLD_BUSY = """
 import json, sys, time
-from polytrain.launch import netns
-from polytrain.launch.testbed import Testbed as Bed
+from polytrain.testbed import netns
+from polytrain.testbed.hosts import Testbed as Bed
 with Bed(2, "100mbit") as tb:
     tb.popen(0, ["sleep", "600"])
     tb.popen(1, ["setsid", "sleep", "600"])  # forks out of our process group
@@ -337,8 +337,8 @@ def test_sigkill_of_polytrain_testbed_leaves_nothing_within_5_s(tmp_path: Path) 
 
 CHILD = """
 import json, subprocess, sys, time
-from polytrain.launch import netns
-from polytrain.launch.testbed import Testbed as Bed
+from polytrain.testbed import netns
+from polytrain.testbed.hosts import Testbed as Bed
 with Bed(2, "100mbit") as tb:
     stubborn = tb.popen(0, [sys.executable, "-c", "import signal, time; "
         "signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.signal(signal.SIGINT, "
@@ -416,16 +416,35 @@ def test_allreduce_is_shaped_to_the_configured_rate(tmp_path: Path) -> None:
 def test_testbed_job_is_validated_before_any_host_starts(job: list[str], rule: str) -> None:
     """The whole job goes through the hosts' own ``prepare()`` first: one error line, no host
     started (no root needed to see it)."""
+    import argparse
+
     from rich.console import Console
 
-    from polytrain.launch.testbed_job import run_testbed
+    from polytrain.cli import cmd_testbed
 
+    bed = argparse.Namespace(hosts=3, nic="1gbit", latency=None, loss=None, procs_per_host=None)
     with pytest.raises(ConfigError, match=rule):
-        run_testbed(3, "1gbit", None, None, None, job, Console())
+        cmd_testbed(bed, job, Console())
+
+
+def test_the_hosts_get_the_parsed_job_back_as_flags() -> None:
+    """The testbed's hosts run the job the command line parsed: its flags written back from the
+    namespace, parsed again to the same job (world size, run directory and strategy left to the
+    testbed)."""
+    from polytrain.cli import _overrides, build_parser, job_argv
+
+    job = ["train", "--strategy", "gpipe", "--procs", "4", "--lr", "0.05", "--steps", "7",
+           "--set", "microbatches=4", "--set", "model.width=8", "--activation-checkpointing",
+           "--no-report", "--out", "x", "--grad-accum", "2"]
+    ns = build_parser().parse_args(job)
+    again = build_parser().parse_args(["train", *job_argv(ns, drop=("procs", "out", "strategy"))])
+    assert _overrides(again) == {k: v for k, v in _overrides(ns).items() if k not in ("procs", "out",
+                                                                                      "strategy")}
+    assert again.sets == ns.sets and again.no_report
 
 
 def bench() -> None:
-    """Print the markdown table quoted in polytrain/launch/testbed.py's docstring."""
+    """Print the markdown table quoted in polytrain/testbed/hosts.py's docstring."""
     import tempfile
 
     print("| hosts | nic | bus bandwidth | % of rate | NIC tx / payload | wire tx / payload |")

@@ -80,9 +80,10 @@ def summary_table(s: dict[str, Any]) -> Table:
     return t
 
 
-def check_aco_args(argv: list[str], world: int) -> None:
-    """Validate an ``aco`` command line for ``world`` processes before anything starts (used by
-    ``polytrain testbed -- aco``): every rule of ``polytrain aco`` applies, one-line errors."""
+def parse_aco_job(argv: list[str], world: int | None = None) -> tuple[argparse.Namespace, list[str]]:
+    """An ``aco`` command line parsed for ``polytrain testbed -- aco``: the namespace and the job's
+    flags for every host (without ``--procs`` and ``--out``, which the testbed sets). With
+    ``world``, validated as ``polytrain aco`` on that many processes (one-line errors)."""
     from polytrain.aco.config import ACOConfig
 
     parser = argparse.ArgumentParser(prog="polytrain aco", add_help=False)
@@ -93,8 +94,13 @@ def check_aco_args(argv: list[str], world: int) -> None:
     except SystemExit as e:  # argparse already printed the usage line and the reason
         raise ConfigError(f"invalid 'aco' options after '--': {' '.join(argv)}") from e
     data = {f: getattr(args, f) for f, *_ in ACO_FLAGS if getattr(args, f) is not None}
-    data["procs"] = world
-    ACOConfig.from_dict(data)
+    if world is not None:
+        ACOConfig.from_dict({**data, "procs": world})
+    host_args = [a for f, flag, *_ in ACO_FLAGS if f in data and f not in ("procs", "out")
+                 for a in (flag, str(data[f]))]
+    host_args += ["--no-plots"] if args.no_plots else []
+    host_args += ["--debug"] if args.debug else []
+    return args, host_args
 
 
 def run_aco_cli(args: argparse.Namespace, console: Console) -> int:

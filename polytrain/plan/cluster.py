@@ -1,4 +1,4 @@
-"""A described cluster, as validated data: hosts, processes per host, links, shared cores.
+"""A described cluster, as validated data: hosts, processes per host, links — hardware only.
 
 ``Cluster.parse("hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,latency=5us")``:
 
@@ -9,26 +9,13 @@
 - ``intra``: the link between two processes of one host (shared memory, NVLink: ``300gbyte``);
 - ``latency``: α, the fixed cost of one message between hosts (``5us``, ``1ms``);
   ``intra_latency`` the same inside a host (default: a tenth of ``latency``);
-- ``burst``: bytes a NIC passes at line speed after it has been idle — the depth of a token-bucket
-  shaper such as the testbed's ``tbf`` (4 ms of its rate); 0 (default) for a plain link;
-- ``call``: a rank's own time per collective call beyond its messages — entering the call and
-  waking from it (``1.5ms`` on the testbed, as `benchmarks/plan_accuracy.py` calibrates it; 0 by
-  default); on shared cores it grows by (ranks / cores), as every message's α does;
-- ``hop``: a rank's own time per step of a collective (each message it sends in turn: 2(n−1) in a
-  ring all-reduce, n−1 in an all-gather) beyond α — a collective library whose every step wakes
-  its process (gloo on the testbed: ~1.3 ms, measured by `benchmarks/plan_hops.py`; 0 by default);
-- ``direct_hop``: the same per message of a direct exchange, whose n−1 sends and receives are all in
-  flight at once (owt's reduce-scatters; gloo on the testbed: ~0.9 ms; default: ``hop``);
-- ``wake``: on shared cores, how late a rank blocked on a point-to-point message is woken when
-  other messages are on the wire with it — a pipeline stage that waits for its neighbour pays it,
-  unless its message was alone in flight (the testbed: ~1 ms, `benchmarks/plan_hops.py`'s ``shift``
-  case; a message alone, its ``relay`` case, ~0.05 ms; 0 by default);
 - ``collectives``: the all-reduce algorithms the collective library chooses among: ``auto`` (default:
   the fastest of ring, tree and two-level, as NCCL picks) or ``ring`` (gloo, whose all-reduce is
   always a ring: 2(n−1) steps whatever the size; polytrain's CPU runs and the testbed);
-- ``cores``: when set, ALL ranks of the cluster share this many cores — an emulated cluster on one
-  machine (the testbed) — so compute slows by (busy ranks / cores) when more ranks than cores
-  compute at once. Unset: every rank has its own device.
+What an emulated cluster adds to its hardware — ranks sharing one machine's cores, a shaped link's
+bucket, the collective library's own time per call and per step, a waiting rank's late wake-up —
+is not hardware: it is a calibration (`plan.calibration`), given to the planner with
+``--calibration FILE``.
 
 Errors name the field, the value and the fix.
 """
@@ -47,10 +34,9 @@ _RATE_RE = re.compile(rf"^{_NUM}\s*([kmgt]?)(bit|byte|b)?(?:/s|ps)?$", re.IGNORE
 _TIME_RE = re.compile(rf"^{_NUM}\s*(ns|us|µs|ms|s)$", re.IGNORECASE)
 _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
-FIELDS = (
-    "hosts", "procs_per_host", "nic", "intra", "latency", "intra_latency", "cores", "burst", "call", "hop",
-    "direct_hop", "wake", "collectives",
-)
+FIELDS = ("hosts", "procs_per_host", "nic", "intra", "latency", "intra_latency", "collectives")
+# what an emulator needs, not hardware: a calibration file holds them (`plan.calibration`)
+CALIBRATED = ("cores", "burst", "call", "hop", "direct_hop", "wake")
 COLLECTIVES = ("auto", "ring")
 MAX_WORLD = 1 << 17  # 131,072 processes: beyond today's largest jobs; 1e9 hosts hung the planner
 EXAMPLE = "hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,latency=5us"
@@ -94,7 +80,9 @@ def _whole(text: str, field: str) -> int:
 
 @dataclass(frozen=True)
 class Cluster:
-    """Bandwidths in bytes/s, latencies in seconds (see the module docstring)."""
+    """Bandwidths in bytes/s, latencies in seconds (see the module docstring). The properties after
+    the fields are what an emulated cluster adds (`plan.calibration.EmulatedCluster`); on hardware
+    they are nothing: no shared cores, no shaper's bucket, no time beyond α–β per message."""
 
     hosts: int = 1
     procs_per_host: int = 1
@@ -102,21 +90,9 @@ class Cluster:
     intra_bps: float = 10e9
     latency_s: float = 5e-6
     intra_latency_s: float | None = None
-    cores: float | None = None
-    burst_bytes: float = 0.0  # a shaped NIC's bucket: bytes sent at line speed after an idle spell
-    call_s: float = 0.0  # a rank's own time per collective call, beyond its messages (see plan.cost)
-    hop_s: float = 0.0  # a rank's own time per step of a collective, beyond α (see plan.cost)
-    direct_hop_s: float | None = None  # the same per message of a direct exchange; None: hop_s
-    wake_s: float = 0.0  # on shared cores, a blocked receiver's late wake-up (see plan.simulate)
     collectives: str = "auto"  # all-reduce algorithms: "auto" (NCCL's choice) or "ring" (gloo's only)
 
     def __post_init__(self) -> None:
-        if self.wake_s and self.cores is None:
-            raise ConfigError(
-                f"--cluster field 'wake' is {self.wake_s * 1e3:g} ms with no 'cores'. Rule: a waiting "
-                f"rank is woken late only where all ranks share cores. Fix: add cores=N (e.g. "
-                f"cores=2,wake=1ms) or drop wake."
-            )
         if self.collectives not in COLLECTIVES:
             raise ConfigError(
                 f"--cluster field 'collectives' is '{self.collectives}'. Rule: one of "
@@ -133,8 +109,38 @@ class Cluster:
         return self.latency_s / 10 if self.intra_latency_s is None else self.intra_latency_s
 
     @property
+    def cores(self) -> float | None:
+        """Cores ALL ranks share (an emulated cluster); None: every rank has its own device."""
+        return None
+
+    @property
+    def burst_bytes(self) -> float:
+        """Bytes a shaped NIC passes at line speed after an idle spell; 0: a plain link."""
+        return 0.0
+
+    @property
+    def call_s(self) -> float:
+        """A rank's own time per collective call beyond its messages (see plan.cost)."""
+        return 0.0
+
+    @property
+    def hop_s(self) -> float:
+        """A rank's own time per step of a collective beyond α (see plan.cost)."""
+        return 0.0
+
+    @property
     def direct_hop(self) -> float:
-        return self.hop_s if self.direct_hop_s is None else self.direct_hop_s
+        """The same per message of a direct exchange (all in flight at once)."""
+        return self.hop_s
+
+    @property
+    def wake_s(self) -> float:
+        """On shared cores, how late a blocked receiver is woken (see plan.simulate)."""
+        return 0.0
+
+    def refilled(self, burst_bytes: float) -> Cluster:
+        """This cluster with its shaped links' bucket at ``burst_bytes`` (a plain link has none)."""
+        return self
 
     def host_of(self, rank: int) -> int:
         return rank // self.procs_per_host
@@ -149,18 +155,10 @@ class Cluster:
         return max(1.0, busy_ranks / self.cores)
 
     def describe(self) -> str:
-        cores = f", {self.cores} shared cores" if self.cores else ""
-        call = f", {self.call_s * 1e3:g} ms per collective call" if self.call_s else ""
-        hop = f", {self.hop_s * 1e3:g} ms per collective step" if self.hop_s else ""
-        if self.direct_hop_s is not None:
-            hop += f", {self.direct_hop_s * 1e3:g} ms per direct message"
-        if self.wake_s:
-            hop += f", {self.wake_s * 1e3:g} ms to wake a waiting rank"
         ring = ", ring all-reduce only" if self.collectives == "ring" else ""
         return (
             f"{self.hosts} host(s) x {self.procs_per_host} proc(s), NIC {self.nic_bps * 8 / 1e9:g} "
-            f"Gbit/s, intra {self.intra_bps / 1e9:g} GB/s, latency {self.latency_s * 1e6:g} us"
-            f"{cores}{call}{hop}{ring}"
+            f"Gbit/s, intra {self.intra_bps / 1e9:g} GB/s, latency {self.latency_s * 1e6:g} us{ring}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -171,12 +169,6 @@ class Cluster:
             "intra_bytes_per_s": self.intra_bps,
             "latency_s": self.latency_s,
             "intra_latency_s": self.intra_alpha,
-            "cores": self.cores,
-            "burst_bytes": self.burst_bytes,
-            "call_s": self.call_s,
-            "hop_s": self.hop_s,
-            "direct_hop_s": self.direct_hop,
-            "wake_s": self.wake_s,
             "collectives": self.collectives,
         }
 
@@ -190,6 +182,11 @@ class Cluster:
         for item in (t for t in text.split(",") if t.strip()):
             key, eq, value = item.partition("=")
             key = key.strip().replace("-", "_")
+            if eq and key in CALIBRATED:
+                raise ConfigError(
+                    f"--cluster field '{key}' is not hardware: it is what an emulated cluster adds, "
+                    f"measured into a calibration file. Fix: drop '{item.strip()}' and pass "
+                    f"--calibration FILE (docs/planner.md, Calibration).")
             if not eq or key not in FIELDS:
                 raise ConfigError(
                     f"--cluster item '{item.strip()}' is not one of the fields "
@@ -200,7 +197,7 @@ class Cluster:
                                   f"Fix: give each field once.")
             values[key] = value.strip()
         out: dict[str, Any] = {}
-        for key in ("hosts", "procs_per_host", "cores"):
+        for key in ("hosts", "procs_per_host"):
             if key in values:
                 out[key] = _whole(values[key], key)
         if "nic" in values:
@@ -209,18 +206,8 @@ class Cluster:
             out["intra_bps"] = parse_rate(values["intra"], "intra")
         if "latency" in values:
             out["latency_s"] = parse_seconds(values["latency"], "latency")
-        if "burst" in values:
-            out["burst_bytes"] = float(parse_bytes(values["burst"], "--cluster field 'burst'"))
         if "intra_latency" in values:
             out["intra_latency_s"] = parse_seconds(values["intra_latency"], "intra_latency")
-        if "call" in values:
-            out["call_s"] = parse_seconds(values["call"], "call")
-        if "hop" in values:
-            out["hop_s"] = parse_seconds(values["hop"], "hop")
-        if "wake" in values:
-            out["wake_s"] = parse_seconds(values["wake"], "wake")
-        if "direct_hop" in values:
-            out["direct_hop_s"] = parse_seconds(values["direct_hop"], "direct_hop")
         if "collectives" in values:
             out["collectives"] = values["collectives"].lower()
         world = out.get("hosts", 1) * out.get("procs_per_host", 1)

@@ -20,8 +20,8 @@ from rich.console import Console
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.plan import show
+from polytrain.plan.calibration import PHYSICAL, Calibration, emulate
 from polytrain.plan.cluster import MAX_WORLD, Cluster, parse_bytes
-from polytrain.plan.estimate import Scene
 from polytrain.plan.predict import local_collectives
 from polytrain.plan.profile import Profile, measure_profile, median_of
 from polytrain.plan.recommend import Candidate, candidates, check_memory, command, rank, to_json
@@ -41,15 +41,15 @@ def local_cluster(procs: int, profile: Profile | None = None) -> Cluster:
     """This machine: one host, ``procs`` processes sharing its cores; intra link from the profile's
     measured point-to-point α–β when it has one."""
     p2p = (profile.comm.get("p2p") if profile else None) or {}
-    return Cluster(
+    hardware = Cluster(
         1,
         procs,
         intra_bps=float(p2p.get("bytes_per_s", 2e9)),
         latency_s=float(p2p.get("alpha_s", 1e-4)),
         intra_latency_s=float(p2p.get("alpha_s", 1e-4)),
-        cores=os.cpu_count() or 1,
         collectives=local_collectives(),
     )
+    return emulate(hardware, cores=os.cpu_count() or 1)  # its processes share this machine's cores
 
 
 def get_profile(
@@ -156,12 +156,14 @@ class PlanArgs:
     batch: int | None = None
     model_given: bool = True
     allow_inexact: bool = False
+    calibration: str | None = None  # a calibration file (`plan.calibration`)
 
 
 def plan_candidates(
-    prof: Profile, cluster: Cluster, batch: int, scale: float, limit: int | None
+    prof: Profile, cluster: Cluster, batch: int, scale: float, limit: int | None,
+    cal: Calibration = PHYSICAL,
 ) -> list[Candidate]:
-    scene = Scene(prof, cluster, batch, scale)
+    scene = cal.scene(prof, cluster, batch, scale)
     cands = candidates(scene, limit)
     check_memory(cands, limit)
     return rank(cands)
@@ -204,16 +206,17 @@ def run_plan(cfg: JobConfig, a: PlanArgs, console: Console) -> int:
     prof = get_profile(cfg, a.profile, None if a.as_json else console, a.model_given)
     batch = a.batch or prof.batch_size
     cluster = Cluster.parse(a.cluster) if a.cluster is not None else local_cluster(a.procs, prof)
+    cal = Calibration.load(Path(a.calibration)) if a.calibration else PHYSICAL
     if a.sweep:
-        return run_sweep(prof, cluster, batch, a, console)
-    ranked = plan_candidates(prof, cluster, batch, a.compute_scale, limit)
+        return run_sweep(prof, cluster, batch, a, console, cal)
+    ranked = plan_candidates(prof, cluster, batch, a.compute_scale, limit, cal)
     job = job_of(prof)
     if a.as_json:
         console.print_json(json.dumps([to_json(c, job) for c in ranked]))
         return 0
     elapsed = time.perf_counter() - t0
     title = (
-        f"{prof.model}, batch {batch}, on {cluster.describe()}: {len(ranked)} candidates "
+        f"{prof.model}, batch {batch}, on {cal.cluster(cluster).describe()}: {len(ranked)} candidates "
         f"planned in {elapsed:.2f} s"
     )
     console.print(show.ranking_table(ranked, a.top, title))
@@ -245,7 +248,8 @@ def parse_sweep(text: str) -> tuple[int, int]:
     return int(m[1]), int(m[2])
 
 
-def sweep(prof: Profile, cluster: Cluster, batch: int, scale: float, lo: int, hi: int) -> dict[str, Any]:
+def sweep(prof: Profile, cluster: Cluster, batch: int, scale: float, lo: int, hi: int,
+          cal: Calibration = PHYSICAL) -> dict[str, Any]:
     """Best predicted samples/s per strategy for host counts LO, 2·LO, ... HI; the crossover: the
     first rank count at which a hybrid strategy beats the best exact data-parallel one
     (uncompressed strategies only)."""
@@ -255,7 +259,7 @@ def sweep(prof: Profile, cluster: Cluster, batch: int, scale: float, lo: int, hi
     while hosts <= hi:
         cl = cluster.with_hosts(hosts)
         best: dict[str, Candidate] = {}
-        for c in candidates(Scene(prof, cl, batch, scale)):
+        for c in candidates(cal.scene(prof, cl, batch, scale)):
             if c.options.get("compression", "none") != "none":
                 continue  # the crossover is DP against MP: codecs are priced in `plan`, not swept
             if c.procs == cl.world and (
@@ -283,9 +287,10 @@ def sweep(prof: Profile, cluster: Cluster, batch: int, scale: float, lo: int, hi
     return {"rows": rows, "crossover_ranks": crossover, "crossover_by_hybrid": each, "families": families}
 
 
-def run_sweep(prof: Profile, cluster: Cluster, batch: int, a: PlanArgs, console: Console) -> int:
+def run_sweep(prof: Profile, cluster: Cluster, batch: int, a: PlanArgs, console: Console,
+              cal: Calibration = PHYSICAL) -> int:
     lo, hi = parse_sweep(a.sweep or "")
-    result = sweep(prof, cluster, batch, a.compute_scale, lo, hi)
+    result = sweep(prof, cluster, batch, a.compute_scale, lo, hi, cal)
     families = result["families"]  # every strategy but the single-process reference, by family
     shown = sorted((s for s, f in families.items() if f != "reference"), key=lambda s: (families[s], s))
     if a.as_json:

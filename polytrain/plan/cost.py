@@ -109,7 +109,7 @@ def refilled(cluster: Cluster, idle_s: float) -> Cluster:
     starting empty: a token bucket refills at the shaped rate, up to its depth."""
     if cluster.burst_bytes <= 0:
         return cluster
-    return replace(cluster, burst_bytes=min(cluster.burst_bytes, cluster.nic_bps * max(0.0, idle_s)))
+    return cluster.refilled(min(cluster.burst_bytes, cluster.nic_bps * max(0.0, idle_s)))
 
 
 def hosts_of(cluster: Cluster, ranks: Sequence[int]) -> int:

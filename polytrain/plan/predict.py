@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from polytrain.config import JobConfig
+from polytrain.plan.calibration import emulate
 from polytrain.plan.cluster import Cluster
 from polytrain.plan.estimate import Estimate, Scene
 from polytrain.plan.profile import Profile, measure_profile
@@ -91,7 +92,7 @@ def local_collectives() -> str:
 
 
 def testbed_burst_bytes(rate_bytes_per_s: float) -> float:
-    """The testbed's tbf bucket (`launch.testbed.Testbed._shaping`): 4 ms of line rate, at least
+    """The testbed's tbf bucket (`testbed.hosts.Testbed._shaping`): 4 ms of line rate, at least
     two full frames — bytes a testbed NIC sends at line speed after an idle spell."""
     return float(max(3028, int(rate_bytes_per_s * 0.004)))
 
@@ -112,18 +113,11 @@ def run_cluster(world: int, testbed: dict[str, Any] | None) -> Cluster:
         hosts = int(testbed["hosts"])
         latency = float(testbed.get("latency") or 0) * 1e-6  # the testbed records µs
         rate = float(testbed["rate_bits_per_s"]) / 8
-        return Cluster(
-            hosts,
-            max(1, world // hosts),
-            rate * TESTBED_GOODPUT,
-            2e9,
-            1e-4 + latency,
-            1e-4,
-            cores,
-            testbed_burst_bytes(rate) * TESTBED_GOODPUT,
-            collectives=local_collectives(),
-        )
-    return Cluster(1, world, 10e9 / 8, 2e9, 1e-4, 1e-4, cores, collectives=local_collectives())
+        hardware = Cluster(hosts, max(1, world // hosts), rate * TESTBED_GOODPUT, 2e9, 1e-4 + latency,
+                           1e-4, collectives=local_collectives())
+        return emulate(hardware, cores=cores, burst_bytes=testbed_burst_bytes(rate) * TESTBED_GOODPUT)
+    return emulate(Cluster(1, world, 10e9 / 8, 2e9, 1e-4, 1e-4, collectives=local_collectives()),
+                   cores=cores)
 
 
 def estimate_for(cfg: JobConfig, world: int, scene: Scene) -> Estimate | str:

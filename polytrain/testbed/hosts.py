@@ -31,7 +31,7 @@ routes, so concurrent testbeds never share names or subnets. Namespaces are
 octets keep string order equal to host order, which torch's c10d rendezvous uses to give
 host i node rank i (so global rank 0 runs on host 0, whose output reaches the terminal).
 Testbeds whose owner died (kill -9) are removed by ``netns.cleanup_stale()`` (run at every start).
-A job runs on a testbed through `launch.testbed_torchrun.run_torchrun` (one torchrun agent per host).
+A job runs on a testbed through `testbed.torchrun.run_torchrun` (one torchrun agent per host).
 
 Latency and loss need the kernel's netem qdisc (sch_netem); it is probed at start-up and,
 when missing, a request for them is refused (ConfigError), never approximated.
@@ -70,8 +70,8 @@ from types import FrameType
 from typing import IO, Any
 
 from polytrain.errors import ConfigError
-from polytrain.launch import netns
-from polytrain.launch.netns import Shaping, parse_latency, parse_loss, parse_rate
+from polytrain.testbed import netns
+from polytrain.testbed.netns import Shaping, parse_latency, parse_loss, parse_rate
 
 MAX_HOSTS = 90  # host addresses .10-.99: two digits keep string order == host order
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -170,7 +170,7 @@ class Testbed:
             raise ConfigError(
                 "No free testbed id/subnet: all 254 subnets 10.213.1-254.0/24 are used by other "
                 "testbeds or this machine's routes. Stop other testbeds (`ip netns list | grep "
-                "polytrain-`) or remove dead ones with polytrain.launch.netns.cleanup_stale()."
+                "polytrain-`) or remove dead ones with polytrain.testbed.netns.cleanup_stale()."
             )
         self.id = tb_id
         self._namespaces.append(self.switch_ns)

@@ -2,7 +2,7 @@
 
 Everything here runs ``ip``/``tc`` with argument lists (never a shell) and either succeeds or
 raises :class:`NetnsError` carrying the failed command and its stderr. Nothing runs at import.
-The testbed (:mod:`polytrain.launch.testbed`) decides *what* to build; this module only knows
+The testbed (:mod:`polytrain.testbed.hosts`) decides *what* to build; this module only knows
 *how* to build and take apart one piece at a time.
 """
 
@@ -363,7 +363,7 @@ def release_id(tb_id: str) -> None:
 # deletes them at once. Before, six ranks went on training inside for as long as nobody started
 # another testbed (issue 50, item 7). A testbed torn down normally releases its claim, and its
 # reaper then ends.
-REAP = "import sys; from polytrain.launch.netns import reap; reap(int(sys.argv[1]), sys.argv[2])"
+REAP = "import sys; from polytrain.testbed.netns import reap; reap(int(sys.argv[1]), sys.argv[2])"
 REAP_POLL_S = 0.1
 REAP_GRACE_S = 1.0  # SIGTERM to what is left inside, then SIGKILL: all gone within 5 s
 

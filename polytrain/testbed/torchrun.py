@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from polytrain.errors import ConfigError
-from polytrain.launch import netns
+from polytrain.testbed import netns
 
 if TYPE_CHECKING:
-    from polytrain.launch.testbed import Testbed
+    from polytrain.testbed.hosts import Testbed
 
 RDZV_PORT = 29400
 
