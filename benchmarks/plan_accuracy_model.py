@@ -17,6 +17,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from polytrain.testbed import probes
+
+# the probes' readers live in the package (polytrain/testbed/probes.py); named here for the analyses
+_computing_ranks, _window = probes.computing_ranks, probes.steady_steps
+probe_scales, probe_action_overheads = probes.probe_scales, probes.probe_action_overheads
+probe_pass_overheads = probes.probe_pass_overheads
+
 # the testbed's time per collective step, or (that, per message of a direct exchange or None[, a
 # waiting pipeline stage's wake-up])
 Hop = float | tuple[float, float | None] | list[Any]
@@ -27,21 +34,6 @@ MODELS = {
     "gpt-mini": (["--model", "gpt-mini", "--dataset", "chars"], 32),
 }
 MACHINE_CORES = float(os.cpu_count() or 1)  # every emulated host shares this machine's cores
-
-
-def _window(run: dict[str, Any]) -> list[float]:
-    """The step intervals a run's mean is taken over. local-sgd averages after every ``period``-th
-    step and after the last: whole periods ending at the last step (the run's step count is a
-    multiple of the period) hold one average per period, as the planner amortises it (period 0: the
-    steps before the one average after the last). A
-    parameter-server worker's last step sends its push without waiting and pulls nothing: left out."""
-    times = list(run["step_times"])
-    if run["strategy"] == "ps" and len(times) > 1:
-        times = times[:-1]  # the last step pushes without waiting and pulls nothing: not a steady step
-    period = int(run["options"].get("period", 4)) if run["strategy"] == "local-sgd" else 1
-    if period == 0 and len(times) > 1:
-        return times[:-1]  # averages once, after the last step: priced as no exchange per step
-    return times[len(times) % period :] if len(times) >= period else times
 
 
 def merge_repeats(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -284,49 +276,6 @@ def stored_profiles(raw: dict[str, Any]) -> dict[str, Any]:
     return {m: median_of(ps) for m, ps in taken.items()}
 
 
-def _computing_ranks(probe: dict[str, Any]) -> list[dict[str, float]]:
-    """The span statistics of a probe's ranks that ran a forward and a backward (not a server)."""
-    return [s for s in (probe.get("spans") or {}).values() if "forward" in s and "backward" in s]
-
-
-def probe_scales(raw: dict[str, Any], profiles: dict[str, Any], split: bool = False) -> dict[str, Any]:
-    """Per model, the compute scale measured instead of fitted: the median over the pass's probes
-    (`plan_accuracy_runs.PROBE`, one testbed job per model before each repeat round; the pipeline
-    probes left out) of the worker's forward + backward per step as its own trace timed it, over
-    ``profiles``' forward + backward (the probe's global batch is the profile's); with ``split``, a
-    (forward, backward) pair, each over the profile's own. Empty for a pass without probes."""
-    taken: dict[str, list[tuple[float, float]]] = {}
-    for probe in raw.get("probes", []):
-        if probe.get("strategy", "ps") != "ps":  # the compute probe only (`plan_accuracy_runs.PROBES`)
-            continue
-        worker = _computing_ranks(probe)
-        if worker:  # the one rank that computes: the server only applies
-            taken.setdefault(probe["model"], []).append((worker[0]["forward"], worker[0]["backward"]))
-    out: dict[str, Any] = {}
-    for m, v in sorted(taken.items()):
-        prof = profiles[m]
-        if split:
-            f = sum(layer.forward_s for layer in prof.layers)
-            b = sum(layer.backward_s for layer in prof.layers)
-            out[m] = (statistics.median(x for x, _ in v) / f, statistics.median(y for _, y in v) / b)
-        else:
-            out[m] = statistics.median(x + y for x, y in v) / prof.forward_backward_s
-    return out
-
-
-def probe_action_overheads(raw: dict[str, Any]) -> dict[str, float]:
-    """Per model, the pipeline executor's own time per forward or backward action measured instead
-    of fitted: the median over the pass's pipeline probes (`plan_accuracy_runs.PIPE_PROBE`, one per
-    model before each repeat round) and their two stages of the step's time outside compute and
-    blocking receives, per action (`plan_accuracy_traces.executor_time`). Empty for a pass without
-    pipeline probes."""
-    from plan_accuracy_traces import executor_time
-
-    rows = executor_time([], raw.get("probes", []))  # it keeps the pipeline runs only
-    return {m: statistics.median(r["own_per_action_ms"] for r in rows if r["model"] == m) / 1e3
-            for m in sorted({r["model"] for r in rows})}
-
-
 def probe_ps_requests(raw: dict[str, Any], profiles: dict[str, Any], params: tuple[Any, ...],
                       hop: Hop = 0.0) -> dict[str, float]:
     """Per model, a parameter server's own time per worker request measured instead of fitted: the
@@ -379,26 +328,6 @@ def excess_over_price(run: dict[str, Any], profiles: dict[str, Any], params: tup
     row = dict(run)
     predict([row], profiles, *params, hop=hop)
     return float(row["measured_step_s"] - row["predicted_step_s"])
-
-
-def probe_pass_overheads(raw: dict[str, Any]) -> dict[str, float]:
-    """Per model, the data-parallel runtimes' own time per forward or backward pass measured instead
-    of fitted: the median over the pass's step probes (`plan_accuracy_runs.STEP_PROBE`, local-sgd
-    that never averages, one per model before each repeat round) of the mean step (`_window`: the
-    last step's one average left out) less its compute (forward + backward + optimizer, each rank's
-    trace, the median over its ranks), over the step's two passes: what loading a batch, the loss
-    and the runtime's bookkeeping cost beside the compute. Empty for a pass without step probes."""
-    taken: dict[str, list[float]] = {}
-    for probe in raw.get("probes", []):
-        if probe.get("strategy") != "local-sgd" or "measured_step_s" not in probe:
-            continue
-        ranks = _computing_ranks(probe)
-        if not ranks:
-            continue
-        compute = statistics.median(s["forward"] + s["backward"] + s.get("optimizer", 0.0) for s in ranks)
-        own = (statistics.mean(_window(probe)) - compute) / 2
-        taken.setdefault(probe["model"], []).append(max(0.0, own))
-    return {m: statistics.median(v) for m, v in sorted(taken.items())}
 
 
 # the compute scales' source in a fit's summary when the probes measured forward and backward apart

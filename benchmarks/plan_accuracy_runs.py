@@ -6,7 +6,6 @@ own trace timed it (`span_stats`), peak RSS, the in-run prediction and the runti
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import shutil
@@ -19,49 +18,9 @@ from typing import Any
 
 from plan_accuracy_model import MODELS
 
+from polytrain.testbed.probes import cpu_per_step, span_stats, step_times
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def step_times(run_dir: Path, skip: int = 2) -> list[float]:
-    """Seconds between consecutive steps of the first rank that trains, the first ``skip`` dropped."""
-    steps = [e for e in map(json.loads, (run_dir / "metrics.jsonl").open()) if e.get("event") == "step"]
-    first = min(e["rank"] for e in steps)  # rank 0 may be a server (ps): the first rank that steps
-    t = [e["t"] for e in steps if e["rank"] == first]
-    return [b - a for a, b in itertools.pairwise(t)][skip:]
-
-
-def cpu_per_step(run_dir: Path, skip: int = 2) -> dict[str, float]:
-    """Per rank (``rank0``, ...), the median CPU seconds its process spent per step (all threads:
-    the step events' ``cpu_s``), the first ``skip`` steps dropped; empty for a run without them."""
-    per: dict[int, list[float]] = {}
-    for e in map(json.loads, (run_dir / "metrics.jsonl").open()):
-        if e.get("event") == "step" and "cpu_s" in e:
-            per.setdefault(e["rank"], []).append(e["cpu_s"])
-    return {f"rank{r}": round(statistics.median(d[skip:]), 6)
-            for r, c in sorted(per.items()) if len(d := [b - a for a, b in itertools.pairwise(c)]) > skip}
-
-
-def span_stats(run_dir: Path, skip: int = 2) -> dict[str, dict[str, float]]:
-    """Per rank (``rank1``, ...), each compute span's seconds per step — forward, backward,
-    optimizer, a pipeline's actions summed over its micro-batches — and each communication span's,
-    named ``comm:<name>`` (a pipeline's blocking ``comm:recv``, its ``comm:send`` from post to
-    completion), the median over the steps after the first ``skip``: how fast the run's own compute
-    went and how long it waited, beside its step time."""
-    out: dict[str, dict[str, float]] = {}
-    for path in sorted((run_dir / "ranks").glob("rank*.jsonl")):
-        per: dict[str, dict[int, float]] = {}
-        for e in map(json.loads, path.open()):
-            timed = e.get("event") == "span" and isinstance(e.get("step"), int)
-            if timed and e.get("cat") in ("compute", "comm"):
-                name = e["name"] if e["cat"] == "compute" else f"comm:{e['name']}"
-                steps = per.setdefault(name, {})
-                steps[e["step"]] = steps.get(e["step"], 0.0) + e["end"] - e["start"]
-        if not per:
-            continue
-        first = min(min(steps) for steps in per.values())
-        kept = {name: [v for k, v in steps.items() if k >= first + skip] for name, steps in per.items()}
-        out[path.stem] = {name: round(statistics.median(v), 6) for name, v in kept.items() if v}
-    return out
 
 
 PROBE = ("ps", {"servers": 1}, 2, "1gbit")  # a worker and its server: the worker computes alone

@@ -36,16 +36,13 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 from harness import write_results  # noqa: E402
 from plan_blocking import run_ranks  # noqa: E402
 
+from polytrain.testbed.probes import collective_hop, hop_table, messages, testbed_hops  # noqa: E402, F401
+
 OPS = ("allreduce", "allgather", "p2p", "direct", "shift", "relay", "posted_shift")
 
 
 def run_job(hosts: int, nic: str, cases: list[list[Any]], iterations: int) -> dict[str, Any]:
     return run_ranks(hosts, nic, "plan_hops_rank.py", cases, iterations)
-
-
-def messages(op: str, world: int) -> int:
-    return {"allreduce": 2 * (world - 1), "allgather": world - 1, "p2p": world, "direct": world - 1,
-            "shift": 1, "relay": world, "posted_shift": 1}[op]
 
 
 def message_bytes(op: str, nbytes: float, world: int) -> float:
@@ -103,37 +100,6 @@ def rows_of(hosts: int, nic: str, jobs: list[dict[str, Any]]) -> list[dict[str, 
                     "measured_ms": spread(got, 2), "priced_ms": round(price, 3),
                     "hop_ms": spread(hops), "hop_s": statistics.median(hops) / 1e3, "repeats": len(got)})
     return out
-
-
-def hop_table(rows: list[dict[str, Any]]) -> dict[str, list[list[float]]]:
-    """Per operation: [hosts, message bytes, hop seconds] rows (`plan_accuracy_model` interpolates)."""
-    table: dict[str, list[list[float]]] = {}
-    for r in rows:
-        table.setdefault(r["op"], []).append([r["hosts"], r["message_bytes"], r["hop_s"]])
-    return table
-
-
-def collective_hop(record: dict[str, Any]) -> float:
-    """The testbed's time per collective step, as the planner prices it (`Cluster.hop_s`): the median
-    over the all-reduce and all-gather cases of a `plan_hops` results record (its ``hops``). The p2p
-    chain is left out: one message in flight at a time, its hop is ~0 (sends are priced α–β)."""
-    return statistics.median(h for op in ("allreduce", "allgather") for _, _, h in record["hops"][op])
-
-
-def testbed_hops(record: dict[str, Any], wake: bool = False) -> tuple[float, ...]:
-    """(`collective_hop`, the median hop of its direct exchanges' cases: `Cluster.direct_hop_s`; None
-    for a record from before they were measured, which prices them as collective steps); with
-    ``wake``, and the median hop of its shift cases of at most 32 kB (`Cluster.wake_s`: a waiting
-    stage's late wake-up; the bigger messages' hops also carry their shaped link's refill)."""
-    direct = [h for _, _, h in record["hops"].get("direct", [])]
-    out = (collective_hop(record), statistics.median(direct) if direct else None)
-    if not wake:
-        return out
-    shift = [h for _, size, h in record["hops"].get("shift", []) if size <= 32768]
-    if not shift:
-        raise SystemExit("this plan_hops record has no shift case of at most 32 kB: measure with "
-                         "plan_hops.py --bytes 4096,32768,...")
-    return (*out, statistics.median(shift))
 
 
 def main() -> None:

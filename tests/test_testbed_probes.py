@@ -1,26 +1,21 @@
-"""The planner benchmark's in-job compute measurement: a run's own trace (`ranks/rank*.jsonl`) read
-into per-step compute (`benchmarks/plan_accuracy_runs.py: span_stats`) and a pass's probes turned into
-a measured compute scale (`benchmarks/plan_accuracy_model.py: probe_scales`). A real training run
-writes the trace; the figures are checked against the spans it holds."""
+"""What a calibration is measured from (`polytrain.testbed.probes`): a run's own trace
+(`ranks/rank*.jsonl`) read into per-step compute (`span_stats`) and a pass's probes turned into a
+measured compute scale (`probe_scales`), the executor's time per action and the runtimes' time per
+pass. A real training run writes the trace; the figures are checked against the spans it holds."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
 from polytrain.cli import main
 from polytrain.plan.profile import Profile
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import plan_accuracy_runs as pa  # noqa: E402
-from plan_accuracy_model import probe_action_overheads, probe_scales  # noqa: E402
+from polytrain.testbed import probes as pa
+from polytrain.testbed.probes import probe_action_overheads, probe_scales
 
 
 @pytest.fixture(scope="module")
@@ -78,40 +73,6 @@ def test_probe_scales_is_the_in_job_compute_over_the_profile(ps_run: Path, tmp_p
     worker = stats["rank1"]
     assert split["cnn"] == pytest.approx((2 * worker["forward"] / f, 2 * worker["backward"] / b))
     assert probe_scales({}, {"cnn": profile}) == {}  # a pass from before the probes
-    # a parameter server's time per request: each ps probe's step beyond its price, the median
-    from plan_accuracy_model import predict, probe_ps_requests
-
-    params = (1.0, 0.0, 0.06, 0.0, 0.0, 0.0)
-    probe = {"model": "cnn", "strategy": "ps", "hosts": 2, "nic": "1gbit", "options": {"servers": 1}}
-    row = {**probe, "measured_step_s": 1.0}
-    predict([row], {"cnn": profile}, *params)
-    priced = row["predicted_step_s"]
-    ps_probes = [{**probe, "measured_step_s": priced + d} for d in (1e-3, 3e-3, -1e-3)]  # the last: 0
-    requests = probe_ps_requests({"probes": [*ps_probes, {**probe}]}, {"cnn": profile}, params)
-    assert requests == {"cnn": pytest.approx(1e-3)}  # median of 1, 3 and 0 ms; a failed probe left out
-    assert probe_ps_requests({}, {"cnn": profile}, params) == {}
-    # or a table by workers per server (`plan_ps_requests.py`): a server of W workers pays W times
-    # its entry, JSON's string keys read as counts, between two counts linear, beyond them the nearest
-    from plan_accuracy_model import request_at
-
-    table = {"cnn": {"1": 2e-3, "2": 1e-3, "4": 1.5e-3}}
-    assert [request_at(table["cnn"], w) for w in (1, 2, 3, 4, 8)] == pytest.approx(
-        [2e-3, 1e-3, 1.25e-3, 1.5e-3, 1.5e-3])
-    for servers, hosts, per in ((1, 3, 1e-3), (2, 6, 1.5e-3)):  # 2 and 4 workers per server
-        bare = {**probe, "hosts": hosts, "options": {"servers": servers}, "measured_step_s": 1.0}
-        served = dict(bare)
-        predict([bare], {"cnn": profile}, *params)
-        predict([served], {"cnn": profile}, *params, ps_request=table)
-        assert served["predicted_step_s"] - bare["predicted_step_s"] == pytest.approx((hosts - servers) * per)
-    # the table from plan_ps_requests.py's runs, two measurements pooled: median of excess / workers
-    from plan_accuracy_model import load_requests
-
-    first, second = tmp_path / "a.json", tmp_path / "b.json"
-    first.write_text(json.dumps({"runs": [{"model": "cnn", "workers": 2, "excess_s": 2e-3},
-                                          {"model": "cnn", "workers": 2, "excess_s": 4e-3}]}))
-    second.write_text(json.dumps({"runs": [{"model": "cnn", "workers": 2, "excess_s": 8e-3},
-                                           {"model": "vgg16", "workers": 1, "excess_s": -1e-3}]}))
-    assert load_requests([first, second]) == {"cnn": {2: pytest.approx(2e-3)}, "vgg16": {1: 0.0}}
 
 
 def _two_rank_cnn(tmp_path: Path, strategy: str, steps: int, option: str) -> Path:
@@ -127,7 +88,7 @@ def _two_rank_cnn(tmp_path: Path, strategy: str, steps: int, option: str) -> Pat
 def test_executor_time_splits_a_pipeline_step(tmp_path: Path) -> None:
     """A real 2-stage gpipe run's trace: its receives are kept as ``comm:recv``, and each stage's own
     time is its step less its compute and its blocking receives, per forward or backward action."""
-    from plan_accuracy_traces import actions_per_step, executor_time
+    from polytrain.testbed.probes import actions_per_step, executor_time
 
     out = _two_rank_cnn(tmp_path, "gpipe", 6, "microbatches=4")
     spans = pa.span_stats(out)
@@ -158,7 +119,7 @@ def test_step_probe_gives_the_runtimes_time_per_pass(tmp_path: Path) -> None:
     """A real local-sgd run that never averages (the step probe's job): its steady steps hold no
     exchange (the one average, after the last step, is left out), so the step less its compute is
     the runtime's own time, half of it per pass."""
-    from plan_accuracy_model import _window, probe_pass_overheads
+    from polytrain.testbed.probes import probe_pass_overheads, steady_steps
 
     out = _two_rank_cnn(tmp_path, "local-sgd", 8, "period=0")
     spans = pa.span_stats(out)
@@ -166,7 +127,7 @@ def test_step_probe_gives_the_runtimes_time_per_pass(tmp_path: Path) -> None:
     times = pa.step_times(out)
     probe = {"model": "cnn", "hosts": 2, "strategy": "local-sgd", "options": {"period": 0},
              "spans": spans, "step_times": times, "measured_step_s": 0.1}
-    assert _window(probe) == times[:-1]  # the last step's average left out
+    assert steady_steps(probe) == times[:-1]  # the last step's average left out
     compute = statistics.median(s["forward"] + s["backward"] + s["optimizer"] for s in spans.values())
     own = (statistics.mean(times[:-1]) - compute) / 2
     ps_probe = {**probe, "strategy": "ps", "options": {"servers": 1}}  # not a step probe: ignored
@@ -176,22 +137,10 @@ def test_step_probe_gives_the_runtimes_time_per_pass(tmp_path: Path) -> None:
     assert probe_pass_overheads({}) == {}  # a pass from before the step probes
 
 
-def test_the_tenth_blind_set_is_the_draw() -> None:
-    """`BLIND10` is what `plan_accuracy_draw.py --seed 10` draws: the set was not picked by hand."""
-    import plan_accuracy_blind as blind
-    from plan_accuracy_draw import draw
-
-    assert draw(10, ["275mbit", "625mbit", "950mbit"]) == blind.BLIND10
-    assert draw(11, ["325mbit", "675mbit", "875mbit"]) == blind.BLIND11
-    # the twelfth: the pass's held-back half as it stands
-    assert [blind.pa.SCENARIOS[i] for i in range(1, len(blind.pa.SCENARIOS), 2)] == blind.BLIND12
-    assert blind.BLIND13 == blind.BLIND14 == blind.BLIND12  # the same half, measured afresh
-
-
 def test_collective_hop_is_the_median_collective_step() -> None:
-    """`plan_hops.collective_hop`: the median per-step time over the all-reduce and all-gather cases;
+    """`collective_hop`: the median per-step time over the all-reduce and all-gather cases;
     the p2p chain (one message in flight) is not a collective step."""
-    from plan_hops import collective_hop, hop_table, messages
+    from polytrain.testbed.probes import collective_hop, hop_table, messages
 
     rows = [
         {"op": "allreduce", "hosts": 4, "message_bytes": 1024, "hop_s": 1.2e-3},
