@@ -30,6 +30,15 @@ class Candidate:
     #: equals single-process training (the strategy's `is_exact` with these options)
     exact: bool = False
     family: str = ""
+    #: where polytrain measured how an inexact candidate learns (results pages; `Strategy.evidence`)
+    evidence: tuple[str, ...] = ()
+
+    @property
+    def accuracy(self) -> str:
+        """What is known of how it learns: equal to single, the results pages, or unmeasured."""
+        if self.exact:
+            return "= single"
+        return ", ".join(f"docs/results/{p}.md" for p in self.evidence) or "unmeasured"
 
     @property
     def samples_per_s(self) -> float:
@@ -54,7 +63,8 @@ def candidates(scene: Scene, memory_limit: int | None = None) -> list[Candidate]
                 raise ValueError(f"'{name}' offered {opts} but cannot price it: {e}")
             fits = memory_limit is None or e.peak_memory_bytes <= memory_limit
             out.append(Candidate(name, procs, dict(opts), e, scene.batch, fits,
-                                 exact=strategy.is_exact(), family=cls.family))
+                                 exact=strategy.is_exact(), family=cls.family,
+                                 evidence=strategy.evidence()))
     return out
 
 
@@ -107,5 +117,6 @@ def to_json(c: Candidate, job: dict[str, Any]) -> dict[str, Any]:
         "nic_bytes_per_step": e.nic_bytes_per_step,
         "fits": c.fits,
         "exact": c.exact,
+        "accuracy_evidence": c.accuracy,
         "detail": {k: v for k, v in e.detail.items() if k != "shard_bytes"},
     }

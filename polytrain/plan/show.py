@@ -29,9 +29,11 @@ def ranking_table(ranked: Sequence[Candidate], top: int, title: str) -> Table:
         "sent/step",
         "busiest NIC/step",
         "exact",
+        "accuracy evidence",
         "fits",
     ):
-        table.add_column(col, justify="right" if col not in ("strategy", "options") else "left")
+        table.add_column(col, justify="right" if col not in ("strategy", "options", "accuracy evidence")
+                         else "left")
     for i, c in enumerate(ranked[:top], 1):
         e = c.estimate
         opts = " ".join(f"{k}={v}" for k, v in c.options.items())
@@ -45,6 +47,7 @@ def ranking_table(ranked: Sequence[Candidate], top: int, title: str) -> Table:
             human_bytes(e.bytes_per_step),
             human_bytes(e.nic_bytes_per_step),
             "yes" if c.exact else "no",
+            "-" if c.exact else ", ".join(c.evidence) or "unmeasured",
             "yes" if c.fits else "NO",
         )
     return table

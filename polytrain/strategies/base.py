@@ -48,6 +48,9 @@ class Strategy:
     #: It learns exactly as single-process training (same parameters, to float tolerance) with
     #: options that keep it so (`is_exact`); the planner recommends only these by default.
     exact: ClassVar[bool] = False
+    #: Results pages (``docs/results/NAME.md``) that measured how it learns where it is not exact —
+    #: time to an accuracy, final accuracy beside an exact anchor (`evidence`); none: unmeasured.
+    learning_evidence: ClassVar[tuple[str, ...]] = ()
 
     _registry: ClassVar[dict[str, type[Strategy]]] = {}
 
@@ -95,6 +98,15 @@ class Strategy:
         changes what is averaged)."""
         return self.exact and getattr(self.options, "compression", "none") == "none"
 
+    def evidence(self) -> tuple[str, ...]:
+        """Where polytrain measured how these options learn, if they learn differently from
+        single-process training: results pages (() when exact, or when nothing measured it)."""
+        if self.is_exact():
+            return ()
+        if getattr(self.options, "compression", "none") != "none":
+            return CODEC_EVIDENCE
+        return self.learning_evidence
+
     @classmethod
     def offers(cls, scene: Scene) -> Iterator[Offer]:
         """The (processes, options) the planner prices on ``scene``'s cluster (its world size,
@@ -111,6 +123,10 @@ class Strategy:
         has none (:mod:`polytrain.plan.estimate` holds the shared building blocks)."""
         return f"the planner does not model '{self.name}' yet"
 
+
+# what every gradient codec's accuracy was measured by: time to accuracy on the testbed, and each
+# codec under each optimizer
+CODEC_EVIDENCE = ("codecs_testbed_cnn", "codecs_testbed_gpt", "codecs_optimizers")
 
 _loaded = False
 

@@ -46,6 +46,7 @@ def price_stream(opts: AsyncOptions, scene: Scene, world: int) -> Estimate:
 
 class PipeDream(Strategy):
     name = "pipedream"
+    learning_evidence = ("pipeline_convergence",)  # accuracy beside gpipe and allreduce
     supports = Supports(lr_schedule=True, why=refusing(ASYNC_WHY))
     family = "pipeline"
     summary = "PipeDream: asynchronous 1F1B, update after every backward, weight stashing"

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 class SpecTrain(Strategy):
     name = "spectrain"
+    learning_evidence = ("pipeline_convergence",)  # accuracy beside gpipe and allreduce
     supports = Supports(lr_schedule=True, why=refusing(ASYNC_WHY))
     family = "pipeline"
     summary = "SpecTrain: asynchronous 1F1B with weight prediction W - s*lr*v instead of stashing"

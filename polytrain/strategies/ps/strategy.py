@@ -125,6 +125,7 @@ class Ps(Strategy):
     name = "ps"
     family = "parameter-server"
     exact = True  # with consistency=bsp (`is_exact`)
+    learning_evidence = ("ps_consistency",)  # time to accuracy per consistency model
 
     def is_exact(self) -> bool:
         return super().is_exact() and self.options.consistency == "bsp"  # type: ignore[attr-defined]
