@@ -22,11 +22,12 @@ from typing import Any
 
 from rich.console import Console
 
+import polytrain.env as env
 from polytrain.config import JobConfig, load_config
 from polytrain.errors import ConfigError
 from polytrain.launch.precheck import precheck
 
-REPORT_ENV = "POLYTRAIN_REPORT"  # "0": the API writes no plots/report.md (the test suite's default)
+REPORT_ENV = env.REPORT  # "0": the API writes no plots/report.md (the test suite's default)
 
 
 def _config(config: str | Path | None, sets: Sequence[str] | None, kw: dict[str, Any]) -> JobConfig:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import polytrain.env as env
 from polytrain.errors import ConfigError, Interrupted, PolytrainError
 from polytrain.version import __version__
 
@@ -494,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     console = Console()
     err = Console(stderr=True)
-    debug = bool(getattr(args, "debug", False)) or os.environ.get("POLYTRAIN_DEBUG") == "1"
+    debug = bool(getattr(args, "debug", False)) or os.environ.get(env.DEBUG) == "1"
     try:
         if args.command in (None, "train"):
             return cmd_train(args, console)

@@ -103,3 +103,28 @@ def test_no_import_loops_between_files() -> None:
 
 def test_the_loop_finder_finds_a_loop() -> None:
     assert loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
+
+
+def test_every_environment_variable_is_named_in_one_place() -> None:
+    """Only ``polytrain/env.py`` spells a ``POLYTRAIN_`` variable's name (as a string or a keyword);
+    the docs' table lists each of them."""
+    import re
+
+    from polytrain.env import VARS
+
+    names = {v.name for v in VARS}
+    found: dict[str, set[str]] = {}
+    for path in (ROOT / "polytrain").rglob("*.py"):
+        if path.name == "env.py" and path.parent.name == "polytrain":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            text = None
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value
+            elif isinstance(node, ast.keyword) and node.arg:
+                text = node.arg
+            if text and re.fullmatch(r"POLYTRAIN_[A-Z0-9_]+", text):
+                found.setdefault(str(path.relative_to(ROOT)), set()).add(text)
+    assert found == {}, found
+    table = (ROOT / "docs" / "architecture.md").read_text()
+    assert all(f"`{n}`" in table for n in names) and len(names) == len(VARS)

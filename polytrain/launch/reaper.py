@@ -21,7 +21,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-AGENT_LOGS_ENV = "POLYTRAIN_AGENT_LOGS"  # the local launcher's agent log folder
+import polytrain.env as env
+
+AGENT_LOGS_ENV = env.AGENT_LOGS  # the local launcher's agent log folder
 MARK = ".polytrain-watched"  # one watcher per tree: the first rank (of any restart) creates it
 POLL_S = 0.2
 

@@ -20,11 +20,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import polytrain.env as env
 from polytrain.errors import ConfigError
 from polytrain.metrics.jsonsafe import json_safe
 
 LOOPBACK = "127.0.0.1"
-LAUNCHER_PID_ENV = "POLYTRAIN_LAUNCHER_PID"  # the local launcher's pid, its ranks' parent
+LAUNCHER_PID_ENV = env.LAUNCHER_PID  # the local launcher's pid, its ranks' parent
 PR_SET_PDEATHSIG = 1  # prctl(2)
 
 

@@ -11,13 +11,14 @@ from typing import Any
 
 import torch
 
+import polytrain.env as env
 from polytrain.config import JobConfig, to_toml
 from polytrain.errors import ConfigError
 from polytrain.launch.records import atomic_json, make_run_dir
 from polytrain.metrics.jsonsafe import json_safe
 from polytrain.runtime.job import Job, RankContext
 
-TESTBED_ENV = "POLYTRAIN_TESTBED_RECORD"  # set by polytrain testbed on every host
+TESTBED_ENV = env.TESTBED_RECORD  # set by polytrain testbed on every host
 
 
 def new_run_dir(cfg: JobConfig, base: Path = Path("runs")) -> Path:

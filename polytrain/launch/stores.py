@@ -39,11 +39,12 @@ from typing import Any
 
 import torch.distributed as dist
 
+import polytrain.env as env
 from polytrain.errors import ConfigError
 
-BIND_ENV = "POLYTRAIN_BIND"
+BIND_ENV = env.BIND
 LOOPBACK = "127.0.0.1"
-STORE_FILE_ENV = "POLYTRAIN_STORE_FILE"  # a rank's process-group FileStore (a local run's)
+STORE_FILE_ENV = env.STORE_FILE  # a rank's process-group FileStore (a local run's)
 # torch's dynamic rendezvous hosts a TCPStore for the workers unless this is "1" (torch >= 2.4)
 NO_AGENT_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+import polytrain.env as env
 from polytrain.comm import Comm
 from polytrain.config import make_config
 from polytrain.errors import ConfigError
@@ -36,7 +37,7 @@ from polytrain.runtime.startup_trace import rank_mark
 from polytrain.strategies import make_strategy
 from polytrain.strategies.base import job_fingerprint
 
-CHECK_ENV = "POLYTRAIN_CHECK_COLLECTIVES"
+CHECK_ENV = env.CHECK_COLLECTIVES
 
 
 def set_threads() -> None:

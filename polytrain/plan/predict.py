@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+import polytrain.env as env
 from polytrain.config import JobConfig
 from polytrain.plan.calibration import emulate
 from polytrain.plan.cluster import Cluster
@@ -28,7 +29,7 @@ from polytrain.plan.profile import Profile, measure_profile
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("POLYTRAIN_CACHE") or Path.home() / ".cache" / "polytrain")
+    return Path(os.environ.get(env.CACHE) or Path.home() / ".cache" / "polytrain")
 
 
 _BASE_PROBE = (

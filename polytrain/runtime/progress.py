@@ -26,8 +26,10 @@ from typing import Any, Self
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-PARENT_PROGRESS_ENV = "POLYTRAIN_PARENT_PROGRESS"
-PLAIN_EVERY_ENV = "POLYTRAIN_PROGRESS_S"
+import polytrain.env as env
+
+PARENT_PROGRESS_ENV = env.PARENT_PROGRESS
+PLAIN_EVERY_ENV = env.PROGRESS_S
 
 
 def make_progress(console: Console | None = None) -> Progress:

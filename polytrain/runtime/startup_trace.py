@@ -17,8 +17,10 @@ import os
 import time
 from pathlib import Path
 
+import polytrain.env as env
+
 FILE = "startup.jsonl"
-LAUNCH_T0_ENV = "POLYTRAIN_LAUNCH_T0"  # the launching process's start, inherited by its ranks
+LAUNCH_T0_ENV = env.LAUNCH_T0  # the launching process's start, inherited by its ranks
 _pending: list[tuple[str, float]] = []
 
 

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from polytrain.env import TESTBED_HOST, TESTBED_ID, TESTBED_RECORD
 from polytrain.errors import ConfigError
 from polytrain.testbed import netns
 
@@ -79,9 +80,8 @@ def _host_env(tb: Testbed, host: int, env: Mapping[str, str] | None) -> dict[str
     out.update(
         GLOO_SOCKET_IFNAME=tb.host_ifname(host),  # gloo traffic over the shaped link
         NCCL_SOCKET_IFNAME=tb.host_ifname(host),
-        POLYTRAIN_TESTBED_ID=tb.id,
-        POLYTRAIN_TESTBED_HOST=str(host),
-        POLYTRAIN_TESTBED_RECORD=json.dumps(testbed_record(tb)),  # for the job's summary.json
+        **{TESTBED_ID: tb.id, TESTBED_HOST: str(host),
+           TESTBED_RECORD: json.dumps(testbed_record(tb))},  # for the job's summary.json
         PYTHONUNBUFFERED="1",
     )
     return out
