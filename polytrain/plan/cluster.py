@@ -23,6 +23,9 @@
   other messages are on the wire with it — a pipeline stage that waits for its neighbour pays it,
   unless its message was alone in flight (the testbed: ~1 ms, `benchmarks/plan_hops.py`'s ``shift``
   case; a message alone, its ``relay`` case, ~0.05 ms; 0 by default);
+- ``device``: the accelerator each process drives, a name from the device catalogue
+  (`plan.devices`, ``device=a100-80gb``): its peak FLOP/s and memory bandwidth price a meta-device
+  profile, and its intra-host link (NVLink) is ``intra`` unless that is given;
 - ``collectives``: the all-reduce algorithms the collective library chooses among: ``auto`` (default:
   the fastest of ring, tree and two-level, as NCCL picks) or ``ring`` (gloo, whose all-reduce is
   always a ring: 2(n−1) steps whatever the size; polytrain's CPU runs and the testbed);
@@ -41,6 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from polytrain.errors import ConfigError
+from polytrain.plan.devices import Device, get_device
 
 _NUM = r"(\d+(?:\.\d*)?(?:e[+-]?\d+)?)"
 _RATE_RE = re.compile(rf"^{_NUM}\s*([kmgt]?)(bit|byte|b)?(?:/s|ps)?$", re.IGNORECASE)
@@ -49,7 +53,7 @@ _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 FIELDS = (
     "hosts", "procs_per_host", "nic", "intra", "latency", "intra_latency", "cores", "burst", "call", "hop",
-    "direct_hop", "wake", "collectives",
+    "direct_hop", "wake", "collectives", "device",
 )
 COLLECTIVES = ("auto", "ring")
 MAX_WORLD = 1 << 17  # 131,072 processes: beyond today's largest jobs; 1e9 hosts hung the planner
@@ -109,6 +113,7 @@ class Cluster:
     direct_hop_s: float | None = None  # the same per message of a direct exchange; None: hop_s
     wake_s: float = 0.0  # on shared cores, a blocked receiver's late wake-up (see plan.simulate)
     collectives: str = "auto"  # all-reduce algorithms: "auto" (NCCL's choice) or "ring" (gloo's only)
+    device: str = ""  # a name from the device catalogue (`plan.devices`); "": unnamed (profiled times)
 
     def __post_init__(self) -> None:
         if self.wake_s and self.cores is None:
@@ -117,12 +122,19 @@ class Cluster:
                 f"rank is woken late only where all ranks share cores. Fix: add cores=N (e.g. "
                 f"cores=2,wake=1ms) or drop wake."
             )
+        if self.device:
+            get_device(self.device)
         if self.collectives not in COLLECTIVES:
             raise ConfigError(
                 f"--cluster field 'collectives' is '{self.collectives}'. Rule: one of "
                 f"{', '.join(COLLECTIVES)} (ring: gloo's all-reduce; auto: NCCL's choice of ring, tree "
                 f"or two-level). Fix: e.g. collectives=ring."
             )
+
+    @property
+    def accelerator(self) -> Device | None:
+        """The catalogue's entry for ``device``, None where the cluster names none."""
+        return get_device(self.device) if self.device else None
 
     @property
     def world(self) -> int:
@@ -157,8 +169,9 @@ class Cluster:
         if self.wake_s:
             hop += f", {self.wake_s * 1e3:g} ms to wake a waiting rank"
         ring = ", ring all-reduce only" if self.collectives == "ring" else ""
+        device = f" {self.device}" if self.device else ""
         return (
-            f"{self.hosts} host(s) x {self.procs_per_host} proc(s), NIC {self.nic_bps * 8 / 1e9:g} "
+            f"{self.hosts} host(s) x {self.procs_per_host}{device} proc(s), NIC {self.nic_bps * 8 / 1e9:g} "
             f"Gbit/s, intra {self.intra_bps / 1e9:g} GB/s, latency {self.latency_s * 1e6:g} us"
             f"{cores}{call}{hop}{ring}"
         )
@@ -178,6 +191,7 @@ class Cluster:
             "direct_hop_s": self.direct_hop,
             "wake_s": self.wake_s,
             "collectives": self.collectives,
+            "device": self.device or None,
         }
 
     @classmethod
@@ -223,6 +237,10 @@ class Cluster:
             out["direct_hop_s"] = parse_seconds(values["direct_hop"], "direct_hop")
         if "collectives" in values:
             out["collectives"] = values["collectives"].lower()
+        if "device" in values:
+            dev = get_device(values["device"])
+            out["device"] = dev.name
+            out.setdefault("intra_bps", dev.link_bytes_per_s)
         world = out.get("hosts", 1) * out.get("procs_per_host", 1)
         if world > MAX_WORLD:
             raise ConfigError(f"--cluster describes {world:,} processes; the planner models at most "
