@@ -164,6 +164,12 @@ def _add_plan_parsers(sub: Any) -> None:
     p.add_argument("--rounds", type=int, default=1,
                    help="profile this many times and keep each time's median (a machine whose speed moves)")
     p.add_argument("--gap", type=float, default=0.0, help="seconds between the rounds; default 0")
+    p.add_argument("--meta", action="store_true",
+                   help="build the model on the meta device (no memory) and count FLOPs and bytes per "
+                        "layer instead of timing them: models too large for this machine")
+    p.add_argument("--device", default="a100-80gb",
+                   help="with --meta: the catalogue device its printed times are priced on (a plan "
+                        "prices on its --cluster device); default a100-80gb")
     p = sub.add_parser("plan", help="predict and rank every strategy on a described cluster")
     _add_model_flags(p)
     p.add_argument("--cluster", help='e.g. "hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,'
@@ -185,7 +191,17 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from polytrain.config import load_config
     from polytrain.plan.commands import run_profile
 
-    cfg = load_config(None, _model_overrides(args), args.sets)
+    over = _model_overrides(args)
+    if args.meta and args.model and not args.dataset and not any(s.startswith("data.") for s in args.sets):
+        from polytrain.models.registry import MODELS
+
+        if args.model in MODELS:  # a zoo model's own data (its shape is all a meta profile reads)
+            over["dataset"] = MODELS[args.model].default_dataset
+    cfg = load_config(None, over, args.sets)
+    if args.meta:
+        from polytrain.plan.commands import run_meta_profile
+
+        return run_meta_profile(cfg, args.out, args.device, console)
     return run_profile(cfg, args.out, not args.no_comm, console, args.rounds, args.gap)
 
 

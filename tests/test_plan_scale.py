@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -32,3 +33,29 @@ def test_unknown_device_is_refused_in_one_line_naming_the_valid_ones() -> None:
     text = str(err.value)
     assert "\n" not in text and "'v100'" in text
     assert all(name in text for name in catalogue())
+
+
+def _gpt(layers: int = 2, d: int = 64, heads: int = 4, seq: int = 32, vocab: int = 300, batch: int = 2) -> Any:
+    from polytrain.config import load_config
+
+    sets = [f"model.n_layer={layers}", f"model.d_model={d}", f"model.n_head={heads}",
+            f"model.seq_len={seq}", f"model.vocab={vocab}"]
+    return load_config(None, {"model": "gpt-mini", "dataset": "chars", "batch_size": batch}, sets)
+
+
+@pytest.mark.slow  # the first FlopCounterMode of a process imports torch._dynamo (~10-20 s)
+def test_meta_profile_flops_are_the_hand_formula() -> None:
+    """Forward: 2 x (matrix parameters) x tokens + the causal attention's 4·s²·h per block
+    (counted as full attention), the LM head 2·s·h·V; backward: twice the forward."""
+    from polytrain.plan.meta import meta_profile
+
+    L, d, s, V, B = 3, 64, 32, 300, 2
+    prof = meta_profile(_gpt(L, d, 4, s, V, B))
+    assert prof.device == "meta" and [r.kind for r in prof.layers] == ["Embed", *["Block"] * L, "Head"]
+    block = 2 * 12 * d * d * B * s + 4 * B * s * s * d
+    assert [r.forward_flops for r in prof.layers] == [0.0, *[block] * L, 2 * B * s * d * V]
+    for r in prof.layers[1:]:
+        assert r.backward_flops == pytest.approx(2 * r.forward_flops, rel=1e-9)
+    params = sum(r.param_bytes for r in prof.layers) / 4
+    assert params == (V + s) * d + L * (12 * d * d + 13 * d) + 2 * d + d * V
+    assert all(r.forward_bytes > 0 for r in prof.layers[1:])  # layer norms, GELU, adds

@@ -95,6 +95,24 @@ def run_profile(
     return 0
 
 
+def run_meta_profile(cfg: JobConfig, out: str | None, device: str, console: Console) -> int:
+    """`polytrain profile --meta`: FLOPs and bytes per layer counted on the meta device."""
+    from polytrain.plan.meta import meta_profile
+
+    t0 = time.perf_counter()
+    prof = meta_profile(cfg, device)
+    params = prof.param_bytes / 4
+    flops = sum(r.forward_flops + r.backward_flops for r in prof.layers)
+    console.print(format_records(prof), highlight=False, markup=False)
+    console.print(f"{params / 1e9:.2f} B parameters; {flops / 1e12:.1f} TFLOP per step of {prof.batch_size} "
+                  f"sample(s) (forward + backward); times priced on {device} at fp32; counted in "
+                  f"{time.perf_counter() - t0:.1f} s on the meta device", highlight=False)
+    if out:
+        prof.save(Path(out))
+        console.print(f"profile: {out}", highlight=False)
+    return 0
+
+
 def profile_rounds(cfg: JobConfig, rounds: int, gap_s: float, console: Console | None = None) -> Profile:
     """``rounds`` profiles ``gap_s`` seconds apart, combined by their median (`profile.median_of`);
     one round is a plain `measure_profile`."""
