@@ -184,6 +184,16 @@ def _add_plan_parsers(sub: Any) -> None:
                         "too (default: only those that learn exactly as it does)")
     p.add_argument("--json", action="store_true", help="the whole ranking as JSON")
     p.add_argument("--sweep", help="hosts=LO..HI: best predicted samples/s per strategy vs hosts")
+    p.add_argument("--strategy", help="price this one strategy with its --set options (e.g. --strategy "
+                                      "mesh --set tp=8 --set pp=8 --set dp=24) instead of ranking all")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="the job's precision: 16-bit activations and mixed-precision model state")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="the job recomputes each block's forward in backward")
+    p.add_argument("--grad-accum", type=int, default=1, help="the job's micro-steps per optimizer step")
+    p.add_argument("--efficiency", type=float, default=None,
+                   help="share of the device's peak FLOP/s matrix work reaches (meta profiles); "
+                        "default 0.5")
     p.add_argument("--out", help="directory for plan.json and the pictures (default runs/plan-<time>)")
 
 
@@ -214,9 +224,12 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from polytrain.config import load_config
     from polytrain.plan.commands import PlanArgs, run_plan
 
-    if any(not s.split("=", 1)[0].strip().startswith(("model.", "data.")) for s in args.sets):
+    strategy_sets = [s for s in args.sets if not s.split("=", 1)[0].strip().startswith(("model.", "data."))]
+    if strategy_sets and not args.strategy:
         raise ConfigError("polytrain plan takes --set model.KEY=VALUE and data.KEY=VALUE only: it "
-                          "chooses the strategy options itself. Fix: drop the strategy --set.")
+                          "chooses the strategy options itself. Fix: drop the strategy --set, or name "
+                          "the strategy they belong to with --strategy to price that one configuration.")
+    args.sets = [s for s in args.sets if s not in strategy_sets]
     if args.profile and not args.model:
         from pathlib import Path as _P
 
@@ -230,7 +243,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         cfg = load_config(None, _model_overrides(args), args.sets)
     a = PlanArgs(args.cluster, args.procs, args.memory_limit, args.profile, args.compute_scale, args.top,
                  args.json, args.sweep, args.out, args.batch_size, args.model is not None,
-                 args.allow_inexact)
+                 args.allow_inexact, args.precision, args.activation_checkpointing, args.grad_accum,
+                 args.efficiency, args.strategy, strategy_sets)
     return run_plan(cfg, a, console)
 
 

@@ -174,15 +174,51 @@ class PlanArgs:
     batch: int | None = None
     model_given: bool = True
     allow_inexact: bool = False
+    precision: str = "fp32"
+    recompute: bool = False
+    grad_accum: int = 1
+    efficiency: float | None = None
+    strategy: str | None = None  # price this one configuration (with ``options``)
+    options: list[str] | None = None
+
+    def scene(self, prof: Profile, cluster: Cluster, batch: int) -> Scene:
+        """The scene the job's training flags describe."""
+        if self.grad_accum < 1 or batch % self.grad_accum:
+            raise ConfigError(f"--grad-accum {self.grad_accum} must be >= 1 and divide --batch-size {batch}. "
+                              "Fix: e.g. --grad-accum 1.")
+        if self.efficiency is not None and not 0 < self.efficiency <= 1:
+            raise ConfigError(f"--efficiency {self.efficiency}: the share of peak FLOP/s matrix work reaches "
+                              "lies in (0, 1]. Fix: e.g. --efficiency 0.5.")
+        extra = {"efficiency": self.efficiency} if self.efficiency is not None else {}
+        return Scene(prof, cluster, batch, self.compute_scale, precision=self.precision,
+                     recompute=self.recompute, grad_accum=self.grad_accum, **extra)
 
 
 def plan_candidates(
-    prof: Profile, cluster: Cluster, batch: int, scale: float, limit: int | None
+    prof: Profile, cluster: Cluster, batch: int, scale: float, limit: int | None,
+    scene: Scene | None = None,
 ) -> list[Candidate]:
-    scene = Scene(prof, cluster, batch, scale)
+    scene = scene or Scene(prof, cluster, batch, scale)
     cands = candidates(scene, limit)
     check_memory(cands, limit)
     return rank(cands)
+
+
+def price_one(scene: Scene, name: str, sets: list[str], limit: int | None) -> Candidate:
+    """The candidate ``--strategy NAME --set K=V ...`` describes, priced by its strategy on the
+    cluster's world size."""
+    from polytrain.config import apply_sets
+    from polytrain.strategies import get_strategy_class, make_strategy
+
+    options = apply_sets({}, sets).get("options", {})
+    strategy = make_strategy(name, options)
+    e = strategy.price(scene, scene.cluster.world)
+    if isinstance(e, str):
+        raise ConfigError(f"The planner cannot price '{name}' with {options}: {e}. Fix: leave out "
+                          "--strategy to rank every strategy that applies.")
+    fits = limit is None or e.peak_memory_bytes <= limit
+    return Candidate(name, scene.cluster.world, options, e, scene.batch, fits,
+                     exact=strategy.is_exact(), family=get_strategy_class(name).family)
 
 
 def applies(c: Candidate, cfg: JobConfig) -> str | None:
@@ -224,7 +260,13 @@ def run_plan(cfg: JobConfig, a: PlanArgs, console: Console) -> int:
     cluster = Cluster.parse(a.cluster) if a.cluster is not None else local_cluster(a.procs, prof)
     if a.sweep:
         return run_sweep(prof, cluster, batch, a, console)
-    ranked = plan_candidates(prof, cluster, batch, a.compute_scale, limit)
+    scene = a.scene(prof, cluster, batch)
+    if limit is None and cluster.accelerator is not None:
+        limit = int(cluster.accelerator.memory_bytes)  # a described device's memory is the limit
+    if a.strategy:
+        ranked = [price_one(scene, a.strategy, a.options or [], limit)]
+    else:
+        ranked = plan_candidates(prof, cluster, batch, a.compute_scale, limit, scene)
     job = job_of(prof)
     if a.as_json:
         console.print_json(json.dumps([to_json(c, job) for c in ranked]))

@@ -16,6 +16,7 @@ tokens when those options are given (the shape of the user's real data), whateve
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +45,8 @@ class _Traffic(TorchDispatchMode):
         self.matrix = matrix
         self.bytes = 0.0
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         packet = func._overloadpacket
         if packet not in self.matrix and packet.__name__ not in self.FREE:
@@ -102,9 +104,9 @@ def meta_profile(cfg: Any, device: str = "a100-80gb", efficiency: float = DEFAUL
                tuple(x.shape), x.dtype)
         if key not in seen:
             inp = x.detach().requires_grad_(x.is_floating_point())
-            out, f_flops, f_bytes = _counted(lambda layer=layer, inp=inp: layer(inp))
+            out, f_flops, f_bytes = _counted(functools.partial(layer, inp))
             if out.requires_grad:
-                _, b_flops, b_bytes = _counted(lambda out=out: out.backward(torch.empty_like(out)))
+                _, b_flops, b_bytes = _counted(functools.partial(out.backward, torch.empty_like(out)))
             else:
                 b_flops = b_bytes = 0.0
             seen[key] = (out.detach(), f_flops, b_flops, f_bytes, b_bytes)
