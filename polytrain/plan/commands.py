@@ -196,10 +196,10 @@ class PlanArgs:
 
 def plan_candidates(
     prof: Profile, cluster: Cluster, batch: int, scale: float, limit: int | None,
-    scene: Scene | None = None,
+    scene: Scene | None = None, unpriced: list[str] | None = None,
 ) -> list[Candidate]:
     scene = scene or Scene(prof, cluster, batch, scale)
-    cands = candidates(scene, limit)
+    cands = candidates(scene, limit, unpriced)
     check_memory(cands, limit)
     return rank(cands)
 
@@ -263,10 +263,11 @@ def run_plan(cfg: JobConfig, a: PlanArgs, console: Console) -> int:
     scene = a.scene(prof, cluster, batch)
     if limit is None and cluster.accelerator is not None:
         limit = int(cluster.accelerator.memory_bytes)  # a described device's memory is the limit
+    unpriced: list[str] = []
     if a.strategy:
         ranked = [price_one(scene, a.strategy, a.options or [], limit)]
     else:
-        ranked = plan_candidates(prof, cluster, batch, a.compute_scale, limit, scene)
+        ranked = plan_candidates(prof, cluster, batch, a.compute_scale, limit, scene, unpriced)
     job = job_of(prof)
     if a.as_json:
         console.print_json(json.dumps([to_json(c, job) for c in ranked]))
@@ -279,6 +280,8 @@ def run_plan(cfg: JobConfig, a: PlanArgs, console: Console) -> int:
     console.print(show.ranking_table(ranked, a.top, title))
     for line in show.not_fitting(ranked):
         console.print(line, highlight=False)
+    for line in unpriced:
+        console.print(f"not priced: {line}", highlight=False)
     best = first_choice(ranked, cfg, inexact=a.allow_inexact)
     console.print(f"recommended: {command(best, job)}", highlight=False, soft_wrap=True)
     fastest = first_choice(ranked, cfg, inexact=True)
