@@ -165,6 +165,12 @@ def _add_plan_parsers(sub: Any) -> None:
     p.add_argument("--rounds", type=int, default=1,
                    help="profile this many times and keep each time's median (a machine whose speed moves)")
     p.add_argument("--gap", type=float, default=0.0, help="seconds between the rounds; default 0")
+    p.add_argument("--meta", action="store_true",
+                   help="build the model on the meta device (no memory) and count FLOPs and bytes per "
+                        "layer instead of timing them: models too large for this machine")
+    p.add_argument("--device", default="a100-80gb",
+                   help="with --meta: the catalogue device its printed times are priced on (a plan "
+                        "prices on its --cluster device); default a100-80gb")
     p = sub.add_parser("plan", help="predict and rank every strategy on a described cluster")
     _add_model_flags(p)
     p.add_argument("--cluster", help='e.g. "hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,'
@@ -182,6 +188,16 @@ def _add_plan_parsers(sub: Any) -> None:
                         "too (default: only those that learn exactly as it does)")
     p.add_argument("--json", action="store_true", help="the whole ranking as JSON")
     p.add_argument("--sweep", help="hosts=LO..HI: best predicted samples/s per strategy vs hosts")
+    p.add_argument("--strategy", help="price this one strategy with its --set options (e.g. --strategy "
+                                      "mesh --set tp=8 --set pp=8 --set dp=24) instead of ranking all")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="the job's precision: 16-bit activations and mixed-precision model state")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="the job recomputes each block's forward in backward")
+    p.add_argument("--grad-accum", type=int, default=1, help="the job's micro-steps per optimizer step")
+    p.add_argument("--efficiency", type=float, default=None,
+                   help="share of the device's peak FLOP/s matrix work reaches (meta profiles); "
+                        "default 0.5")
     p.add_argument("--out", help="directory for plan.json and the pictures (default runs/plan-<time>)")
 
 
@@ -189,7 +205,17 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> int:
     from polytrain.config import load_config
     from polytrain.plan.commands import run_profile
 
-    cfg = load_config(None, _model_overrides(args), args.sets)
+    over = _model_overrides(args)
+    if args.meta and args.model and not args.dataset and not any(s.startswith("data.") for s in args.sets):
+        from polytrain.models.registry import MODELS
+
+        if args.model in MODELS:  # a zoo model's own data (its shape is all a meta profile reads)
+            over["dataset"] = MODELS[args.model].default_dataset
+    cfg = load_config(None, over, args.sets)
+    if args.meta:
+        from polytrain.plan.commands import run_meta_profile
+
+        return run_meta_profile(cfg, args.out, args.device, console)
     return run_profile(cfg, args.out, not args.no_comm, console, args.rounds, args.gap)
 
 
@@ -202,9 +228,12 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from polytrain.config import load_config
     from polytrain.plan.commands import PlanArgs, run_plan
 
-    if any(not s.split("=", 1)[0].strip().startswith(("model.", "data.")) for s in args.sets):
+    strategy_sets = [s for s in args.sets if not s.split("=", 1)[0].strip().startswith(("model.", "data."))]
+    if strategy_sets and not args.strategy:
         raise ConfigError("polytrain plan takes --set model.KEY=VALUE and data.KEY=VALUE only: it "
-                          "chooses the strategy options itself. Fix: drop the strategy --set.")
+                          "chooses the strategy options itself. Fix: drop the strategy --set, or name "
+                          "the strategy they belong to with --strategy to price that one configuration.")
+    args.sets = [s for s in args.sets if s not in strategy_sets]
     if args.profile and not args.model:
         from pathlib import Path as _P
 
@@ -218,7 +247,9 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         cfg = load_config(None, _model_overrides(args), args.sets)
     a = PlanArgs(args.cluster, args.procs, args.memory_limit, args.profile, args.compute_scale, args.top,
                  args.json, args.sweep, args.out, args.batch_size, args.model is not None,
-                 args.allow_inexact, args.calibration)
+                 args.allow_inexact, args.precision, args.activation_checkpointing, args.grad_accum,
+                 args.efficiency, args.strategy, strategy_sets,
+                 calibration=args.calibration)
     return run_plan(cfg, a, console)
 
 

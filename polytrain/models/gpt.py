@@ -33,7 +33,7 @@ from polytrain.models.registry import ModelEntry, register_model
 
 class GptOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    n_layer: int = Field(2, ge=1, le=96)
+    n_layer: int = Field(2, ge=1, le=1024)
     n_head: int = Field(4, ge=1)
     d_model: int = Field(64, ge=1)
     seq_len: int | None = Field(None, ge=1, description="positions (default: the dataset's T)")

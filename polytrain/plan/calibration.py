@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +107,7 @@ class EmulatedCluster(Cluster):
 
 def emulate(cluster: Cluster, **emulation: Any) -> EmulatedCluster:
     """``cluster``'s hardware with ``emulation``'s fields (`Emulation`) added to what it emulates."""
-    hardware = {f: getattr(cluster, f) for f in ("hosts", "procs_per_host", "nic_bps", "intra_bps",
-                                                 "latency_s", "intra_latency_s", "collectives")}
+    hardware = {f.name: getattr(cluster, f.name) for f in fields(Cluster)}
     base = cluster.emulation if isinstance(cluster, EmulatedCluster) else Emulation()
     return EmulatedCluster(**hardware, emulation=replace(base, **emulation))
 
@@ -206,13 +205,15 @@ class Calibration(_Strict):
         """``model``'s terms (the physical model's, all nothing, for a model it does not name)."""
         return self.models.get(model, ModelTerms())
 
-    def scene(self, profile: Profile, hardware: Cluster, batch: int, scale: float = 1.0) -> Scene:
+    def scene(self, profile: Profile, hardware: Cluster, batch: int, scale: float = 1.0,
+              **job: Any) -> Scene:
         """What the planner prices: ``profile`` at ``batch`` on ``hardware`` as this calibration
-        runs it (its emulation, the model's terms; ``scale`` multiplies the compute on top)."""
+        runs it (its emulation, the model's terms; ``scale`` multiplies the compute on top;
+        ``job``: the training flags the scene prices, e.g. ``precision``)."""
         t = self.terms(profile.model)
         forward = None if t.forward_scale is None else t.forward_scale * scale
         return Scene(profile, self.cluster(hardware), batch, t.compute_scale * scale, t.action_overhead_s,
-                     t.pass_overhead_s, forward, t.ps_request_s)
+                     t.pass_overhead_s, forward, t.ps_request_s, **job)
 
 
 PHYSICAL = Calibration(schema=SCHEMA)  # no calibration: the plain physical model

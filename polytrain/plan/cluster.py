@@ -9,6 +9,9 @@
 - ``intra``: the link between two processes of one host (shared memory, NVLink: ``300gbyte``);
 - ``latency``: α, the fixed cost of one message between hosts (``5us``, ``1ms``);
   ``intra_latency`` the same inside a host (default: a tenth of ``latency``);
+- ``device``: the accelerator each process drives, a name from the device catalogue
+  (`plan.devices`, ``device=a100-80gb``): its peak FLOP/s and memory bandwidth price a meta-device
+  profile, and its intra-host link (NVLink) is ``intra`` unless that is given;
 - ``collectives``: the all-reduce algorithms the collective library chooses among: ``auto`` (default:
   the fastest of ring, tree and two-level, as NCCL picks) or ``ring`` (gloo, whose all-reduce is
   always a ring: 2(n−1) steps whatever the size; polytrain's CPU runs and the testbed);
@@ -28,13 +31,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from polytrain.errors import ConfigError
+from polytrain.plan.devices import Device, get_device
 
 _NUM = r"(\d+(?:\.\d*)?(?:e[+-]?\d+)?)"
 _RATE_RE = re.compile(rf"^{_NUM}\s*([kmgt]?)(bit|byte|b)?(?:/s|ps)?$", re.IGNORECASE)
 _TIME_RE = re.compile(rf"^{_NUM}\s*(ns|us|µs|ms|s)$", re.IGNORECASE)
 _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
-FIELDS = ("hosts", "procs_per_host", "nic", "intra", "latency", "intra_latency", "collectives")
+FIELDS = ("hosts", "procs_per_host", "nic", "intra", "latency", "intra_latency", "collectives", "device")
 # what an emulator needs, not hardware: a calibration file holds them (`plan.calibration`)
 CALIBRATED = ("cores", "burst", "call", "hop", "direct_hop", "wake")
 COLLECTIVES = ("auto", "ring")
@@ -91,14 +95,22 @@ class Cluster:
     latency_s: float = 5e-6
     intra_latency_s: float | None = None
     collectives: str = "auto"  # all-reduce algorithms: "auto" (NCCL's choice) or "ring" (gloo's only)
+    device: str = ""  # a name from the device catalogue (`plan.devices`); "": unnamed (profiled times)
 
     def __post_init__(self) -> None:
+        if self.device:
+            get_device(self.device)
         if self.collectives not in COLLECTIVES:
             raise ConfigError(
                 f"--cluster field 'collectives' is '{self.collectives}'. Rule: one of "
                 f"{', '.join(COLLECTIVES)} (ring: gloo's all-reduce; auto: NCCL's choice of ring, tree "
                 f"or two-level). Fix: e.g. collectives=ring."
             )
+
+    @property
+    def accelerator(self) -> Device | None:
+        """The catalogue's entry for ``device``, None where the cluster names none."""
+        return get_device(self.device) if self.device else None
 
     @property
     def world(self) -> int:
@@ -156,8 +168,9 @@ class Cluster:
 
     def describe(self) -> str:
         ring = ", ring all-reduce only" if self.collectives == "ring" else ""
+        device = f" {self.device}" if self.device else ""
         return (
-            f"{self.hosts} host(s) x {self.procs_per_host} proc(s), NIC {self.nic_bps * 8 / 1e9:g} "
+            f"{self.hosts} host(s) x {self.procs_per_host}{device} proc(s), NIC {self.nic_bps * 8 / 1e9:g} "
             f"Gbit/s, intra {self.intra_bps / 1e9:g} GB/s, latency {self.latency_s * 1e6:g} us{ring}"
         )
 
@@ -170,6 +183,7 @@ class Cluster:
             "latency_s": self.latency_s,
             "intra_latency_s": self.intra_alpha,
             "collectives": self.collectives,
+            "device": self.device or None,
         }
 
     @classmethod
@@ -210,6 +224,10 @@ class Cluster:
             out["intra_latency_s"] = parse_seconds(values["intra_latency"], "intra_latency")
         if "collectives" in values:
             out["collectives"] = values["collectives"].lower()
+        if "device" in values:
+            dev = get_device(values["device"])
+            out["device"] = dev.name
+            out.setdefault("intra_bps", dev.link_bytes_per_s)
         world = out.get("hosts", 1) * out.get("procs_per_host", 1)
         if world > MAX_WORLD:
             raise ConfigError(f"--cluster describes {world:,} processes; the planner models at most "

@@ -126,11 +126,20 @@ def codec_price(options: Any, params: tuple[tuple[str, tuple[int, ...]], ...]) -
     return cached_price(options.compression, tuple(sorted(chosen.items())), params)
 
 
+#: at most this many gradient elements are encoded here to price a codec; a larger model (one
+#: profiled on the meta device) has its codecs left unpriced (`recommend.candidates` lists them)
+MAX_ENCODED = 1 << 28
+
+
 @functools.lru_cache(maxsize=64)
 def cached_price(compression: str, options: tuple[tuple[str, Any], ...],
                  params: tuple[tuple[str, tuple[int, ...]], ...]) -> CodecPrice:
     """:func:`price` once per (codec, options, model) in a process (a sweep prices many worlds;
     the payload does not depend on the world size, nor do the codecs' timings)."""
+    total = sum(_numel(s) for _, s in params)
+    if total > MAX_ENCODED:
+        raise ValueError(f"a codec is priced by encoding every gradient once on this machine; "
+                         f"{total:,} elements is past {MAX_ENCODED:,}")
     return price(compression, dict(options), params, world=2)
 
 

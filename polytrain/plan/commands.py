@@ -22,6 +22,7 @@ from polytrain.errors import ConfigError
 from polytrain.plan import show
 from polytrain.plan.calibration import PHYSICAL, Calibration, emulate
 from polytrain.plan.cluster import MAX_WORLD, Cluster, parse_bytes
+from polytrain.plan.estimate import Scene
 from polytrain.plan.predict import local_collectives
 from polytrain.plan.profile import Profile, measure_profile, median_of
 from polytrain.plan.recommend import Candidate, candidates, check_memory, command, rank, to_json
@@ -95,6 +96,24 @@ def run_profile(
     return 0
 
 
+def run_meta_profile(cfg: JobConfig, out: str | None, device: str, console: Console) -> int:
+    """`polytrain profile --meta`: FLOPs and bytes per layer counted on the meta device."""
+    from polytrain.plan.meta import meta_profile
+
+    t0 = time.perf_counter()
+    prof = meta_profile(cfg, device)
+    params = prof.param_bytes / 4
+    flops = sum(r.forward_flops + r.backward_flops for r in prof.layers)
+    console.print(format_records(prof), highlight=False, markup=False)
+    console.print(f"{params / 1e9:.2f} B parameters; {flops / 1e12:.1f} TFLOP per step of {prof.batch_size} "
+                  f"sample(s) (forward + backward); times priced on {device} at fp32; counted in "
+                  f"{time.perf_counter() - t0:.1f} s on the meta device", highlight=False)
+    if out:
+        prof.save(Path(out))
+        console.print(f"profile: {out}", highlight=False)
+    return 0
+
+
 def profile_rounds(cfg: JobConfig, rounds: int, gap_s: float, console: Console | None = None) -> Profile:
     """``rounds`` profiles ``gap_s`` seconds apart, combined by their median (`profile.median_of`);
     one round is a plain `measure_profile`."""
@@ -156,17 +175,52 @@ class PlanArgs:
     batch: int | None = None
     model_given: bool = True
     allow_inexact: bool = False
+    precision: str = "fp32"
+    recompute: bool = False
+    grad_accum: int = 1
+    efficiency: float | None = None
+    strategy: str | None = None  # price this one configuration (with ``options``)
+    options: list[str] | None = None
     calibration: str | None = None  # a calibration file (`plan.calibration`)
+
+    def scene(self, prof: Profile, cluster: Cluster, batch: int, cal: Calibration = PHYSICAL) -> Scene:
+        """The scene the job's training flags describe."""
+        if self.grad_accum < 1 or batch % self.grad_accum:
+            raise ConfigError(f"--grad-accum {self.grad_accum} must be >= 1 and divide --batch-size {batch}. "
+                              "Fix: e.g. --grad-accum 1.")
+        if self.efficiency is not None and not 0 < self.efficiency <= 1:
+            raise ConfigError(f"--efficiency {self.efficiency}: the share of peak FLOP/s matrix work reaches "
+                              "lies in (0, 1]. Fix: e.g. --efficiency 0.5.")
+        extra = {"efficiency": self.efficiency} if self.efficiency is not None else {}
+        return cal.scene(prof, cluster, batch, self.compute_scale, precision=self.precision,
+                         recompute=self.recompute, grad_accum=self.grad_accum, **extra)
 
 
 def plan_candidates(
     prof: Profile, cluster: Cluster, batch: int, scale: float, limit: int | None,
-    cal: Calibration = PHYSICAL,
+    scene: Scene | None = None, unpriced: list[str] | None = None, cal: Calibration = PHYSICAL,
 ) -> list[Candidate]:
-    scene = cal.scene(prof, cluster, batch, scale)
-    cands = candidates(scene, limit)
+    scene = scene or cal.scene(prof, cluster, batch, scale)
+    cands = candidates(scene, limit, unpriced)
     check_memory(cands, limit)
     return rank(cands)
+
+
+def price_one(scene: Scene, name: str, sets: list[str], limit: int | None) -> Candidate:
+    """The candidate ``--strategy NAME --set K=V ...`` describes, priced by its strategy on the
+    cluster's world size."""
+    from polytrain.config import apply_sets
+    from polytrain.strategies import get_strategy_class, make_strategy
+
+    options = apply_sets({}, sets).get("options", {})
+    strategy = make_strategy(name, options)
+    e = strategy.price(scene, scene.cluster.world)
+    if isinstance(e, str):
+        raise ConfigError(f"The planner cannot price '{name}' with {options}: {e}. Fix: leave out "
+                          "--strategy to rank every strategy that applies.")
+    fits = limit is None or e.peak_memory_bytes <= limit
+    return Candidate(name, scene.cluster.world, options, e, scene.batch, fits,
+                     exact=strategy.is_exact(), family=get_strategy_class(name).family)
 
 
 def applies(c: Candidate, cfg: JobConfig) -> str | None:
@@ -209,7 +263,14 @@ def run_plan(cfg: JobConfig, a: PlanArgs, console: Console) -> int:
     cal = Calibration.load(Path(a.calibration)) if a.calibration else PHYSICAL
     if a.sweep:
         return run_sweep(prof, cluster, batch, a, console, cal)
-    ranked = plan_candidates(prof, cluster, batch, a.compute_scale, limit, cal)
+    scene = a.scene(prof, cluster, batch, cal)
+    if limit is None and cluster.accelerator is not None:
+        limit = int(cluster.accelerator.memory_bytes)  # a described device's memory is the limit
+    unpriced: list[str] = []
+    if a.strategy:
+        ranked = [price_one(scene, a.strategy, a.options or [], limit)]
+    else:
+        ranked = plan_candidates(prof, cluster, batch, a.compute_scale, limit, scene, unpriced)
     job = job_of(prof)
     if a.as_json:
         console.print_json(json.dumps([to_json(c, job) for c in ranked]))
@@ -222,6 +283,8 @@ def run_plan(cfg: JobConfig, a: PlanArgs, console: Console) -> int:
     console.print(show.ranking_table(ranked, a.top, title))
     for line in show.not_fitting(ranked):
         console.print(line, highlight=False)
+    for line in unpriced:
+        console.print(f"not priced: {line}", highlight=False)
     best = first_choice(ranked, cfg, inexact=a.allow_inexact)
     console.print(f"recommended: {command(best, job)}", highlight=False, soft_wrap=True)
     fastest = first_choice(ranked, cfg, inexact=True)

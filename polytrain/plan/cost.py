@@ -113,6 +113,8 @@ def refilled(cluster: Cluster, idle_s: float) -> Cluster:
 
 
 def hosts_of(cluster: Cluster, ranks: Sequence[int]) -> int:
+    if isinstance(ranks, range) and ranks.step == 1 and len(ranks):  # consecutive: no set of 10^5 ranks
+        return cluster.host_of(ranks[-1]) - cluster.host_of(ranks[0]) + 1
     return len({cluster.host_of(r) for r in ranks})
 
 

@@ -24,7 +24,9 @@ from polytrain.plan.cost import (
     refilled,
     tp_block_s,
 )
-from polytrain.plan.profile import Profile
+from polytrain.plan.memory import element_bytes, state_bytes, transformer_activation_bytes
+from polytrain.plan.meta import DEFAULT_EFFICIENCY, layer_seconds
+from polytrain.plan.profile import OPTIMIZER_STATE, LayerRecord, Profile
 from polytrain.strategies.ps.sharding import ParamInfo, make_plan
 
 BYTES = 4  # float32 parameters, gradients and activations
@@ -66,10 +68,38 @@ class Scene:
     # a parameter server's own time per worker request (receiving it, handing it to the serving
     # thread, answering it) beyond its messages and its update; a server takes its workers' one at a time
     ps_request_s: float = 0.0
+    # the job's training flags: autocast precision (bf16/fp16: 16-bit activations, mixed-precision
+    # model state, `plan.memory`), full activation recomputation, micro-steps per optimizer step
+    precision: str = "fp32"
+    recompute: bool = False
+    grad_accum: int = 1
+    # the share of the device's peak FLOP/s matrix work reaches (meta-device profiles only)
+    efficiency: float = DEFAULT_EFFICIENCY
 
     @property
     def layers(self) -> int:
         return len(self.profile.layers)
+
+    def _times(self, layer: LayerRecord, batch: float) -> tuple[float, float]:
+        """A layer's (forward, backward) seconds at ``batch``: a counted (meta) layer priced on the
+        cluster's device at the job's precision, a measured one from its times."""
+        device = self.cluster.accelerator
+        if not (layer.counted and device):
+            return layer.times(batch, self.profile.batch_size)
+        k = batch / self.profile.batch_size
+        f = layer_seconds(device, self.precision, layer.forward_flops * k, layer.forward_bytes * k,
+                          self.efficiency)
+        b = layer_seconds(device, self.precision, layer.backward_flops * k, layer.backward_bytes * k,
+                          self.efficiency)
+        return f, b
+
+    @property
+    def transformer(self) -> tuple[int, int, int] | None:
+        """(sequence, hidden, heads) of a profiled transformer, from its model options."""
+        o = self.profile.model_options
+        if not all(o.get(k) for k in ("seq_len", "d_model", "n_head")):
+            return None
+        return int(o["seq_len"]), int(o["d_model"]), int(o["n_head"])
 
     def fb(self, lo: int, hi: int, batch: float, busy: int = 1, split: int = 1) -> tuple[float, float]:
         """(forward, backward) seconds of layers [lo, hi) at ``batch`` samples, ``busy`` ranks
@@ -79,10 +109,12 @@ class Scene:
         kb = self.compute_scale * slow
         f = b = 0.0
         for layer in self.profile.layers[lo:hi]:
-            lf, lb = layer.times(batch, self.profile.batch_size)
+            lf, lb = self._times(layer, batch)
             # a split layer's share of the work shrinks; its per-call fixed time does not
             lf = layer.forward_fixed_s + (lf - layer.forward_fixed_s) / split
             lb = layer.backward_fixed_s + (lb - layer.backward_fixed_s) / split
+            if self.recompute:  # activation checkpointing: the forward again in backward
+                lb += lf
             f, b = f + lf * kf, b + lb * kb
         return f, b
 
@@ -104,16 +136,42 @@ class Scene:
     def layer_fb(self, i: int, batch: float, busy: int = 1, split: int = 1) -> tuple[float, float]:
         return self.fb(i, i + 1, batch, busy, split)
 
-    def activations(self, lo: int, hi: int, batch: float) -> float:
+    def activations(self, lo: int, hi: int, batch: float, split: int = 1) -> float:
+        """Bytes layers [lo, hi) keep for backward at ``batch`` samples (one micro-step of
+        ``grad_accum``): a measured profile's layer outputs; a counted transformer's blocks as
+        Korthikanti et al. (`plan.memory`), split ``split`` ways by tensor parallelism."""
+        batch = batch / self.grad_accum
         layers = self.profile.layers[lo:hi]
-        return sum(layer.activation_bytes for layer in layers) * batch / self.profile.batch_size
+        shape = self.transformer
+        if not (shape and any(r.counted for r in layers)):
+            return sum(layer.activation_bytes for layer in layers) * batch / self.profile.batch_size
+        s, h, a = shape
+        elem = element_bytes(self.precision)
+        out = 0.0
+        for r in layers:
+            if r.kind == "Block":
+                out += transformer_activation_bytes(s, batch, h, a, split, self.recompute, elem)
+            else:  # embedding / head output, its columns split
+                out += r.activation_bytes * elem / 4 * batch / self.profile.batch_size / split
+        return out
+
+    @property
+    def state(self) -> tuple[float, float, float]:
+        """(parameter, gradient, optimizer) bytes per fp32 byte the profile counts of parameters."""
+        sb = state_bytes(self.precision, OPTIMIZER_STATE.get(self.profile.optimizer, 2))
+        return sb.param / 4, sb.grad / 4, sb.optimizer / 4
 
     def state_bytes(self, lo: int, hi: int, split: int = 1) -> float:
         """Parameters + gradients + optimizer state of layers [lo, hi), 1/``split`` of each."""
         layers = self.profile.layers[lo:hi]
-        return sum(2 * layer.param_bytes + layer.optimizer_bytes for layer in layers) / split
+        if self.precision == "fp32":  # the profile's own optimizer bytes
+            return sum(2 * layer.param_bytes + layer.optimizer_bytes for layer in layers) / split
+        return sum(layer.param_bytes for layer in layers) * sum(self.state) / split
 
     def optimizer_s(self, param_bytes: float) -> float:
+        device = self.cluster.accelerator
+        if device and any(r.counted for r in self.profile.layers):  # memory-bound: state read and written
+            return 2 * param_bytes * sum(self.state) / device.memory_bytes_per_s
         total = max(1, self.profile.param_bytes)
         return self.profile.optimizer_s * param_bytes / total * self.compute_scale
 
@@ -384,3 +442,8 @@ def tensor(scene: Scene, tp: int, dp: int = 1) -> Estimate:
     acts = sum(prof.layers[i].activation_bytes * batch / prof.batch_size for i in blocks)
     sent = dp * tp * 4 * 2 * (tp - 1) / tp * acts + (2 * (dp - 1) * shard_p * tp if dp > 1 else 0.0)
     return Estimate(step, mem, sent, 0.0 if cl.hosts <= 1 else sent / cl.hosts, tuple(spans))
+
+
+def counted(profile: Profile) -> bool:
+    """Whether ``profile`` was counted on the meta device (`plan.meta`): a model planned at scale."""
+    return any(r.counted for r in profile.layers)

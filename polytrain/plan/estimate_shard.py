@@ -71,15 +71,17 @@ def sharded(scene: Scene, world: int, stage: int, bucket_mb: float = 25.0, prefe
 def _memory(scene: Scene, world: int, stage: int, bucket_mb: float, prefetch: bool,
             keep_gathered: bool) -> int:
     layers = scene.profile.layers
-    p = scene.profile.param_bytes
-    k = sum(r.optimizer_bytes for r in layers)
+    fp32 = scene.profile.param_bytes
+    kp, kg, ko = scene.state  # bytes per fp32 parameter byte (`plan.memory.state_bytes`)
+    p, g = kp * fp32, kg * fp32
+    k = sum(r.optimizer_bytes for r in layers) if scene.precision == "fp32" else ko * fp32
     act = scene.activations(0, scene.layers, scene.batch / world)
     if stage == 1:
-        return scene.memory(2 * p + k / world, act)
+        return scene.memory(p + g + k / world, act)
     if stage == 2:
-        return scene.memory(p + (p + k) / world, 2 * min(p, bucket_mb * 2**20), act)
-    biggest = max((r.param_bytes for r in layers), default=0)
+        return scene.memory(p + (g + k) / world, 2 * min(g, bucket_mb * 2**20), act)
+    biggest = max((r.param_bytes for r in layers), default=0) * kp
     transient = biggest * (3 + (1 if prefetch else 0))  # gathered, its gradient, one in flight
     if keep_gathered:
         transient += p
-    return scene.memory((2 * p + k) / world, transient, act)
+    return scene.memory((p + g + k) / world, transient, act)

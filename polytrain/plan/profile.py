@@ -196,6 +196,18 @@ class LayerRecord:
     activation_bytes: int  # output at batch B
     param_bytes: int
     optimizer_bytes: int
+    # a meta-device profile (`plan.meta`): matrix FLOPs and the bytes the other operators move
+    # (fp32 elements), forward and backward, at batch B; the cost model prices them on the
+    # cluster's device (0: a measured profile, priced from its times)
+    forward_flops: float = 0.0
+    backward_flops: float = 0.0
+    forward_bytes: float = 0.0
+    backward_bytes: float = 0.0
+
+    @property
+    def counted(self) -> bool:
+        """Whether the layer's work was counted on the meta device rather than timed."""
+        return self.forward_flops > 0 or self.forward_bytes > 0
 
     def times(self, batch: float, full: int) -> tuple[float, float]:
         """(forward, backward) seconds at ``batch`` samples (the profile was taken at ``full``)."""

@@ -50,15 +50,28 @@ class Candidate:
         return f"{self.strategy} {opts}".strip()
 
 
-def candidates(scene: Scene, memory_limit: int | None = None) -> list[Candidate]:
-    """Every applicable (strategy, options) on the cluster's world size, priced by the strategy."""
+def candidates(scene: Scene, memory_limit: int | None = None,
+               unpriced: list[str] | None = None) -> list[Candidate]:
+    """Every applicable (strategy, options) on the cluster's world size, priced by the strategy.
+    On a meta-device profile, an offer whose price needs this machine to hold the model (a codec
+    encodes every gradient) is left out and named in ``unpriced``."""
+    from polytrain.plan.estimate import counted
     from polytrain.strategies import make_strategy, registry
 
     out = []
+    at_scale = counted(scene.profile)
     for name, cls in registry().items():
         for procs, opts in cls.offers(scene):
             strategy = make_strategy(name, opts)
-            e = strategy.price(scene, procs)
+            try:
+                e = strategy.price(scene, procs)
+            except ValueError as err:
+                if not at_scale:
+                    raise
+                if unpriced is not None:
+                    label = " ".join([name, *(f"{k}={v}" for k, v in opts.items())])
+                    unpriced.append(f"{label}: {err}")
+                continue
             if isinstance(e, str):
                 raise ValueError(f"'{name}' offered {opts} but cannot price it: {e}")
             fits = memory_limit is None or e.peak_memory_bytes <= memory_limit

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator
 from torch import nn
 
 from polytrain.comm import GroupComm, new_groups
@@ -77,16 +77,6 @@ class MeshOptions(CollectiveOptions, CodecOptions):
     def _partition(cls, v: Any) -> str:
         return check_partition_text(str(v))
 
-    @model_validator(mode="after")
-    def _layout(self) -> MeshOptions:
-        layout = self.layout
-        if layout.pp != 1 and layout.tp != 1:
-            raise ConfigError(
-                f"Strategy 'mesh' runs 2-D layouts (dp × pp or dp × tp), not {layout}. "
-                "Fix: set pp=1 or tp=1."
-            )
-        return self
-
     @property
     def layout(self) -> Layout:
         return Layout(self.dp, self.pp, self.tp)
@@ -116,6 +106,11 @@ class Mesh(Strategy):
         from polytrain.plan import estimate as est
         from polytrain.plan.estimate_pipe import planned_partition
 
+        if est.counted(scene.profile):  # a meta-device profile: the 3-D layouts at scale
+            from polytrain.plan.estimate_3d import layouts
+
+            yield from ((scene.cluster.world, o) for o in layouts(scene))
+            return
         w, n, b = scene.cluster.world, scene.layers, scene.batch
         pp = 2
         while pp <= min(n, w // 2):
@@ -138,6 +133,11 @@ class Mesh(Strategy):
 
         o: MeshOptions = self.options  # type: ignore[assignment]
         layout = o.layout.resolve(world)
+        if est.counted(scene.profile):
+            from polytrain.plan.estimate_3d import mesh3d
+
+            return mesh3d(scene, layout.tp, layout.pp, layout.dp, o.microbatches or layout.pp, o.schedule,
+                          o.virtual_stages or get_schedule(o.schedule).default_virtual)
         if layout.tp > 1:
             return est.tensor(scene, layout.tp, layout.dp)
         m = o.microbatches or layout.pp
@@ -150,6 +150,11 @@ class Mesh(Strategy):
 
     def check(self, cfg: JobConfig, world: int) -> None:
         layout = self.opts.layout.resolve(world)
+        if layout.pp != 1 and layout.tp != 1:  # the planner prices 3-D layouts; the runtime runs 2-D
+            raise ConfigError(
+                f"Strategy 'mesh' runs 2-D layouts (dp × pp or dp × tp), not {layout}. "
+                "Fix: set pp=1 or tp=1."
+            )
         check_divisible(cfg, layout.dp, self.name)
         check_codec(self.name, self.opts, world, hooks=False, optimizer=cfg.optimizer)
         if self.opts.collective == "ring" and layout.dp < 2:

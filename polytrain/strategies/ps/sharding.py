@@ -185,12 +185,18 @@ def size_plan(params: list[ParamInfo], servers: int) -> ShardPlan:
     total = sum(p.numel for p in params)
     bounds = [round(s * total / servers) for s in range(servers + 1)]
     shards: list[list[Piece]] = [[] for _ in range(servers)]
+    first = 0  # the first parameter that may overlap server s's range (ranges ascend)
     for s in range(servers):
         lo, hi = bounds[s], bounds[s + 1]
-        for p, off in zip(params, offs, strict=True):
-            a, b = max(lo, off), min(hi, off + p.numel)
+        while first < len(params) and offs[first] + params[first].numel <= lo:
+            first += 1
+        for i in range(first, len(params)):
+            off = offs[i]
+            if off >= hi:
+                break
+            a, b = max(lo, off), min(hi, off + params[i].numel)
             if a < b:
-                shards[s].append(Piece(p.name, a - off, b - off, a))
+                shards[s].append(Piece(params[i].name, a - off, b - off, a))
     return ShardPlan("size", tuple(params), tuple(tuple(s) for s in shards))
 
 
