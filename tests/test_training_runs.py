@@ -55,7 +55,7 @@ def reference(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
     return dict(model.state_dict())
 
 
-RECOMPUTES = ("allreduce", "1f1b")
+RECOMPUTES = ("allreduce", "1f1b", "zero", "fsdp")
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +80,8 @@ def test_features_together_equal_torch(mlp_reference: dict[str, torch.Tensor], t
                                         "sets": sets, "device": "cpu", "log": ["csv"], "log_ranks": "all",
                                         "activation_checkpointing": strategy in RECOMPUTES}))
     assert (summary["device"], summary["backend"]) == ("cpu", "gloo")  # --device cpu, stated
+    if strategy in ("zero", "fsdp"):  # every Linear of the mlp recomputed in backward
+        assert summary["strategy_metrics"]["recomputed_blocks"] >= 2
     assert_same_params(load_model(out), mlp_reference, atol=1e-6, rtol=1e-5)
     with (out / "log.csv").open() as f:  # --log csv: each step's mean loss over the ranks
         rows = list(csv.DictReader(f))

@@ -189,3 +189,15 @@ def test_sharded_strategies_equal_single_on_gpts(singles: dict[str, Path], tmp_p
         assert list(a) == list(range(1, STEPS + 1))
         for s in a:
             assert a[s] == pytest.approx(b[s], rel=1e-5, abs=1e-6)
+
+
+def test_zero3_recomputing_nanogpt_equals_single(singles: dict[str, Path], tmp_path: Path) -> None:
+    """--activation-checkpointing under zero-3: each nanoGPT block is gathered again before its
+    forward is recomputed in backward (the tied embedding and head unit is not checkpointed)."""
+    out = tmp_path / "run"
+    summary = train(out, "zero", 2, {"stage": 3, "prefetch": 1}, activation_checkpointing=True,
+                    **MODELS["nanogpt"])
+    assert summary["strategy_metrics"]["recomputed_blocks"] == 2
+    assert_same_params(load_model(out), load_model(singles["nanogpt"]))
+    a, b = step_losses(out), step_losses(singles["nanogpt"])
+    assert a == pytest.approx(b, rel=1e-5, abs=1e-6)

@@ -75,3 +75,33 @@ def test_fp16_overflow_on_one_shard_is_skipped_by_every_rank(tmp_path: Path, str
     assert per_rank[0]["fp16_loss_scale"] == per_rank[1]["fp16_loss_scale"] < 65536.0
     assert all(torch.isfinite(v).all() for v in load_model(out).values())
     assert read_summary(out)["steps"] == 5
+
+
+# --activation-checkpointing with Adam on gpt-mini's blocks (SGD with the other features:
+# test_training_runs.py); zero-1 shares stage 2's bucket hooks and runs there
+GPT_ADAM: dict[str, Any] = {"model": "gpt-mini", "dataset": "chars", "batch_size": 8, "steps": 3,
+                            "model_options": {"n_layer": 2, "n_head": 2, "d_model": 16},
+                            "data_options": {"seq_len": 16, "chars": 20_000}, "optimizer": "adam",
+                            "lr": 1e-2, "seed": 5, "activation_checkpointing": True}
+
+
+@pytest.fixture(scope="module")
+def single_recompute(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("single") / "recompute"
+    polytrain.train(strategy="single", procs=1, out=str(out), **GPT_ADAM)
+    return out
+
+
+@pytest.mark.parametrize("strategy,sets", [("zero", ["stage=2"]), ("zero", ["stage=3"]), ("fsdp", [])],
+                         ids=["zero-2", "zero-3", "fsdp"])
+def test_recompute_with_adam_equals_single(single_recompute: Path, tmp_path: Path, strategy: str,
+                                           sets: list[str]) -> None:
+    out = tmp_path / strategy
+    summary = polytrain.train(strategy=strategy, procs=2, sets=sets, out=str(out), **GPT_ADAM)
+    m = summary["strategy_metrics"]
+    assert m["recomputed_blocks"] == 2
+    torch.testing.assert_close(load_model(out), load_model(single_recompute), atol=1e-5, rtol=1e-4)
+    assert step_losses(out) == pytest.approx(step_losses(single_recompute), rel=1e-5, abs=1e-6)
+    if sets == ["stage=3"]:  # each layer gathered once for forward and once before its
+        sent = summary["per_rank"][0]["bytes_by_op"]  # recomputation + backward, never more
+        assert sent["allgather-backward"] == sent["allgather"] == sent["reducescatter"]

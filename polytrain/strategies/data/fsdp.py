@@ -20,7 +20,9 @@ DTensor gradients, and DTensor's own handler of the unscale op all-reduces the f
 the mesh (4 bytes a step, outside polytrain's count), so every rank skips the same steps.
 ``--grad-accum K`` turns gradient sync off (``set_requires_gradient_sync(False)``) for all but the
 last micro-step; ``--clip-grad-norm X`` sums the squares of each rank's local gradient shards
-(:mod:`polytrain.runtime.clip`, one counted all-reduce).
+(:mod:`polytrain.runtime.clip`, one counted all-reduce). ``--activation-checkpointing`` wraps
+each block's forward in a non-reentrant checkpoint before ``fully_shard`` (the order torch
+recommends); FSDP2's pre-backward hook gathers the layer before its recomputation.
 
 Checkpoints: each rank writes the local shards of its DTensor parameters and optimizer state
 (``rank<r>.pt``, tensors only) and rank 0 the consolidated ``model.pt``; a resume copies the shards
@@ -40,6 +42,7 @@ from torch import nn
 from polytrain.comm.accounted import Comm
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
+from polytrain.runtime import recompute
 from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.clip import GradSplit, local
 from polytrain.runtime.job import Job, RankContext, RankResult
@@ -181,8 +184,8 @@ class Fsdp(Strategy):
     family = "data"
     summary = "PyTorch FSDP2 (fully_shard per layer): parameters, gradients, optimizer state sharded"
     Options = FsdpOptions
-    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, precision=True).without(
-        "its forward is not wrapped for recomputation", "recompute")
+    supports = Supports(lr_schedule=True, clip=True, grad_accum=True, precision=True,
+                        recompute=True)
     exact = True
 
     @classmethod
@@ -209,6 +212,7 @@ class Fsdp(Strategy):
 
         opts: FsdpOptions = self.options  # type: ignore[assignment]
         model = job.build_model().to(ctx.device)
+        blocks = recompute.apply(model, job.config.activation_checkpointing)  # before fully_shard
         count_fsdp_traffic(ctx.comm)
         low = DTYPES[job.config.precision]
         policy = (MixedPrecisionPolicy() if low == torch.float32 else
@@ -226,7 +230,8 @@ class Fsdp(Strategy):
                         part=ctx.rank, parts=ctx.world, replicated=False,
                         save=lambda i: save_fsdp(job, ctx, model, optimizer, amp, i),
                         restore=lambda: restore_fsdp(ctx, model, optimizer, amp),
-                        metrics={"wrap": opts.wrap, "reshard_after_forward": opts.reshard_after_forward})
+                        metrics={"wrap": opts.wrap, "reshard_after_forward": opts.reshard_after_forward,
+                                 "recomputed_blocks": blocks})
         result = run_loop(job, ctx, spec)  # every rank evaluates: a forward gathers collectively
         result.strategy_metrics.update({
             "params_total": sum(p.numel() for p in model.parameters()),

@@ -16,6 +16,11 @@ fp16's loss scaler agrees on overflows across the ranks (``Precision(shards=...)
 ``--grad-accum K`` runs K micro-steps (stage 1: one reduce-scatter a step; stages 2–3: one a
 micro-step, added into the shard). ``--clip-grad-norm X`` takes the global norm from the gradient
 shards (each element on one rank) with one 4-byte all-reduce (:mod:`polytrain.runtime.clip`).
+``--activation-checkpointing`` recomputes each block's forward in backward
+(:mod:`polytrain.runtime.recompute`); at stage 3 the layer is gathered again before its
+recomputation (the gradient hook on its output fires first), and a layer inside a checkpointed
+block is gathered by its forward pre-hook when the recomputation reaches it and kept until its
+gradients are reduced, so the bytes sent do not change.
 
 Checkpoints: each rank writes its shards and its optimizer state (``rank<r>.pt``); rank 0 also
 writes the consolidated ``model.pt`` in the model's own key names. A resume needs the same W.
@@ -33,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from polytrain.comm.ddp_hooks import sync_buffers
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
+from polytrain.runtime import recompute
 from polytrain.runtime.accumulate import accumulate
 from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.clip import GradSplit, clip_grad_norm
@@ -101,9 +107,7 @@ class Zero(Strategy):
     summary = "ZeRO stages 1-3: optimizer state, gradients and parameters sharded over the ranks"
     Options = ZeroOptions
     supports = Supports(lr_schedule=True, clip=True, grad_accum=True, precision=True,
-                        why={"compression": NO_CODEC}).without(
-        "its stage-3 hooks gather a layer around its forward, not around a recomputation",
-        "recompute")
+                        recompute=True, why={"compression": NO_CODEC})
     exact = True
 
     @classmethod
@@ -139,6 +143,7 @@ class Zero(Strategy):
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: ZeroOptions = self.options  # type: ignore[assignment]
         model = job.build_model().to(ctx.device)
+        blocks = recompute.apply(model, job.config.activation_checkpointing)
         sync_buffers(model, ctx.comm)
         params = list(model.parameters())
         check_param_count(sum(p.numel() for p in params), ctx.world)
@@ -156,7 +161,8 @@ class Zero(Strategy):
                         part=ctx.rank, parts=ctx.world, replicated=not sm.collective_state,
                         save=lambda step: save_sharded(job, ctx, sm, optimizer, amp, step),
                         restore=lambda: restore_sharded(ctx, sm, optimizer, amp), evaluate=evaluate,
-                        metrics={"stage": opts.stage, "units": len(units), "prefetch": opts.prefetch},
+                        metrics={"stage": opts.stage, "units": len(units), "prefetch": opts.prefetch,
+                                 "recomputed_blocks": blocks},
                         precision=amp)
         result = run_loop(job, ctx, spec)
         result.strategy_metrics.update(memory_report(job, ctx, sm, optimizer))

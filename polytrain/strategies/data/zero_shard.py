@@ -196,12 +196,18 @@ class ShardedModel:
     def _hook_layers(self, u: Unit) -> None:
         def before(_m: nn.Module, _args: Any) -> None:
             if self.full[u.index] is not None:
-                return  # gathered already: a tied unit's later layer
+                return  # gathered already: a tied unit's later layer, or a recomputation
+            if _recomputing():  # a layer inside a checkpointed block: its backward gather, early
+                with torch.no_grad():
+                    self.gather(u, "allgather-backward")
+                return
             op = "allgather" if torch.is_grad_enabled() else "eval-allgather"
             self.gather(u, op)
             self._prefetch(u.index + 1, op)  # forward runs the units in order
 
         def after(_m: nn.Module, _args: Any, out: Any) -> None:
+            if _recomputing():  # its backward runs next: keep it gathered (freed once reduced)
+                return
             for t in _tensors(out):
                 if t.requires_grad:  # the layer's backward follows this gradient: gather again
                     t.register_hook(lambda g: self._regather(u, g))
@@ -364,6 +370,13 @@ class ShardedModel:
                 s.copy_(saved)
             if self.stage < 3:
                 self.gather_all(op="restore")
+
+
+def _recomputing() -> bool:
+    """Whether a forward runs inside backward: ``--activation-checkpointing`` recomputing a block
+    (non-reentrant checkpoint runs the block's forward again when backward first needs it)."""
+    return bool(torch._C._current_graph_task_id() != -1)
+
 
 def _tensors(out: Any) -> Iterator[torch.Tensor]:
     if isinstance(out, torch.Tensor):
