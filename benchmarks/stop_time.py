@@ -42,7 +42,7 @@ from harness import add_common_flags, alternating, fmt_spread, hold_lock, write_
 TAIL = 500  # steps the launcher's merge had not read at the stop (its poll: every 0.5 s)
 
 MAKE = """
-import sys
+import sys, time
 from pathlib import Path
 from polytrain.metrics.recorder import Recorder
 out, steps = Path(sys.argv[1]), int(sys.argv[2])
@@ -52,6 +52,7 @@ for rank in range(2):
         t = i * 1e-3 + rank * 1e-5
         rec.add_span("forward", "compute", t - 6e-4, t - 4e-4, step=i)
         rec.add_span("allreduce", "comm", t - 4e-4, t - 1e-4, step=i)
+        rec.t0 = time.perf_counter() - t  # the step's event at the synthetic clock too
         rec.step(i, 1.0 / i, 64 * i)
     rec.close()
 """
