@@ -14,7 +14,7 @@ So:
   interface (``GLOO_SOCKET_IFNAME``) instead of the hostname's address. ``--bind ADDR`` asks for
   TCP stores listening on ``ADDR`` instead (below);
 * ``polytrain rl``: the same FileStore for its process group (:func:`rank_store_env`);
-* the planner's measurements: a store on 127.0.0.1 only;
+* the planner's measurements (``polytrain profile``): the same FileStore (:func:`rank_store_env`);
 * ``torchrun`` across hosts: torchrun's agent hosts the stores and binds them to every
   interface; ``python -m polytrain.launch.run --bind ADDR ...`` is torchrun with its stores bound
   to ``ADDR`` (see :mod:`polytrain.launch.run`); a rank 0 store polytrain creates itself binds
