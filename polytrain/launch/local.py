@@ -23,6 +23,7 @@ from typing import Any
 
 from rich.console import Console
 
+from polytrain._torch_compat import cheap_rendezvous_events
 from polytrain.config import JobConfig
 from polytrain.errors import Interrupted, RankFailure
 from polytrain.launch.agent import is_timeout, prompt_stop, unresponsive
@@ -53,23 +54,7 @@ def _quiet_elastic(debug: bool) -> None:
     names = [n for n in logging.root.manager.loggerDict if n.startswith(prefixes)]
     for name in {*prefixes, *names}:
         logging.getLogger(name).setLevel(level)
-    _cheap_rendezvous_events()
-
-
-def _method_name(depth: int = 2) -> str:
-    """The name ``inspect.stack()[depth].function`` gives, from the frame alone."""
-    frame = sys._getframe(depth)
-    return frame.f_code.co_name
-
-
-def _cheap_rendezvous_events() -> None:
-    """torch's dynamic rendezvous names each event it records by calling ``inspect.stack()``
-    twice, which reads the source of every frame on the stack: ~1 s of a local launch on the
-    2-core machine (18 calls). The same name comes from the frame alone."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    if hasattr(dynamic_rendezvous, "get_method_name"):
-        dynamic_rendezvous.get_method_name = _method_name
+    cheap_rendezvous_events()  # polytrain._torch_compat: why
 
 
 def _user_paths() -> list[str]:

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from polytrain._torch_compat import tcp_store_factory
 from polytrain.errors import ConfigError
 
 BIND_ENV = "POLYTRAIN_BIND"
@@ -165,21 +166,11 @@ def tcp_store(host: str, port: int, world: int | None, is_master: bool, timeout:
 def stores_bound_to(addr: str) -> Iterator[None]:
     """Within this block, every TCPStore server this process starts (torch elastic's rendezvous
     and agent stores included) listens on ``addr`` only."""
-    import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend as c10d_backend
-
-    real = dist.TCPStore
-
-    def bound(host_name: str, port: int, *args: Any, **kw: Any) -> dist.TCPStore:
+    def bound(real: Any, host_name: str, port: int, *args: Any, **kw: Any) -> dist.TCPStore:
         is_master = kw.get("is_master", args[1] if len(args) > 1 else False)
         if is_master and kw.get("master_listen_fd") is None:
             kw["master_listen_fd"] = listening_fd(addr, port)
         return real(host_name, port, *args, **kw)
 
-    patched = [(dist, "TCPStore"), (c10d_backend, "TCPStore")]
-    for module, name in patched:
-        setattr(module, name, bound)
-    try:
+    with tcp_store_factory(bound):
         yield
-    finally:
-        for module, name in patched:
-            setattr(module, name, real)
