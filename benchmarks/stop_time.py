@@ -1,9 +1,9 @@
 """How long a stopped run's record takes, and Ctrl-C to the launcher's exit (issue 50 item 4).
 
-    .venv/bin/python benchmarks/stop_time.py --before /tmp/base [--repeats 5]
+    .venv/bin/python benchmarks/stop_time.py --before REV [--repeats 5] [--train-s 10]
 
-``--before``: a checkout (or ``git archive``) of the code to compare with; its ``polytrain``
-package is imported instead of this tree's (same interpreter, same packages).
+``--before``: the git revision to compare with; its ``polytrain`` package (``git archive``d to a
+temporary folder) is imported instead of this tree's (same interpreter, same packages).
 
 * ``synthetic N``: two ranks' event files of N steps each, written by polytrain's own recorder
   (two spans and a step per step: 3 events, ~690 bytes a step). Timed: the launcher's record of
@@ -146,18 +146,26 @@ def real(work: Path, train_s: float, code: Path) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--before", type=Path, required=True, help="the code to compare with")
+    p.add_argument("--before", required=True, help="the git revision to compare with")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", default="11000,44000", help="synthetic runs' steps per rank")
-    p.add_argument("--train-s", default="10,60", help="real runs: seconds of training before Ctrl-C")
+    p.add_argument("--train-s", default="10,60",
+                   help="real runs: seconds of training before Ctrl-C ('': no real runs)")
     p.add_argument("--name", default="stop_time")
     add_common_flags(p)
     a = p.parse_args()
     hold_lock(a.lock)
     work = Path(tempfile.mkdtemp(prefix="polytrain-stop-"))
-    codes = {"before": a.before.resolve(), "after": HERE.parent}
-    probes = [(f"synthetic {n}", v) for n in map(int, a.steps.split(",")) for v in codes] + \
-             [(f"real {s} s", v) for s in map(float, a.train_s.split(",")) for v in codes]
+    before = work / "before"
+    before.mkdir()
+    archive = subprocess.run(["git", "archive", a.before, "polytrain"], cwd=HERE.parent,
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(before)], input=archive, check=True)
+    codes = {"before": before, "after": HERE.parent}
+    steps = [int(n) for n in a.steps.split(",") if n]
+    train_s = [float(s) for s in a.train_s.split(",") if s]
+    probes = [(f"synthetic {n}", v) for n in steps for v in codes] + \
+             [(f"real {s} s", v) for s in train_s for v in codes]
     raw: list[dict[str, Any]] = []
     try:
         for r, (name, variant) in alternating(probes, a.repeats):
@@ -180,7 +188,7 @@ def main() -> None:
                      "summary_by": sorted({x["summary_by"] for x in mine if "summary_by" in x})})
     write_results(a.name, rows, ["probe", "code", "seconds", "steps_run", "events_mb", "load_1min",
                                  "repeats", "exit_codes", "summary_by"],
-                  notes=f"`before`: {a.before} (the code compared with); `after`: this commit. "
+                  notes=f"`before`: revision {a.before} (the code compared with); `after`: this commit. "
                         "seconds: median (min–max). synthetic: the launcher's write_stopped on two "
                         f"ranks' files of N steps ({TAIL} steps unread at the stop for `after`); "
                         "real: from Ctrl-C (SIGINT to the job's process group) to the launcher's "
