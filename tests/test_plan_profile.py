@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import stat
+import tempfile
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from polytrain.cli import main
 from polytrain.plan.commbench import fit_alpha_beta, measure_comm
 from polytrain.plan.profile import Profile
+from tests.test_exposure import _listening, _socket_inodes, _tree
 
 
 def test_profile_cli_writes_a_reusable_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -36,11 +44,36 @@ def test_fit_alpha_beta_by_hand() -> None:
 
 
 @pytest.mark.slow
-def test_measure_comm_two_real_processes() -> None:
-    result = measure_comm(repeats=3)
+def test_measure_comm_two_real_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two real processes meet through a FileStore in a private (0700) temporary directory,
+    removed afterwards, and listen on loopback only (gloo's sockets; no TCPStore: issue 50)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen: dict[str, Any] = {"modes": set(), "stores": False, "listening": set()}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for d in tmp_path.glob("polytrain-profile-*"):
+                with contextlib.suppress(OSError):
+                    seen["modes"] |= {stat.S_IMODE(x.stat().st_mode) for x in (d, d / "store")}
+                    seen["stores"] |= (d / "store" / "ranks.store").exists()
+            children = _tree(os.getpid()) - {os.getpid()}
+            seen["listening"] |= _listening(_socket_inodes(children))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = measure_comm(repeats=3, timeout_s=180)  # spawn and import: slow on a loaded machine
+    finally:
+        done.set()
+        watcher.join()
     for kind in ("p2p", "allreduce"):
         assert result[kind]["bytes_per_s"] > 1e6 and result[kind]["alpha_s"] >= 0
     assert len(result["samples"]["p2p_s"]) == len(result["samples"]["sizes"])
+    assert seen["stores"] and seen["modes"] == {0o700}
+    assert not list(tmp_path.glob("polytrain-profile-*"))  # removed
+    assert seen["listening"] and {host for host, _ in seen["listening"]} <= {"127.0.0.1"}
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from polytrain._torch_compat import hooks_dist
 from polytrain.comm.accounted import Comm
 from polytrain.comm.codecs.engine import Engine
 from polytrain.comm.exchange import Item, compressed_mean
@@ -120,10 +121,9 @@ def powersgd(comm: Comm, rank: int) -> tuple[Any, Any]:
     under op ``powersgd`` (the same ring count as the builtin all-reduce). The first step runs
     a plain all-reduce (``start_powerSGD_iter=2``: DDP rebuilds its buckets after step 1)."""
     import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-    for mod in (powerSGD_hook, default_hooks):
-        mod.dist = _CountingDist(dist, comm, "powersgd")  # type: ignore[attr-defined]
+    hooks_dist(_CountingDist(dist, comm, "powersgd"))  # polytrain._torch_compat: why
     state = powerSGD_hook.PowerSGDState(process_group=comm.group, matrix_approximation_rank=rank,
                                         start_powerSGD_iter=2)
     return state, powerSGD_hook.powerSGD_hook

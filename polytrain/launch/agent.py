@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from polytrain._torch_compat import pcontext_close
+
 STARTING_GRACE_S = 0.5  # a stop request to ranks that have not trained yet: then SIGKILL
 # Linux process states (/proc/PID/stat) of a rank that cannot answer: stopped, traced.
 STOPPED_STATES = {"T": "its process was stopped (SIGSTOP)", "t": "its process was stopped by a tracer"}
@@ -39,15 +41,12 @@ def prompt_stop(states: dict[int, str], grace_s: float = 10,
     (``stepped()``; None: always). Ranks still starting have nothing to save: they get
     ``STARTING_GRACE_S`` (a rank acts on a stop request only at a step, and one building a
     large model or waiting for its peers would take the whole grace to get there)."""
-    from torch.distributed.elastic.multiprocessing.api import PContext
 
-    original = PContext.close
-
-    def close(self: Any, death_sig: signal.Signals | None = None, timeout: int = 30) -> None:
+    def close(original: Any, self: Any, death_sig: signal.Signals | None, timeout: int) -> None:
         if death_sig is not None:  # a stop on request: the ranks act on the signal
             started = stepped is None or stepped()
             # torch types the timeout int; its close waits until monotonic() + timeout, a float
-            original(self, death_sig, int(grace_s) if started else STARTING_GRACE_S)  # type: ignore[arg-type]
+            original(self, death_sig, int(grace_s) if started else STARTING_GRACE_S)
             return
         for local_rank, pid in self.pids().items():  # a failure: the survivors cannot help
             state = process_state(pid)
@@ -55,11 +54,8 @@ def prompt_stop(states: dict[int, str], grace_s: float = 10,
                 states[local_rank] = state
         original(self, signal.SIGKILL, int(grace_s))
 
-    PContext.close = close  # type: ignore[method-assign]
-    try:
+    with pcontext_close(close):
         yield
-    finally:
-        PContext.close = original  # type: ignore[method-assign]
 
 
 def unresponsive(states: dict[int, str]) -> dict[int, str]:

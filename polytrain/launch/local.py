@@ -23,10 +23,12 @@ from typing import Any
 
 from rich.console import Console
 
+from polytrain._torch_compat import cheap_rendezvous_events
 from polytrain.config import JobConfig
 from polytrain.errors import Interrupted, RankFailure
 from polytrain.launch.agent import is_timeout, prompt_stop, unresponsive
 from polytrain.launch.lock import hold_run_dir
+from polytrain.launch.merge import MergedEvents, MergeThread
 from polytrain.launch.prepare import Prepared, check_resume_steps, prepare
 from polytrain.launch.reaper import AGENT_LOGS_ENV
 from polytrain.launch.records import LAUNCHER_PID_ENV, free_port, oom_kills, read_error_record
@@ -52,23 +54,7 @@ def _quiet_elastic(debug: bool) -> None:
     names = [n for n in logging.root.manager.loggerDict if n.startswith(prefixes)]
     for name in {*prefixes, *names}:
         logging.getLogger(name).setLevel(level)
-    _cheap_rendezvous_events()
-
-
-def _method_name(depth: int = 2) -> str:
-    """The name ``inspect.stack()[depth].function`` gives, from the frame alone."""
-    frame = sys._getframe(depth)
-    return frame.f_code.co_name
-
-
-def _cheap_rendezvous_events() -> None:
-    """torch's dynamic rendezvous names each event it records by calling ``inspect.stack()``
-    twice, which reads the source of every frame on the stack: ~1 s of a local launch on the
-    2-core machine (18 calls). The same name comes from the frame alone."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    if hasattr(dynamic_rendezvous, "get_method_name"):
-        dynamic_rendezvous.get_method_name = _method_name
+    cheap_rendezvous_events()  # polytrain._torch_compat: why
 
 
 def _user_paths() -> list[str]:
@@ -156,6 +142,7 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
         "resume": resume,
         "rank_logs": True,
         "progress": False,
+        "merged_by_launcher": True,  # metrics.jsonl: merged below as the ranks write
     }
     payload_path = run_dir / "ranks" / "launch.json"
     payload_path.parent.mkdir(parents=True, exist_ok=True)
@@ -188,25 +175,28 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
     ooms = oom_kills()  # the kernel's OOM kills so far: a rise names a SIGKILLed rank's cause
     startup_trace.mark("agent starts the ranks")
     startup_trace.write_launcher(run_dir)
+    merged = MergedEvents(run_dir / "ranks", world=cfg.procs)
     try:
         sinks = make_sinks(list(cfg.log), run_dir, cfg.strategy, cfg.model_dump(mode="json"))
         with FollowProgress(rank0, prepared.steps, label, console), \
                 LiveLog(run_dir / "ranks", sinks, resume=resume, per_rank=cfg.log_ranks == "all",
                         world=cfg.procs), \
                 rank_environment(cfg.procs, agent_dir, rdzv.env), stores_bound_to(rdzv.local_addr), \
-                prompt_stop(states, SHUTDOWN_TIMEOUT_S, lambda: stepped(run_dir / "ranks")):
+                prompt_stop(states, SHUTDOWN_TIMEOUT_S, lambda: stepped(run_dir / "ranks")), \
+                MergeThread(merged):
             elastic_launch(lc, sys.executable)("-m", "polytrain.launch.rank_main", str(payload_path))
     except ChildFailedError as err:
         oom = (oom_kills() or 0) > (ooms or 0)
         message = describe_failure(run_dir, err, cfg.debug, states, oom=oom)
-        raise RankFailure(message + record_failure(run_dir, cfg, _cause(run_dir, err))) from None
+        raise RankFailure(message + record_failure(run_dir, cfg, _cause(run_dir, err), merged)) from None
     except SignalException as exc:
-        raise Interrupted(_interrupted(run_dir, cfg, exc.sigval, started),
+        raise Interrupted(_interrupted(run_dir, cfg, exc.sigval, started, merged),
                           128 + int(exc.sigval)) from None
     finally:
         shutil.rmtree(agent_dir, ignore_errors=True)
         startup_trace.mark("ranks ended")
         startup_trace.write_launcher(run_dir)
+    merged.finish()
     return read_summary(run_dir)
 
 
@@ -230,15 +220,19 @@ def local_rendezvous(private: Path) -> Rendezvous:
     return private_rendezvous(private, bind, free_port(bind) if bind else 0)
 
 
-def _interrupted(run_dir: Path, cfg: JobConfig, sig: signal.Signals, started: float) -> str:
-    """One line on a run stopped by SIGTERM/SIGINT: where it stopped, how to continue."""
+def _interrupted(run_dir: Path, cfg: JobConfig, sig: signal.Signals, started: float,
+                 merged: MergedEvents) -> str:
+    """One line on a run stopped by SIGTERM/SIGINT: where it stopped, how to continue (the
+    record: ``merged``'s unread tail, and the summary rank 0 wrote, else the launcher's)."""
     path = run_dir / "summary.json"
     summary = None
     if path.is_file() and path.stat().st_mtime >= started:  # rank 0 finished the stop itself
         with contextlib.suppress(OSError, ValueError):
             summary = json.loads(path.read_text())
     if not summary or not summary.get("interrupted"):
-        summary = write_interrupted(run_dir, cfg, sig.name)
+        summary = write_interrupted(run_dir, cfg, sig.name, merged)
+    else:
+        merged.finish()
     step = summary["interrupted"]["step"]
     latest = run_dir / "checkpoints" / "LATEST"
     ckpt = latest.read_text().strip() if latest.is_file() else None

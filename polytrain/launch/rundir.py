@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import torch
 import polytrain.env as env
 from polytrain.config import JobConfig, to_toml
 from polytrain.errors import ConfigError
+from polytrain.launch.merge import MergedEvents, merge_all
 from polytrain.launch.records import atomic_json, make_run_dir
 from polytrain.metrics.jsonsafe import json_safe
 from polytrain.runtime.job import Job, RankContext
@@ -78,19 +78,31 @@ def _segments(events: list[dict[str, Any]], whole: dict[str, Any]) -> list[dict[
     return out
 
 
+def from_events(records: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary's figures that come from the events (``events``: every rank's, or only those
+    :meth:`polytrain.metrics.recorder.Recorder.summary_events` keeps: the same figures)."""
+    whole = _whole_run(records, events)
+    return {"steps_run": whole["steps_run"],
+            "skipped_steps": sorted({e["step"] for e in events if e["event"] == "skipped"}),
+            "divergence_warnings": _warned(events),
+            "resumes": [{"from_step": e["from_step"], "t": e["t_base"]} for e in events
+                        if e["event"] == "resume" and e["rank"] == 0],
+            "segments": _segments(events, whole),
+            "samples": whole["samples"], "wall_s": whole["wall_s"],
+            "bytes_sent": whole["bytes_sent"]}
+
+
 def build_summary(job: Job, ctx: RankContext, records: list[dict[str, Any]],
                   events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The run's summary; ``events``: every rank's events of the whole run (after a resume, its
     steps, samples and time count from step 1, and ``resumes`` lists where it resumed)."""
     from polytrain.version import __version__
 
-    whole = _whole_run(records, events or [])
-    samples, wall = whole["samples"], whole["wall_s"]
-    resumes = [{"from_step": e["from_step"], "t": e["t_base"]} for e in events or []
-               if e["event"] == "resume" and e["rank"] == 0]
+    seen = from_events(records, events or [])
+    samples, wall = seen["samples"], seen["wall_s"]
     losses = [r["final_loss"] for r in records if r["final_loss"] is not None]
     evals = [r["eval"] for r in records if r["eval"]]
-    sent = whole["bytes_sent"]
+    sent = seen["bytes_sent"]
     metrics: dict[str, Any] = {}
     for r in records:
         for k, v in r["strategy_metrics"].items():
@@ -100,13 +112,13 @@ def build_summary(job: Job, ctx: RankContext, records: list[dict[str, Any]],
         "strategy": job.config.strategy,
         "world_size": ctx.world,
         "steps": job.steps,
-        "steps_run": whole["steps_run"],
+        "steps_run": seen["steps_run"],
         "interrupted": _interrupted(job.steps),
         "stopped": _stopped(job.steps),
-        "skipped_steps": sorted({e["step"] for e in events or [] if e["event"] == "skipped"}),
-        "divergence_warnings": _warned(events or []),
-        "resumes": resumes,
-        "segments": _segments(events or [], whole),
+        "skipped_steps": seen["skipped_steps"],
+        "divergence_warnings": seen["divergence_warnings"],
+        "resumes": seen["resumes"],
+        "segments": seen["segments"],
         "samples": samples,
         "wall_s": wall,
         "throughput_samples_per_s": samples / wall if wall > 0 else 0.0,
@@ -144,70 +156,41 @@ def _interrupted(steps: int) -> dict[str, Any] | None:
     return None if step is None or step >= steps else {"signal": interrupt.signal_name(), "step": step}
 
 
-def write_interrupted(run_dir: Path, cfg: JobConfig, signal_name: str) -> dict[str, Any]:
+def write_interrupted(run_dir: Path, cfg: JobConfig, signal_name: str,
+                      merged: MergedEvents | None = None) -> dict[str, Any]:
     """The launcher's summary of a run stopped on request whose rank 0 could not write one
     (killed after the grace period): what the ranks' event files hold, marked interrupted."""
     return write_stopped(run_dir, cfg, {"reason": "interrupted", "signal": signal_name},
-                         interrupted=True)
+                         interrupted=True, merged=merged)
 
 
 def write_stopped(run_dir: Path, cfg: JobConfig, stopped: dict[str, Any], *,
-                  interrupted: bool = False) -> dict[str, Any]:
+                  interrupted: bool = False, merged: MergedEvents | None = None) -> dict[str, Any]:
     """The launcher's summary of a run whose rank 0 wrote none (a rank failed or diverged, or
-    the ranks were killed): what the ranks' event files hold, and ``stopped``: why it ended."""
-    lines = sorted(_event_lines(run_dir / "ranks"), key=lambda e: (e[0], e[1]))  # stable: file order
-    with (run_dir / "metrics.jsonl").open("w") as f:
-        f.writelines(line + "\n" for _, _, line in lines)
-    # only the events the summary reads are parsed: a long run's files hold hundreds of
-    # thousands of spans, and parsing them all kept a stopped launcher busy for seconds
-    events = [json.loads(line) for _, _, line in lines
-              if '"event": "step"' in line or '"event": "divergence"' in line]
-    steps = [e for e in events if e.get("event") == "step"]
-    last = max((int(e["step"]) for e in steps), default=0)
-    losses = [e["loss"] for e in steps if e["step"] == last and e.get("loss") is not None]
+    the ranks were killed): what the ranks' event files hold, and ``stopped``: why it ended.
+    ``merged``: the launcher's merge of those files as they grew (only their unread tails are
+    read now); without it the whole files are merged here (``metrics.jsonl`` either way)."""
+    if merged is None:
+        merged = merge_all(run_dir / "ranks", run_dir / "metrics.jsonl")
+    else:
+        merged.finish()
+    seen = merged.summary()
+    last = seen["steps_run"]
     summary = {"strategy": cfg.strategy, "world_size": cfg.procs, "steps": cfg.steps,
                "steps_run": last,
-               "samples": max((int(e.get("samples") or 0) for e in steps), default=0),
-               "final_loss": sum(losses) / len(losses) if losses else None,
+               "samples": seen["samples"],
+               "final_loss": seen["final_loss"],
                "interrupted": ({"signal": stopped["signal"], "step": last, "by": "launcher"}
                                if interrupted else None),
                "stopped": {**stopped, "after_step": last},
-               "divergence_warnings": _warned(events),
+               "divergence_warnings": seen["divergence_warnings"],
                "config": cfg.model_dump(mode="json")}
     atomic_json(run_dir / "summary.json", summary)
     return summary
 
 
-_T = re.compile(r'"t": (-?[0-9.eE+-]+)')
-
-
-def _event_lines(ranks: Path) -> list[tuple[float, int, str]]:
-    """Every rank's event lines as (t, rank, line), as written (each file's lines whole but its
-    last, which a kill may have cut short: that one only if it parses)."""
-    out = []
-    for path in sorted(ranks.glob("rank*.jsonl")):
-        rank = int(path.stem.removeprefix("rank")) if path.stem[4:].isdigit() else 0
-        lines = path.read_text().splitlines()
-        if lines:
-            try:
-                json.loads(lines[-1])
-            except ValueError:
-                lines.pop()  # a line cut short by the kill
-        for line in lines:
-            at = line.find('"t": ')
-            end = line.find(",", at)
-            if at < 0:
-                t = 0.0
-            elif end > at:
-                t = float(line[at + 5:end])
-            else:  # "t" the last key
-                m = _T.search(line)
-                t = float(m.group(1)) if m else 0.0
-            out.append((t, rank, line))
-    return out
-
-
-def record_failure(run_dir: Path, cfg: JobConfig, rank: int) -> str:
+def record_failure(run_dir: Path, cfg: JobConfig, rank: int,
+                   merged: MergedEvents | None = None) -> str:
     """After a failed run (every rank stopped): set aside the checkpoints a divergence may have
     touched, write summary.json saying why the run stopped, and return a sentence for the
     launcher's message (empty when there is nothing to add)."""
@@ -230,7 +213,7 @@ def record_failure(run_dir: Path, cfg: JobConfig, rank: int) -> str:
         if moved:
             note += f"\nSet aside as diverged-*: {', '.join(moved)}"
     try:
-        write_stopped(run_dir, cfg, stopped)
+        write_stopped(run_dir, cfg, stopped, merged=merged)
     except OSError as exc:  # e.g. the disk that failed the run is still full
         return note + f"\n(summary.json could not be written: {exc.strerror})"
     return note
@@ -254,12 +237,16 @@ def write_results(
     records: list[dict[str, Any]],
     events: list[dict[str, Any]],
     model_state: dict[str, torch.Tensor] | None,
+    metrics: bool = True,
 ) -> None:
+    """Rank 0's record of the run: ``metrics.jsonl`` from ``events`` (unless ``metrics`` is
+    False: the launcher merges it), ``model.pt`` and ``summary.json``."""
     run_dir = ctx.run_dir
     events.sort(key=lambda e: (e["t"], e["rank"]))
-    with (run_dir / "metrics.jsonl").open("w") as f:
-        for e in events:
-            f.write(json.dumps(json_safe(e)) + "\n")
+    if metrics:
+        with (run_dir / "metrics.jsonl").open("w") as f:
+            for e in events:
+                f.write(json.dumps(json_safe(e)) + "\n")
     if model_state is not None:  # the user's own key names: MyModel(...).load_state_dict(...)
         from polytrain.models.export import user_state_dict
 

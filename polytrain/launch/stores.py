@@ -14,7 +14,7 @@ So:
   interface (``GLOO_SOCKET_IFNAME``) instead of the hostname's address. ``--bind ADDR`` asks for
   TCP stores listening on ``ADDR`` instead (below);
 * ``polytrain rl``: the same FileStore for its process group (:func:`rank_store_env`);
-* the planner's measurements: a store on 127.0.0.1 only;
+* the planner's measurements (``polytrain profile``): the same FileStore (:func:`rank_store_env`);
 * ``torchrun`` across hosts: torchrun's agent hosts the stores and binds them to every
   interface; ``python -m polytrain.launch.run --bind ADDR ...`` is torchrun with its stores bound
   to ``ADDR`` (see :mod:`polytrain.launch.run`); a rank 0 store polytrain creates itself binds
@@ -40,6 +40,7 @@ from typing import Any
 import torch.distributed as dist
 
 import polytrain.env as env
+from polytrain._torch_compat import tcp_store_factory
 from polytrain.errors import ConfigError
 
 BIND_ENV = env.BIND
@@ -166,21 +167,11 @@ def tcp_store(host: str, port: int, world: int | None, is_master: bool, timeout:
 def stores_bound_to(addr: str) -> Iterator[None]:
     """Within this block, every TCPStore server this process starts (torch elastic's rendezvous
     and agent stores included) listens on ``addr`` only."""
-    import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend as c10d_backend
-
-    real = dist.TCPStore
-
-    def bound(host_name: str, port: int, *args: Any, **kw: Any) -> dist.TCPStore:
+    def bound(real: Any, host_name: str, port: int, *args: Any, **kw: Any) -> dist.TCPStore:
         is_master = kw.get("is_master", args[1] if len(args) > 1 else False)
         if is_master and kw.get("master_listen_fd") is None:
             kw["master_listen_fd"] = listening_fd(addr, port)
         return real(host_name, port, *args, **kw)
 
-    patched = [(dist, "TCPStore"), (c10d_backend, "TCPStore")]
-    for module, name in patched:
-        setattr(module, name, bound)
-    try:
+    with tcp_store_factory(bound):
         yield
-    finally:
-        for module, name in patched:
-            setattr(module, name, real)

@@ -163,7 +163,7 @@ def run_rank(payload: dict[str, Any]) -> None:
         result.strategy_metrics.update(job.split_tracer)
         if ctx.progress is not None:
             ctx.progress.close()
-        _finish(job, ctx, result)
+        _finish(job, ctx, result, bool(payload.get("merged_by_launcher")))
         rank_mark(run_dir, rank, "results written")
     except BaseException as exc:
         write_error_record(run_dir, rank, exc, step=recorder.last_step)
@@ -191,8 +191,13 @@ def _rank_record(ctx: RankContext, result: RankResult) -> dict[str, Any]:
     }
 
 
-def _finish(job: Job, ctx: RankContext, result: RankResult) -> None:
+def _finish(job: Job, ctx: RankContext, result: RankResult, merged_by_launcher: bool = False) -> None:
     """Gather every rank's record and events at rank 0, which writes the run directory.
+
+    ``merged_by_launcher``: polytrain's local launcher merges the ranks' event files into
+    ``metrics.jsonl`` as they grow (:mod:`polytrain.launch.merge`); then only the few events the
+    summary reads are gathered (:meth:`Recorder.summary_events`), and a stop costs the same
+    whatever the run's length. Otherwise (torchrun, several hosts) every event is gathered.
 
     No barrier follows: the other ranks would wait on rank 0's writing (the whole run's events,
     seconds for a long run) within ``--timeout``, and a timeout there failed a finished job; a
@@ -201,7 +206,9 @@ def _finish(job: Job, ctx: RankContext, result: RankResult) -> None:
     from polytrain.launch.rundir import write_results
 
     records = ctx.comm.gather_json(_rank_record(ctx, result))
-    events = ctx.comm.gather_json(ctx.recorder.events)
+    mine = ctx.recorder.summary_events() if merged_by_launcher else ctx.recorder.events
+    events = ctx.comm.gather_json(mine)
     if ctx.is_leader:
         assert records is not None and events is not None
-        write_results(job, ctx, records, [e for evs in events for e in evs], result.model_state)
+        write_results(job, ctx, records, [e for evs in events for e in evs], result.model_state,
+                      metrics=not merged_by_launcher)

@@ -38,6 +38,8 @@ BUFFER = 4096  # events held before a write, whatever the time
 RESOURCES_EVERY_S = 0.5
 # Events a rewind keeps whatever their time: what happened to the processes, not to the steps.
 _HISTORY = frozenset({"process", "note", "start", "resume", "interrupted"})
+# Events a run's summary reads besides steps (polytrain.launch.rundir.build_summary).
+_SUMMARY = frozenset({"resume", "tally", "skipped", "divergence"})
 
 
 def current_rss_bytes() -> int:
@@ -137,6 +139,8 @@ class Recorder:
         self._busy = 0.0
         self.last_step = 0
         self.current_step: int | None = None  # the step of the last span opened with one
+        self._digest: list[dict[str, Any]] = []  # the events a summary reads (summary_events)
+        self._top: dict[str, dict[str, Any]] = {}  # "step"/"samples": the step event of the most
 
     def start_clock(self) -> None:
         """Set the clock origin (called right after a start barrier, so ranks share it)."""
@@ -165,6 +169,26 @@ class Recorder:
             f.seek(self._offset)
             return [json.loads(line) for line in f if line.strip()]
 
+    def summary_events(self) -> list[dict[str, Any]]:
+        """The few events of this rank that the run's summary reads, kept as they are recorded
+        (a long run's file need not be read back): resumes, tallies, skipped steps, divergence
+        warnings, and of the steps: the last, the one with the most samples and those a resume
+        started from. A summary built from them equals one built from every event."""
+        with self._lock:
+            kept = {id(e): e for e in [*self._digest, *self._top.values()]}
+        return sorted(kept.values(), key=lambda e: e["t"])
+
+    def _note(self, rec: dict[str, Any]) -> None:
+        """Keep ``rec`` for :meth:`summary_events` if the summary reads it."""
+        event = rec.get("event")
+        if event in _SUMMARY:
+            self._digest.append(rec)
+        elif event == "step":
+            for key, value in (("step", rec["step"]), ("samples", rec.get("samples") or 0)):
+                top = self._top.get(key)
+                if top is None or value > (top.get(key) or 0):
+                    self._top[key] = rec
+
     def _write_pending(self) -> None:
         """Write what is not yet in the file, flush and forget it (the caller holds the lock)."""
         if self._file is None:
@@ -185,6 +209,7 @@ class Recorder:
         rec = {"event": event, "rank": self.rank, "t": round(self.now(), 6), **fields}
         with self._lock:
             self._pending.append(rec)
+            self._note(rec)
             if event != "step" or self._due():
                 self._write_pending()
         return rec
@@ -209,6 +234,11 @@ class Recorder:
             else:
                 self._pending = list(kept)
             steps = [e for e in kept if e.get("event") == "step"]
+            self._digest, self._top = [], {}
+            for e in kept:
+                self._note(e)
+            starts = {int(e["from_step"]) for e in kept if e.get("event") == "resume"} | {step}
+            self._digest += [e for e in steps if int(e["step"]) in starts]
             self._earlier = [float(e["loss"]) for e in sorted(steps, key=lambda e: e["step"])
                             if e.get("rank") == self.rank and isinstance(e.get("loss"), (int, float))]
             base = t if t is not None else max((float(e["t"]) for e in steps), default=0.0)

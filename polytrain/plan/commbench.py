@@ -4,22 +4,30 @@ Rank 0 and rank 1 ping-pong messages of a few sizes (one-way time = round trip /
 tensors of the same sizes; a least-squares line time = α + S/β through the medians gives each
 pattern's α (seconds) and β (bytes/s). For the all-reduce on 2 ranks the ring moves S bytes each
 way (2(n−1)/n = 1), so its β is comparable to the point-to-point one. About two seconds.
+
+The two processes meet as a local training run's ranks do: through a ``FileStore`` in a private
+(0700) temporary directory, removed afterwards, with gloo on the loopback interface; no store
+listens on a socket (:func:`polytrain.launch.stores.rank_store_env`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import statistics
+import tempfile
 import time
+from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from polytrain.launch.records import free_port
-from polytrain.launch.stores import LOOPBACK, tcp_store
+from polytrain.launch.stores import rank_store, rank_store_env
 
 SIZES = (4_096, 262_144, 2_097_152, 8_388_608)  # bytes
 
@@ -43,9 +51,9 @@ def _time(fn: Any, repeats: int) -> float:
     return statistics.median(out)
 
 
-def _worker(rank: int, port: int, repeats: int, queue: Any) -> None:
+def _worker(rank: int, repeats: int, queue: Any) -> None:
     torch.set_num_threads(1)
-    store = tcp_store(LOOPBACK, port, 2, rank == 0, timedelta(seconds=60), bind=LOOPBACK)
+    store = rank_store(timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     p2p, ar = [], []
     for size in SIZES:
@@ -77,19 +85,38 @@ def _worker(rank: int, port: int, repeats: int, queue: Any) -> None:
     os._exit(0)  # why: a clean exit of a gloo child can abort in torch's teardown
 
 
+@contextlib.contextmanager
+def private_store() -> Iterator[None]:
+    """While inside: the environment that gives processes started now (spawn) a FileStore in a
+    private temporary directory (0700), removed on the way out, with the caller's restored."""
+    private = Path(tempfile.mkdtemp(prefix="polytrain-profile-"))
+    env = rank_store_env(private / "store")
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(private, ignore_errors=True)
+
+
 def measure_comm(repeats: int = 7, timeout_s: float = 60.0) -> dict[str, Any]:
     """``{"p2p": {alpha_s, bytes_per_s}, "allreduce": {...}, "samples": ...}`` of gloo on loopback."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, repeats, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        result: dict[str, Any] = queue.get(timeout=timeout_s)
-    finally:
+    procs = [ctx.Process(target=_worker, args=(r, repeats, queue)) for r in range(2)]
+    with private_store():
         for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+            p.start()
+        try:
+            result: dict[str, Any] = queue.get(timeout=timeout_s)
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
     return result
