@@ -8,14 +8,15 @@ before any measured run; ``--job cnn|gpt`` then runs exactly that plan.
     .venv/bin/python benchmarks/onebit.py --job cnn
     .venv/bin/python benchmarks/onebit.py --job gpt
     .venv/bin/python benchmarks/onebit.py --plan --testbed
-    .venv/bin/python benchmarks/onebit.py --job all --testbed [--budget-min M]   # as root
+    TESTBED_LOCK=LOCKFILE .venv/bin/python benchmarks/onebit.py --job all --testbed [--budget-min M]
 
 The local plan (4 ranks on this machine, no network emulation) and the testbed plan (4 emulated
 hosts at 100 Mbit/s, issue 51's setting) fix their own steps, warm-ups and targets (``JOBS``,
 ``TESTBED_JOBS``). ``--job all`` runs the jobs seed by seed (seed 0 of every job, then seed 1, …);
 ``--budget-min M`` starts no new seed once the next would end past M minutes: the seeds run are
-then fewer than planned, and the results files say so. On the testbed each run holds
-``/work/testbed.lock`` (``flock``), so testbed runs on this machine never overlap.
+then fewer than planned, and the results files say so. On the testbed each run holds the lock
+file ``--lock`` (``flock``; default ``$TESTBED_LOCK``), so testbed runs on one machine never
+overlap. Runs as root (the testbed's namespaces).
 
 Each run: ``polytrain train --strategy allreduce --procs 4`` (``--testbed``: under ``polytrain
 testbed --hosts 4 --nic 100mbit``, one rank per emulated host; needs root), global batch 64,
@@ -84,7 +85,8 @@ def plan(testbed: bool) -> None:
                             "per host, allreduce, global batch 64, Adam in every case (dgc with "
                             "dgc_momentum=0: Adam keeps the momentum), seeds 0..4; cases interleaved "
                             "(A..E, E..A); both jobs seed by seed (`--job all`: seed 0 of cnn and "
-                            "gpt, then seed 1, ...), each run under flock /work/testbed.lock. Steps, "
+                            "gpt, then seed 1, ...), each run under flock on the machine's shared "
+                            "testbed lock. Steps, "
                             "warm-ups and targets as the local plan (onebit_plan.md; locally the cnn "
                             "reached 0.90 in every uncompressed seed within 100 steps, gpt-mini 0.384 "
                             "at step 30 and 0.401 at step 60). Cost from two exploratory uncompressed "
@@ -119,7 +121,7 @@ def run(job: str, case: str, seed: int, a: argparse.Namespace, out: Path) -> dic
              "--batch-size", str(16 * RANKS), "--optimizer", "adam", "--seed", str(seed),
              "--eval-every", str(j["eval_every"]), "--out", str(out), "--no-report"]
     pre = ["testbed", "--hosts", str(RANKS), "--nic", "100mbit", "--"] if a.testbed else []
-    lock = ["flock", a.lock] if a.testbed else []  # one testbed at a time on this machine
+    lock = ["flock", a.lock] if a.testbed and a.lock else []  # one testbed at a time
     cmd = [*lock, sys.executable, "-m", "polytrain", *pre, *train]
     done = subprocess.run(cmd, cwd=HERE.parent, capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -174,8 +176,9 @@ def main() -> None:
     p.add_argument("--plan", action="store_true", help="write the pre-registration and stop")
     p.add_argument("--job", choices=[*sorted(JOBS), "all"], help="all: every job, seed by seed")
     p.add_argument("--testbed", action="store_true", help="4 emulated hosts at 100 Mbit/s (root)")
-    p.add_argument("--lock", default="/work/testbed.lock",
-                   help="--testbed: each run holds this lock (flock), shared with other testbed users")
+    p.add_argument("--lock", default=os.environ.get("TESTBED_LOCK", ""),
+                   help="--testbed: each run holds this lock file (flock), shared with the machine's "
+                        "other testbed users (default: $TESTBED_LOCK; none: no lock)")
     p.add_argument("--steps", type=int, default=0, help="override the plan's steps (a deviation, noted)")
     p.add_argument("--warmup", type=int, default=0, help="override the plan's onebit_warmup (noted)")
     p.add_argument("--seeds", type=int, default=SEEDS, help="override the plan's seeds (noted)")
