@@ -9,9 +9,12 @@ with a fixed per-coordinate preconditioner is linear in the momentum, which is w
 then keeps Adam's convergence (the paper's analysis); Adam's own v is not, which is why plain
 1-bit gradients lose accuracy under Adam (issue 51: topk/dgc 1-2.5 points).
 
-How it meets the optimizer (``allreduce`` only): :class:`OneBitAdam` *is* the job's Adam
-(``torch.optim.Adam``, the same lr, betas, eps and weight decay) and the DDP hook
-(:func:`polytrain.comm.ddp_hooks.onebit_hook`) asks it which stage it is in:
+How it meets the optimizer (``allreduce``, and the data-parallel axis of ``mesh``):
+:class:`OneBitAdam` *is* the job's Adam (``torch.optim.Adam``, the same lr, betas, eps and weight
+decay) and the gradient exchange — ``allreduce``'s DDP hook
+(:func:`polytrain.comm.ddp_hooks.onebit_hook`), ``mesh``'s dp all-reduce at the flush — asks it
+which stage it is in (in ``mesh`` each rank's optimizer holds its stage's or its tensor shard's
+parameters and exchanges with the ranks of its dp group only):
 
 * steps 1..T (``onebit_warmup=T``): the hook all-reduces the gradients in full precision and
   ``step()`` is ``torch.optim.Adam.step`` itself, so with T ≥ steps the run *is* uncompressed
@@ -118,9 +121,14 @@ class OneBitAdam(torch.optim.Adam):
         self.compressed_steps += 1
         return loss
 
-    def report(self, steps: int) -> dict[str, Any]:
-        """The codec's figures for summary.json (bytes counted at each send, op ``onebit``)."""
-        by_op = self.comm.by_op()
+    def report(self, steps: int, counted: Comm | None = None,
+               ops: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """The codec's figures for summary.json (bytes counted at each send, op ``onebit``, by
+        ``counted``: default the exchange's comm; a sub-group's are booked on the rank's).
+        ``ops``: the ops of the data-parallel exchange (warm-up included; default: every op)."""
+        by_op = (counted or self.comm).by_op()
+        if ops is not None:
+            by_op = {op: n for op, n in by_op.items() if op in ops}
         wire = by_op.get(OP, 0) + by_op.get(f"{OP}_sizes", 0)
         return {"codec": f"onebit-adam(warmup={self.warmup})", "error_feedback": True,
                 **self.exchange.report(), "warmup_steps": self.warmup,

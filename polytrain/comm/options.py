@@ -46,6 +46,8 @@ OPTION_CODECS["entropy"] = (*_ANY, "onebit-adam")  # 1-bit Adam's payloads are p
 MOMENTUM_OPTIMIZERS = frozenset({"momentum", "adam", "adamw"})
 # Optimizers whose state 1-bit Adam freezes and compresses (it replaces their step).
 ADAM_OPTIMIZERS = frozenset({"adam"})
+# Strategies that run 1-bit Adam: allreduce (its DDP hook) and mesh (its data-parallel axis).
+ONEBIT_STRATEGIES = ("allreduce", "mesh")
 
 
 class CodecOptions(BaseModel):
@@ -110,9 +112,10 @@ class CodecOptions(BaseModel):
         return self.compression != "none"
 
 
-def check_optimizer(strategy: str, opts: CodecOptions, optimizer: str, *, hooks: bool) -> None:
+def check_optimizer(strategy: str, opts: CodecOptions, optimizer: str) -> None:
     """Codec × optimizer: refuse a pair that would apply momentum twice, or 1-bit Adam without
-    Adam (or outside ``allreduce``, whose DDP hook and optimizer it replaces), before launch."""
+    Adam (or outside :data:`ONEBIT_STRATEGIES`, whose exchange and optimizer it replaces), before
+    launch."""
     parts = set(opts.compression.split("+"))
     if "dgc" in parts and opts.dgc_momentum > 0 and optimizer in MOMENTUM_OPTIMIZERS:
         raise ConfigError(
@@ -125,11 +128,21 @@ def check_optimizer(strategy: str, opts: CodecOptions, optimizer: str, *, hooks:
             f"Strategy '{strategy}': compression=onebit-adam compresses Adam's momentum and freezes "
             f"its variance, so it needs --optimizer {'|'.join(sorted(ADAM_OPTIMIZERS))} (got "
             f"--optimizer {optimizer}); use --optimizer adam, or a gradient codec (e.g. topk).")
-    if opts.compression == "onebit-adam" and not hooks:
+    if opts.compression == "onebit-adam" and strategy not in ONEBIT_STRATEGIES:
         raise ConfigError(
             f"Strategy '{strategy}' cannot take compression=onebit-adam: it replaces the "
-            "optimizer's step and DDP's gradient hook, which only 'allreduce' runs. Use "
-            "--strategy allreduce, or a gradient codec (e.g. onebit, topk).")
+            "optimizer's step and the data-parallel gradient exchange, which only "
+            f"{' and '.join(repr(s) for s in ONEBIT_STRATEGIES)} run. Use --strategy allreduce, or a "
+            "gradient codec (e.g. onebit, topk).")
+
+
+def check_onebit_nonfinite(strategy: str, compression: str, on_nonfinite: str) -> None:
+    """1-bit Adam cannot skip a step one rank alone finds non-finite (the exchange would hang)."""
+    if compression == "onebit-adam" and on_nonfinite == "skip":
+        raise ConfigError(
+            f"Strategy '{strategy}': compression=onebit-adam with --on-nonfinite skip: once warm each "
+            "rank sees only its local gradient, so ranks could disagree on skipping and the exchange "
+            "would hang; use --on-nonfinite stop (the default) or another codec.")
 
 
 def check_codec(strategy: str, opts: CodecOptions, world: int, *, hooks: bool, optimizer: str) -> None:
@@ -160,4 +173,4 @@ def check_codec(strategy: str, opts: CodecOptions, world: int, *, hooks: bool, o
             "compression=onebit-adam exchanges its 1-bit chunks point to point (all-to-all, then "
             "all-gather) and all-reduces the warm-up with the backend's collective: drop "
             "collective=ring (valid with onebit-adam: builtin).")
-    check_optimizer(strategy, opts, optimizer, hooks=hooks)
+    check_optimizer(strategy, opts, optimizer)

@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from polytrain.comm.accounted import Comm
+from polytrain.comm.groups import GroupComm
 
 if TYPE_CHECKING:
     from polytrain.metrics.recorder import Recorder
@@ -94,8 +95,10 @@ def _segments(start: int, end: int, seg: int) -> list[tuple[int, int]]:
 
 
 def _peer(comm: Comm, group_rank: int) -> int:
-    """Global rank of ``group_rank`` in the communicator's group (p2p takes global ranks)."""
-    if comm.group is None:
+    """The rank ``comm``'s p2p calls take for ``group_rank``: the global rank for a plain Comm over
+    a group (torch's p2p takes global ranks), the group rank itself for a :class:`GroupComm`
+    (whose p2p speaks group ranks; with a global id, a dp group of ranks 1 and 3 failed)."""
+    if comm.group is None or isinstance(comm, GroupComm):
         return group_rank
     return int(dist.get_global_rank(comm.group, group_rank))
 

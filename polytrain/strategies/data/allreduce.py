@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ConfigDict, field_validator
 from torch import nn
 
+from polytrain.comm.accounted import Comm
 from polytrain.comm.codecs.engine import Engine
 from polytrain.comm.ddp_hooks import (
     builtin_hook,
@@ -32,7 +33,12 @@ from polytrain.comm.ddp_hooks import (
 )
 from polytrain.comm.exchange import codec_report
 from polytrain.comm.onebit_adam import OneBitAdam
-from polytrain.comm.options import CodecOptions, CollectiveOptions, check_codec
+from polytrain.comm.options import (
+    CodecOptions,
+    CollectiveOptions,
+    check_codec,
+    check_onebit_nonfinite,
+)
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime import recompute
@@ -90,14 +96,23 @@ def param_names(model: nn.Module) -> dict[int, tuple[int, str]]:
     return {id(p): (i, n) for i, (n, p) in enumerate(model.named_parameters())}
 
 
-def onebit_adam(opts: CodecOptions, job: Job, ctx: RankContext, model: nn.Module) -> OneBitAdam | None:
-    """The job's Adam as 1-bit Adam (with ``compression=onebit-adam``), else None."""
+def onebit_adam(opts: CodecOptions, job: Job, ctx: RankContext, model: nn.Module,
+                comm: Comm | None = None) -> OneBitAdam | None:
+    """The job's Adam as 1-bit Adam (with ``compression=onebit-adam``), else None. ``comm``: the
+    ranks that hold the same parameters and exchange their momentum (default: every rank)."""
     if opts.compression != "onebit-adam":
         return None
     c = job.config
     return OneBitAdam(list(model.named_parameters()), lr=c.lr, weight_decay=c.weight_decay,
-                      warmup=opts.onebit_warmup, comm=ctx.comm, rec=ctx.recorder, entropy=opts.entropy,
-                      seed=c.seed)
+                      warmup=opts.onebit_warmup, comm=comm or ctx.comm, rec=ctx.recorder,
+                      entropy=opts.entropy, seed=c.seed)
+
+
+def onebit_loop_fields(onebit: OneBitAdam, ctx: RankContext) -> dict[str, Any]:
+    """LoopSpec fields for 1-bit Adam: the residuals differ per rank, every rank checkpoints its own
+    (m, v and the step are the optimizer's state, checkpointed as usual)."""
+    return {"state": onebit.exchange.state_dict, "load_state": onebit.exchange.load_state_dict,
+            "replicated": False, "evaluates": ctx.is_leader}
 
 
 POWERSGD_STATE = "PyTorch's PowerSGDState (its error and warm-start matrices) is not checkpointed"
@@ -138,11 +153,7 @@ class Allreduce(Strategy):
         check_divisible(cfg, world, self.name)
         check_codec(self.name, self.options, world, hooks=True,  # type: ignore[arg-type]
                     optimizer=cfg.optimizer)
-        if self.options.compression == "onebit-adam" and cfg.on_nonfinite == "skip":  # type: ignore[attr-defined]
-            raise ConfigError(
-                "compression=onebit-adam with --on-nonfinite skip: once warm each rank sees only its "
-                "local gradient, so ranks could disagree on skipping and the exchange would hang; "
-                "use --on-nonfinite stop (the default) or another codec.")
+        check_onebit_nonfinite(self.name, self.options.compression, cfg.on_nonfinite)  # type: ignore[attr-defined]
 
     def run(self, job: Job, ctx: RankContext) -> RankResult:
         opts: AllreduceOptions = self.options  # type: ignore[assignment]
@@ -166,9 +177,8 @@ class Allreduce(Strategy):
         optimizer = onebit if onebit is not None else job.make_optimizer(ddp.parameters())
         overlap = opts.collective == "builtin" and engine is None
         fields = codec_loop_fields(engine, ctx)
-        if onebit is not None:  # the residuals differ per rank: every rank checkpoints its own
-            fields = {"state": onebit.exchange.state_dict, "load_state": onebit.exchange.load_state_dict,
-                      "replicated": False, "evaluates": ctx.is_leader}
+        if onebit is not None:
+            fields = onebit_loop_fields(onebit, ctx)
         spec = LoopSpec(model=model, optimizer=optimizer, step_fn=plain_step(job, ctx, ddp, optimizer),
                         part=ctx.rank, parts=ctx.world,
                         metrics={"bucket_mb": opts.bucket_mb, "overlap": overlap,

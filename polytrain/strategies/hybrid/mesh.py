@@ -1,5 +1,8 @@
 """``mesh``: 2-D hybrid parallelism on a process mesh (000 §V): ``dp × pp`` (replicated
-pipelines) or ``dp × tp`` (replicated tensor-parallel groups).
+pipelines) or ``dp × tp`` (replicated tensor-parallel groups). Its data-parallel axis takes
+``collective=ring``, ``compression=`` every gradient codec (not ``powersgd``, a DDP hook) and
+``compression=onebit-adam`` (1-bit Adam over each dp group; not with dp=1 or weights tied across
+stages).
 
     polytrain train --strategy mesh --procs 4 --set dp=2 --set pp=2   # 2 pipelines of 2 stages
     polytrain train --strategy mesh --procs 4 --set dp=2 --set tp=2 --model gpt-mini --dataset chars
@@ -16,6 +19,12 @@ every replica applies the update single-process training applies to the whole ba
 layout is :class:`~polytrain.runtime.layout.Layout`. That data-parallel all-reduce takes
 ``collective=ring`` (polytrain's ring over the dp group) and ``compression=CODEC`` (per parameter,
 :func:`polytrain.comm.exchange.compressed_mean`; residuals in every rank's checkpoint).
+``compression=onebit-adam`` (:mod:`polytrain.comm.onebit_adam`) makes each rank's optimizer 1-bit
+Adam over its own parameters (its stage's, or its tensor shard's): the dp all-reduce runs in full
+precision for ``onebit_warmup`` steps, then stops, and the optimizer exchanges its 1-bit momentum
+with the ranks of its dp group (two-stage, error feedback on both sides; op ``onebit``). Refused
+before launch: dp=1 (nothing to exchange), ``--on-nonfinite skip``, and weights tied across
+pipeline stages (each stage's copy would get its own compressed update, and they would drift).
 """
 
 from __future__ import annotations
@@ -30,7 +39,13 @@ from torch import nn
 from polytrain.comm import GroupComm, new_groups
 from polytrain.comm.codecs.engine import Engine
 from polytrain.comm.exchange import Item, codec_report, compressed_mean
-from polytrain.comm.options import CodecOptions, CollectiveOptions, check_codec
+from polytrain.comm.onebit_adam import OneBitAdam
+from polytrain.comm.options import (
+    CodecOptions,
+    CollectiveOptions,
+    check_codec,
+    check_onebit_nonfinite,
+)
 from polytrain.comm.ring import record_ring, ring_all_reduce
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
@@ -40,7 +55,13 @@ from polytrain.runtime.layout import Layout
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Offer, Strategy
-from polytrain.strategies.data.allreduce import check_divisible, codec_engine, codec_loop_fields
+from polytrain.strategies.data.allreduce import (
+    check_divisible,
+    codec_engine,
+    codec_loop_fields,
+    onebit_adam,
+    onebit_loop_fields,
+)
 from polytrain.strategies.model.layerwise import check_partition_text, utilisation
 from polytrain.strategies.model.shard_collectives import (
     Evaluating,
@@ -52,7 +73,9 @@ from polytrain.strategies.model.tensor import check_plan, check_transformer, sha
 from polytrain.strategies.model.tp_plan import unchunk
 from polytrain.strategies.pipeline.chunks import ChunkPipeline, check_chunks
 from polytrain.strategies.pipeline.flush import FlushPipeline, Pipelined
+from polytrain.strategies.pipeline.options import meta_model
 from polytrain.strategies.pipeline.schedule import get_schedule
+from polytrain.strategies.pipeline.ties import find_ties
 
 if TYPE_CHECKING:
     from polytrain.plan.estimate import Estimate, Scene
@@ -157,6 +180,8 @@ class Mesh(Strategy):
             )
         check_divisible(cfg, layout.dp, self.name)
         check_codec(self.name, self.opts, world, hooks=False, optimizer=cfg.optimizer)
+        if self.opts.compression == "onebit-adam":
+            check_onebit(cfg, layout)
         if self.opts.collective == "ring" and layout.dp < 2:
             raise ConfigError(f"Strategy 'mesh' with collective=ring all-reduces over the dp dimension, "
                               f"which needs dp >= 2 (got dp={layout.dp}). Use dp=2 or more, or "
@@ -193,28 +218,31 @@ class Mesh(Strategy):
         dp = Wire(groups["dp"], ctx.recorder)
         engine = codec_engine(self.opts, job, ctx)
         if layout.tp > 1:
-            result = self._tensor(job, ctx, groups["tp"], dp, d, engine)
+            result, onebit = self._tensor(job, ctx, groups["tp"], dp, d, engine)
         else:
             ranks = layout.pp_groups()[d]
-            result = self._pipeline(job, ctx, ranks, groups["pp"], dp, d, layout, engine)
+            result, onebit = self._pipeline(job, ctx, ranks, groups["pp"], dp, d, layout, engine)
         result.strategy_metrics.update({"layout": layout.to_json(),
                                         "replica": d if ctx.is_leader else None})
         if engine is not None:
             result.strategy_metrics["codec"] = codec_report(engine, ctx.comm, result.steps, op="dp_codec")
+        elif onebit is not None:
+            result.strategy_metrics["codec"] = onebit.report(result.steps, ctx.comm, DP_OPS)
         return result
 
     def _tensor(self, job: Job, ctx: RankContext, tp_comm: GroupComm, dp: Wire, d: int,
-                engine: Engine | None) -> RankResult:
+                engine: Engine | None) -> tuple[RankResult, OneBitAdam | None]:
         model = job.build_model().to(ctx.device)
         shapes = {k: v.shape for k, v in model.state_dict().items()}
         tp = Wire(tp_comm, ctx.recorder)
         dims, chunked = shard_model(model, tp, "auto", job.spec)  # gpt-mini's split, or a derived plan
-        optimizer = job.make_optimizer(model.parameters())
+        onebit = onebit_adam(self.opts, job, ctx, model, dp.comm)  # over this rank's shards
+        optimizer = onebit if onebit is not None else job.make_optimizer(model.parameters())
         inner = plain_step(job, ctx, model, optimizer,
-                           before_update=_sync(model, dp, engine, self.opts.collective, ctx),
+                           before_update=_sync(model, dp, engine, self.opts.collective, ctx, onebit),
                            split=sharded_split(ctx.comm, model, dims, tp.size, dp.size))
         spec = LoopSpec(model=model, optimizer=optimizer, step_fn=inner, part=d, parts=dp.size,
-                        eval_model=Evaluating(model, tp), **_codec_fields(engine, ctx))
+                        eval_model=Evaluating(model, tp), **_codec_fields(engine, onebit, ctx))
         result = run_loop(job, ctx, spec)
         if d == 0:  # replica 0's tensor group rebuilds the full model (rank 0 keeps it)
             full = gather_state(tp, model.state_dict(), dims, shapes)
@@ -224,10 +252,10 @@ class Mesh(Strategy):
             result.model_state = full if ctx.is_leader else None
         else:
             result.model_state = None
-        return result
+        return result, onebit
 
-    def _pipeline(self, job: Job, ctx: RankContext, ranks: list[int], pp_comm: GroupComm,
-                  dp: Wire, d: int, layout: Layout, engine: Engine | None) -> RankResult:
+    def _pipeline(self, job: Job, ctx: RankContext, ranks: list[int], pp_comm: GroupComm, dp: Wire,
+                  d: int, layout: Layout, engine: Engine | None) -> tuple[RankResult, OneBitAdam | None]:
         mb = (self.opts.microbatches or layout.pp) * job.config.grad_accum  # K x per step
         rows, o = job.batch_size // layout.dp, self.opts
         pipe: FlushPipeline | ChunkPipeline
@@ -237,10 +265,14 @@ class Mesh(Strategy):
         else:  # V chunks per rank, each replica's pipeline over its own boundary groups
             pipe = ChunkPipeline(job, ctx, ranks, pp_comm, o.partition, o.schedule, mb, rows,
                                  o.virtual_stages, pipelines=layout.pp_groups())
+        onebit = onebit_adam(self.opts, job, ctx, pipe.module, dp.comm)  # over this rank's stage
+        if onebit is not None:  # the flush steps 1-bit Adam instead of the stage's own Adam
+            pipe.optimizer = pipe.weights.optimizer = onebit
         assert pipe.optimizer is not None
-        step = pipe.train_step(before_update=_sync(pipe.module, dp, engine, self.opts.collective, ctx))
+        step = pipe.train_step(before_update=_sync(pipe.module, dp, engine, self.opts.collective, ctx,
+                                                   onebit))
         spec = LoopSpec(model=pipe.module, optimizer=pipe.optimizer, step_fn=step, part=d,
-                        parts=dp.size, eval_model=Pipelined(pipe), **_codec_fields(engine, ctx))
+                        parts=dp.size, eval_model=Pipelined(pipe), **_codec_fields(engine, onebit, ctx))
         result = run_loop(job, ctx, spec)
         result.model_state = pipe.gather() if d == 0 else None
         util = utilisation(ctx, result.wall_s)
@@ -251,22 +283,50 @@ class Mesh(Strategy):
                 [c for c in range(pipe.chunks) if pipe.homes[c] == r] for r in range(layout.pp)]
         if util is not None:
             result.strategy_metrics["utilisation_per_rank"] = util
-        return result
+        return result, onebit
 
 
-def _codec_fields(engine: Engine | None, ctx: RankContext) -> dict[str, Any]:
-    fields = codec_loop_fields(engine, ctx)
+# the ops of the dp exchange: the full-precision all-reduce (1-bit Adam's warm-up) and its 1 bits
+DP_OPS = ("dp_allreduce", "onebit", "onebit_sizes")
+
+
+def check_onebit(cfg: JobConfig, layout: Layout) -> None:
+    """What ``compression=onebit-adam`` on the dp axis cannot honour, refused before launch."""
+    if layout.dp < 2:
+        raise ConfigError(
+            f"Strategy 'mesh': compression=onebit-adam compresses the data-parallel exchange, and "
+            f"dp={layout.dp} has none. Fix: --set dp=2 or more, or drop compression.")
+    check_onebit_nonfinite("mesh", "onebit-adam", cfg.on_nonfinite)
+    model = meta_model(cfg) if layout.pp > 1 else None  # None: cannot build on meta (ranks check)
+    if model is None:
+        return
+    pieces = list(model.children()) if isinstance(model, nn.Sequential) else [model]
+    tied = [" = ".join(t.names) for t in find_ties(model, pieces)]
+    if tied:
+        raise ConfigError(
+            f"Strategy 'mesh' with pp={layout.pp} and compression=onebit-adam: the tied weights "
+            f"{'; '.join(tied)} may sit on two stages, and each stage's copy would get its own 1-bit "
+            "update, so the copies would drift apart. Fix: tp instead of pp, untie them, or "
+            "another codec.")
+
+
+def _codec_fields(engine: Engine | None, onebit: OneBitAdam | None, ctx: RankContext) -> dict[str, Any]:
+    fields = onebit_loop_fields(onebit, ctx) if onebit is not None else codec_loop_fields(engine, ctx)
     fields.pop("evaluates", None)  # every rank holds a piece: the mesh's own evaluation decides
     return {"replicated": False, **fields}
 
 
-def _sync(model: nn.Module, dp: Wire, engine: Engine | None, collective: str, ctx: RankContext) -> Any:
-    """The dp all-reduce of the gradients (mean over replicas): builtin, ring, or a codec."""
+def _sync(model: nn.Module, dp: Wire, engine: Engine | None, collective: str, ctx: RankContext,
+          onebit: OneBitAdam | None = None) -> Any:
+    """The dp all-reduce of the gradients (mean over replicas): builtin, ring, or a codec; none
+    once 1-bit Adam is warm (its step exchanges the momentum)."""
     named = list(model.named_parameters())
     params = [p for _, p in named]
 
     @torch.no_grad()
     def sync() -> None:
+        if onebit is not None and onebit.compressing:
+            return  # the gradients stay local: 1-bit Adam's step averages the momentum
         if dp.size == 1 or (engine is None and collective == "builtin"):
             all_reduce_grads(params, dp, "dp_allreduce", mean=True)
             return
