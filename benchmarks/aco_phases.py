@@ -171,6 +171,10 @@ def main() -> None:
                 row["construct cpu ms"] = statistics.median(rep[r]["construct_cpu"] for rep in reps)
                 row["repeats (total ms)"] = [rep[r]["total"] for rep in reps]
                 rows.append(row)
+        publish(args, rows)  # after each size: a run cut short keeps what it measured
+
+
+def publish(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     write_results(
         args.name, rows,
         ["tsp", "local search", "procs", "rank", "total ms", *(f"{p} ms" for p in PHASES), "other ms",
