@@ -3,10 +3,16 @@ side in the same two processes (same model, partition, micro-batches, data, opti
 alternating blocks of steps, so both meet the same host load and process state.
 
     python benchmarks/pipeline_profile.py [--schedule 1f1b] [--blocks 10] [--block-steps 10]
+                                          [--procs 2] [--microbatches 4] [--name NAME]
 
 Per side it reports the median step time, the CPU seconds per step of each rank, and per rank the
 time per step spent in forward, backward, waiting for messages and everything else (the runtime's
-own Python), from timers wrapped around both runtimes' compute and wait calls.
+own Python), from timers wrapped around both runtimes' compute and wait calls; and ``runtime_py``:
+the runtime's own Python per step (the self time, under cProfile, of every function of the
+executor, its wire, meter and recorder on polytrain's side and of ``torch.distributed.pipelining``
+on PyTorch's, one extra block per side: cProfile slows Python alike on both sides, so the figure
+is an upper bound for both). With ``--name`` the rows go to ``benchmarks/results/NAME.json`` and
+its page. ``--procs 4``: the mlp cut 1,1,1,1 over four ranks.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 MODEL_OPTIONS = {"depth": 3, "hidden": 1024}
-COUNTS = (2, 2)
+COUNTS_BY_P = {2: (2, 2), 4: (1, 1, 1, 1)}
+RUNTIME_FILES = ("polytrain/strategies/pipeline/", "polytrain/metrics/", "polytrain/comm/",
+                 "torch/distributed/pipelining/", "torch/distributed/distributed_c10d.py")
 BATCH, LR, SEED = 256, 0.01, 0
 VARIANTS = os.environ.get("VARIANTS", "base").split(",")
 
@@ -91,6 +99,7 @@ def worker(schedule_name: str, blocks: int, block_steps: int, microbatches: int)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    COUNTS = COUNTS_BY_P[world]
 
     # --- torch's side
     data = load_dataset("digits", {}, seed=SEED)
@@ -112,8 +121,10 @@ def worker(schedule_name: str, blocks: int, block_steps: int, microbatches: int)
         optimizer.zero_grad(set_to_none=True)
         if rank == 0:
             schedule.step(x)
-        else:
+        elif rank == world - 1:
             schedule.step(target=y, losses=[])
+        else:
+            schedule.step()
         optimizer.step()
 
     # --- polytrain's side
@@ -223,6 +234,20 @@ def worker(schedule_name: str, blocks: int, block_steps: int, microbatches: int)
             timers.calls.clear()
             traces[side].append((t0, timers.spans))
             timers.spans = []
+    import cProfile
+    import pstats
+
+    for side, (fn, _) in sides.items():  # the runtime's own Python per step, one block each
+        dist.barrier()
+        prof = cProfile.Profile()
+        prof.enable()
+        for k in range(block_steps):
+            fn(3 * 10**5 + k)
+        prof.disable()
+        st = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+        own = sum(v[2] for (file, _, _), v in st.items() if any(f in file for f in RUNTIME_FILES))
+        out[side]["runtime_py_ms"].append(1e3 * own / block_steps)
+        out[side]["py_calls"].append(sum(v[1] for v in st.values()) / block_steps)
     if os.environ.get("PYPROF"):  # Python-level profile of each side, one block each
         import cProfile
         import pstats
@@ -256,7 +281,7 @@ def worker(schedule_name: str, blocks: int, block_steps: int, microbatches: int)
     dist.all_gather_object(gathered, summary)
     all_traces: list[Any] = [None] * world
     dist.all_gather_object(all_traces, dict(traces))
-    if rank == 0:
+    if rank == 0 and world == 2:
         hops(all_traces, microbatches)
     if rank == 0:
         print(json.dumps(gathered))
@@ -297,12 +322,14 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=10)
     ap.add_argument("--block-steps", type=int, default=10)
     ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--procs", type=int, default=2, choices=sorted(COUNTS_BY_P))
+    ap.add_argument("--name", default="", help="write benchmarks/results/NAME.json and its page")
     args = ap.parse_args()
     if args.worker:
         worker(args.schedule, args.blocks, args.block_steps, args.microbatches)
         return
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.procs),
            str(Path(__file__).resolve()), "--worker", "--schedule", args.schedule,
            "--blocks", str(args.blocks), "--block-steps", str(args.block_steps),
            "--microbatches", str(args.microbatches)]  # fmt: skip
@@ -320,6 +347,48 @@ def main() -> None:
     for side in ranks[0]:
         ratio = ranks[0]["torch"]["step_ms"] / ranks[0][side]["step_ms"]
         print(f"throughput ratio {side}/torch: {ratio:.3f}")
+    if args.name:
+        write(args, ranks)
+
+
+def write(args: argparse.Namespace, ranks: list[dict[str, dict[str, float]]]) -> None:
+    """One row per side and rank (ms per step, medians over the blocks), appended to NAME.json's
+    rows of other (schedule, P, M)."""
+    sys.path.insert(0, str(HERE))
+    from harness import write_results
+
+    path = HERE / "results" / f"{args.name}.json"
+    earlier = json.loads(path.read_text())["rows"] if path.exists() else []
+    rows = [r for r in earlier
+            if (r["schedule"], r["P"], r["M"]) != (args.schedule, args.procs, args.microbatches)]
+    for side in ranks[0]:
+        for r, per in enumerate(ranks):
+            x = per[side]
+            busy = sum(x.get(k + "_ms", 0.0) for k in ("forward", "backward", "wait"))
+            rows.append({"schedule": args.schedule, "P": args.procs, "M": args.microbatches,
+                         "side": side.removesuffix("-base"), "rank": r, "step ms": x["step_ms"],
+                         "cpu ms": x["cpu_ms"], "forward ms": x.get("forward_ms", 0.0),
+                         "backward ms": x.get("backward_ms", 0.0), "wait ms": x.get("wait_ms", 0.0),
+                         "other ms": x["step_ms"] - busy, "runtime_py ms": x["runtime_py_ms"],
+                         "python calls": x["py_calls"], "ctx switches": x["ctxsw"],
+                         "minor faults": x["minflt"]})
+    rows.sort(key=lambda r: (r["schedule"], r["P"], r["M"], r["side"] != "torch", r["rank"]))
+    write_results(args.name, rows, ["schedule", "P", "M", "side", "rank", "step ms", "cpu ms", "forward ms",
+                                    "backward ms", "wait ms", "other ms", "runtime_py ms", "python calls",
+                                    "ctx switches", "minor faults"], appended=bool(earlier),
+                  notes=("Per step, medians over the blocks (ms; wall unless cpu): polytrain's executor "
+                         "and torch.distributed.pipelining alternating blocks of steps in the same "
+                         "processes (mlp depth 3 width 1024, global batch 256, SGD momentum, one torch "
+                         "thread per rank; P = 2 cut 2,2, P = 4 cut 1,1,1,1, four ranks sharing 2 cores). "
+                         "forward/backward/wait: timers around both runtimes' compute and receive-wait "
+                         "calls; other: the rest of the step's wall (sends, the runtime's Python, the "
+                         "optimizer, being descheduled); runtime_py: the runtime's own Python per step, "
+                         "self time under cProfile (an upper bound, alike on both sides); python calls: "
+                         "function calls per step under cProfile (the whole step). Rows of one "
+                         "(schedule, P, M) come from one run; each run's command differs only in "
+                         "--schedule/--procs/--microbatches. Shared 2-vCPU machine under load from other "
+                         "jobs (load in the header): the wall figures carry its scheduling, cpu and "
+                         "runtime_py much less."))
 
 
 if __name__ == "__main__":

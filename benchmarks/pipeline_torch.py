@@ -57,10 +57,10 @@ TORCH_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
 # name -> model, dataset, data options, model options, layer counts per stage, global batch
 MODELS: dict[str, dict[str, Any]] = {
     "mlp": {"model": "mlp", "dataset": "digits", "data": {}, "options": {"depth": 3, "hidden": 1024},
-            "counts": (2, 2), "batch": 256},
+            "counts": {2: (2, 2), 4: (1, 1, 1, 1)}, "batch": 256},
     "gpt": {"model": "userzoo.nanogpt:UntiedGPT", "dataset": "chars", "data": {"seq_len": 64},
             "options": {"n_layer": 4, "n_head": 4, "n_embd": 128, "split": "transformer.h.2"},
-            "counts": (1, 1), "batch": 32},
+            "counts": {2: (1, 1)}, "batch": 32},
 }
 LR, SEED = 0.01, 0
 # Runs whose ranks reported and then died at interpreter exit ("terminate called without an active
@@ -105,7 +105,7 @@ def worker(schedule_name: str, steps: int, microbatches: int, warmup: int, name:
         params = [p for c in mine for p in pieces[c].parameters()]
         first, last = 0 in mine, 2 * world - 1 in mine
     else:
-        module = cut(model, Partition(m["counts"]))[rank]
+        module = cut(model, Partition(m["counts"][world]))[rank]
         schedule = cls(PipelineStage(module, rank, world, torch.device("cpu")), n_microbatches=microbatches,
                        loss_fn=loss)
         params, first, last = list(module.parameters()), rank == 0, rank == world - 1
@@ -117,7 +117,7 @@ def worker(schedule_name: str, steps: int, microbatches: int, warmup: int, name:
     t0, c0 = time.perf_counter(), time.process_time()
     for step in range(1, steps + 1):
         if step == warmup + 1:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
         x, y = batches.shard(step)
         optimizer.zero_grad(set_to_none=True)
         schedule.step(*([x] if first else []), **({"target": y, "losses": []} if last else {}))
@@ -160,7 +160,7 @@ def polytrain_worker(schedule_name: str, steps: int, microbatches: int, warmup: 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     m = MODELS[name]
-    counts = (1,) * (2 * world) if schedule_name in VIRTUAL else m["counts"]
+    counts = (1,) * (2 * world) if schedule_name in VIRTUAL else m["counts"][world]
     sets = {"microbatches": microbatches, "partition": ",".join(map(str, counts)),
             "heap": os.environ.get("POLYTRAIN_HEAP", "keep")}
     cfg = make_config(
@@ -191,19 +191,28 @@ def polytrain_worker(schedule_name: str, steps: int, microbatches: int, warmup: 
         run_dir=tmp,
         checkpoints=CheckpointStore(tmp / "checkpoints", "bench"),
     )
-    c0 = time.process_time()
+    cpu_at: dict[int, float] = {}  # CPU seconds of this process at the end of each step
+    step_event = ctx.recorder.step
+
+    def cpu_step(step: int, *a: Any, **k: Any) -> None:
+        step_event(step, *a, **k)
+        cpu_at[step] = time.process_time()
+
+    ctx.recorder.step = cpu_step  # type: ignore[method-assign]
     result = make_strategy(cfg.strategy, cfg.options).run(Job.from_config(cfg), ctx)
     ends = {e["step"]: e["t"] for e in ctx.recorder.events if e["event"] == "step"}
-    _report((steps - warmup) * m["batch"] / (ends[steps] - ends[warmup]), time.process_time() - c0,
+    _report((steps - warmup) * m["batch"] / (ends[steps] - ends[warmup]), cpu_at[steps] - cpu_at[warmup],
             result.strategy_metrics.get("bubble_fraction_median"))
 
 
-def torchrun_side(worker_name: str, steps: int, microbatches: int, warmup: int, name: str) -> dict[str, Any]:
-    """The report (samples/s, CPU s, bubble) of ``--worker worker_name`` on 2 ranks under plain torchrun."""
+def torchrun_side(worker_name: str, steps: int, microbatches: int, warmup: int, name: str,
+                  procs: int = 2) -> dict[str, Any]:
+    """The report (samples/s, CPU s, bubble) of ``--worker worker_name`` on ``procs`` ranks under
+    plain torchrun."""
     # faulthandler: a rank that aborts at exit prints every thread's Python stack (kept below)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
            "PYTHONFAULTHANDLER": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs),
            str(Path(__file__).resolve()), "--worker", worker_name, "--steps", str(steps),
            "--microbatches", str(microbatches), "--warmup", str(warmup), "--model", name]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -221,7 +230,7 @@ def launcher_side(schedule: str, steps: int, microbatches: int, root: Path, name
 
     m = MODELS[name]
     out = root / f"{schedule}-{time.monotonic_ns()}"
-    sets = [f"microbatches={microbatches}", "partition=" + ",".join(map(str, m["counts"]))]
+    sets = [f"microbatches={microbatches}", "partition=" + ",".join(map(str, m["counts"][2]))]
     summary = polytrain.train(strategy=schedule, procs=2, model=m["model"], dataset=m["dataset"],
                               data_options=m["data"], model_options=m["options"], steps=steps,
                               batch_size=m["batch"], optimizer="momentum", lr=LR, seed=SEED, out=str(out),
@@ -229,35 +238,44 @@ def launcher_side(schedule: str, steps: int, microbatches: int, root: Path, name
     return float(summary["throughput_samples_per_s"])
 
 
-def compare(schedule: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+def compare(schedule: str, args: argparse.Namespace, root: Path, procs: int = 2,
+            microbatches: int | None = None) -> dict[str, Any]:
     """Interleaved repeats, so every side sees the same host load on average; the order inside a
     pair alternates (a side that always runs first or second would meet a drifting host load
     alone). Each pair gives one ratio: its two runs are seconds apart, so the pair's ratio is less
     exposed to the host's drift than the ratio of the two medians."""
+    mbs = args.microbatches if microbatches is None else microbatches
     ours, theirs, launched, bubbles = [], [], [], []
+    cpu_ours, cpu_theirs = [], []
     crashes_before = len(TEARDOWN_CRASHES)
     for i in range(args.repeats):
         pair = [("ours", f"polytrain-{schedule}"), ("theirs", schedule)]
         for side, worker_name in pair if i % 2 == 0 else pair[::-1]:
-            got = torchrun_side(worker_name, args.steps, args.microbatches, args.warmup, args.model)
+            got = torchrun_side(worker_name, args.steps, mbs, args.warmup, args.model, procs)
             (ours if side == "ours" else theirs).append(float(got["samples_per_s"]))
+            (cpu_ours if side == "ours" else cpu_theirs).append(float(got["cpu_s"]))
+            print(f"P={procs} M={mbs} {worker_name}: {got['samples_per_s']:.0f} samples/s", flush=True)
             if side == "ours" and got.get("bubble") is not None:
                 bubbles.append(float(got["bubble"]))
         if args.launcher:
-            launched.append(launcher_side(schedule, args.steps, args.microbatches, root, args.model))
+            launched.append(launcher_side(schedule, args.steps, mbs, root, args.model))
     med = statistics.median
     paired = sorted(a / b for a, b in zip(ours, theirs, strict=True))
+    cpu_paired = sorted(a / b for a, b in zip(cpu_ours, cpu_theirs, strict=True))
     return {
         "model": args.model,
         "schedule": schedule,
-        "P": 2,
+        "P": procs,
         "V": 2 if schedule in VIRTUAL else 1,
-        "M": args.microbatches,
+        "M": mbs,
         "polytrain samples/s": fmt_spread(ours, 0),
         "torch.pipelining samples/s": fmt_spread(theirs, 0),
         "ratio of medians": med(ours) / med(theirs),
         "paired ratio": fmt_spread(paired, 3),
         "pairs_at_or_above_1": f"{sum(r >= 1.0 for r in paired)}/{len(paired)}",
+        "CPU per step ratio (paired)": fmt_spread(cpu_paired, 3),
+        "polytrain_cpu_s": cpu_ours,
+        "torch_cpu_s": cpu_theirs,
         "polytrain bubble (median per step)": fmt_spread(bubbles, 3) if bubbles else "n/a",
         "polytrain_bubbles": bubbles,
         "polytrain_train_samples_per_s": med(launched) if launched else float("nan"),
@@ -273,7 +291,8 @@ def main() -> None:
     ap.add_argument("--worker", choices=[*TORCH_CLASSES, *(f"polytrain-{s}" for s in TORCH_CLASSES)])
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5, help="steps outside the timer on both sides")
-    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--microbatches", default="4", help="one M or several, comma-separated")
+    ap.add_argument("--procs", default="2", help="pipeline stages P (mlp: 2 or 4), comma-separated")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--schedules", default="gpipe,1f1b")
     ap.add_argument("--launcher", type=int, default=0, help="also time polytrain.train (1: do)")
@@ -283,22 +302,33 @@ def main() -> None:
     if args.worker:
         name = args.worker.removeprefix("polytrain-")
         run = polytrain_worker if args.worker.startswith("polytrain-") else worker
-        run(name, args.steps, args.microbatches, args.warmup, args.model)
+        run(name, args.steps, int(args.microbatches), args.warmup, args.model)
         return
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [compare(schedule, args, Path(tmp)) for schedule in args.schedules.split(",")]
+        for p in args.procs.split(","):
+            for mb in args.microbatches.split(","):
+                for schedule in args.schedules.split(","):
+                    rows.append(compare(schedule, args, Path(tmp), int(p), int(mb)))
+                    publish(args, rows)  # after each row: a run cut short keeps what it measured
+
+
+def publish(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     what = {"mlp": "mlp depth 3 width 1024 cut 2,2, global batch 256",
             "gpt": "UntiedGPT (tests/userzoo/nanogpt.py: 4 blocks, n_embd 128, 4 heads) on chars windows "
                    "of 64, traced and cut at transformer.h.2, global batch 32"}[args.model]
     if any(s in VIRTUAL for s in args.schedules.split(",")):
         what += " (V = 2 rows: the same mlp cut into 4 one-layer chunks, 2 per rank, placed alike)"
     notes = (
-        f"{what}, SGD momentum, 2 ranks on gloo; {args.repeats} "
+        f"{what} (P = 4: cut 1,1,1,1), SGD momentum, P ranks on gloo, one torch thread each "
+        f"(2 cores: at P = 4 the ranks share them); {args.repeats} "
         f"pairs of runs of {args.steps} steps, the order alternating within each pair; throughput: rank "
         f"0, steps {args.warmup + 1}..{args.steps} (the first {args.warmup} outside the timer on both "
         "sides). Both under the same plain torchrun with the same process settings (heap kept, setup "
         "frozen out of the collector, collector paused in the loop). Median (min–max) of the runs; "
-        "paired ratio: polytrain / torch within each pair. polytrain_train: the same job through "
+        "paired ratio: polytrain / torch within each pair; CPU per step ratio: the CPU seconds of all "
+        "ranks over the timed steps, polytrain / torch within each pair (below 1: polytrain spends less). "
+        "polytrain_train: the same job through "
         "polytrain.train (its own launcher, timer over all steps), for reference only. polytrain bubble: "
         "the median over steps of the idle share of the ranks' compute windows (PyTorch reports none). "
         "Measured on the "
@@ -308,7 +338,8 @@ def main() -> None:
         args.name,
         rows,
         ["model", "schedule", "P", "V", "M", "polytrain samples/s", "torch.pipelining samples/s",
-         "ratio of medians", "paired ratio", "pairs_at_or_above_1", "polytrain bubble (median per step)",
+         "ratio of medians", "paired ratio", "pairs_at_or_above_1", "CPU per step ratio (paired)",
+         "polytrain bubble (median per step)",
          "polytrain_train_samples_per_s"],
         notes,
     )

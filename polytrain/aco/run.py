@@ -79,9 +79,10 @@ def _exchange(colony: Colony, comm: Comm) -> None:
         colony.tau.clamp_(*colony.bounds())
 
 
-def _stop_flag(comm: Comm | None, stop: bool) -> bool:
-    """Rank 0's decision, for every rank (bookkeeping: counted as control bytes)."""
-    if comm is None or comm.world == 1:
+def _stop_flag(comm: Comm | None, stop: bool, agreed: bool = False) -> bool:
+    """Rank 0's decision, for every rank (bookkeeping: counted as control bytes). ``agreed``: every
+    rank reaches the same decision from what it holds (see `Runner.agreed`), so nothing is sent."""
+    if comm is None or comm.world == 1 or agreed:
         return stop
     flag = torch.tensor([1 if stop else 0], dtype=torch.int32)
     dist.broadcast(flag, 0)
@@ -109,6 +110,11 @@ class Runner:
         seed = cfg.seed + (SEED_STRIDE * self.rank if self.islands else 0)
         self.gen = torch.Generator().manual_seed(seed)
         self.optimum = cfg.optimum if cfg.optimum is not None else inst.optimum
+        # Without a time limit every rank decides alike when to stop (the iteration count; the
+        # gap of the best-so-far, which the replicas of one shared colony hold identically), so
+        # the per-iteration broadcast of rank 0's decision, a second synchronisation of the ranks
+        # after the tours' all-gather, is left out (benchmarks/aco_phases.py: "record+stop").
+        self.agreed = cfg.time_limit is None and (cfg.target_gap is None or not self.islands)
 
     def _build(self) -> tuple[torch.Tensor, torch.Tensor]:
         col = self.colony
@@ -154,7 +160,7 @@ class Runner:
             done = (it >= cfg.max_iterations
                     or (cfg.time_limit is not None and elapsed >= cfg.time_limit)
                     or (cfg.target_gap is not None and gap is not None and gap <= cfg.target_gap + 1e-12))
-            if _stop_flag(self.comm, done):
+            if _stop_flag(self.comm, done, self.agreed):
                 break
         if self.islands and it % cfg.exchange:
             assert self.comm is not None
