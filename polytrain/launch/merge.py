@@ -2,9 +2,10 @@
 
 Every rank appends its events to ``ranks/rank{R}.jsonl``; the run's record is all of them in
 time order (``(t, rank)``, file order on ties). Built at the end, that costs a read, a sort and a
-write of the whole run: on a run of 44,000 steps (60 MB of events) it kept a stopped launcher
-busy for seconds. :class:`MergedEvents` does it as the files grow instead, from a thread of the
-launcher (:class:`MergeThread`, every ``INTERVAL_S``): each poll reads only what was appended,
+write of the whole run, which kept the stopped launcher of a long run busy for seconds
+(benchmarks/stop_time.py). :class:`MergedEvents` does it as the files grow instead, from a
+thread of the launcher (:class:`MergeThread`, every ``INTERVAL_S``): each poll reads only what
+was appended,
 and writes to ``ranks/merged.part`` the lines no later line can precede — those older than
 ``SLACK_S`` before the newest line of the slowest rank (a rank's lines are nearly in time order:
 a span is recorded when it ends, some on another thread). :meth:`MergedEvents.finish` then reads
