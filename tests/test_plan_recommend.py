@@ -457,3 +457,28 @@ def test_sharding_priced_and_chosen_when_replicas_do_not_fit() -> None:
     assert fitting and fitting[0].strategy in ("zero", "fsdp", "tensor", "gpipe", "1f1b", "zb-h1", "mesh")
     assert not any(c.fits for c in ranked if c.strategy == "allreduce")
     assert any(c.fits for c in ranked if c.strategy == "zero" and c.options["stage"] == 3)
+
+
+def test_mesh_offers_dp_pp_layouts_with_the_new_schedules() -> None:
+    """``mesh`` dp × pp is offered with each schedule the pipe can run, the planner's cut of P·V
+    chunks pinned, and priced from the same orders as the strategy built from those options; on
+    the GPT shape (bubble-bound at pp=2) a zero-bubble or virtual-stage layout is the fastest
+    mesh pipeline, so the plan lists and ranks it above every 1F1B layout."""
+    from polytrain.strategies import make_strategy
+    from polytrain.strategies.pipeline.schedule import get_schedule
+
+    scene = Scene(gpt_like(), CLUSTER, 64)
+    ranked = rank(candidates(scene))
+    piped = [c for c in ranked if c.strategy == "mesh" and "pp" in c.options]
+    offered = {c.options.get("schedule", "1f1b") for c in piped}
+    assert offered == {"1f1b", "zb-h1", "interleaved-1f1b", "looped-bfs", "zbv", "dualpipev"}
+    for c in piped:
+        o = c.options
+        name, pp, m = o.get("schedule", "1f1b"), o["pp"], o["microbatches"]
+        chunks = pp * get_schedule(name).default_virtual
+        assert len(o["partition"].split(",")) == chunks and m % pp == 0
+        again = make_strategy("mesh", o).price(scene, c.procs)
+        assert not isinstance(again, str) and again.step_s == c.estimate.step_s
+    best = piped[0]
+    assert best.options.get("schedule", "1f1b") != "1f1b"
+    assert best.estimate.step_s < min(c.estimate.step_s for c in piped if "schedule" not in c.options)

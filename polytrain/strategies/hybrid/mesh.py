@@ -84,6 +84,25 @@ PIPELINE_OPTIONS = {"schedule", "microbatches", "partition", "virtual_stages"}
 Schedule = Literal["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "looped-bfs", "zbv", "dualpipev"]
 
 
+# the schedules the planner offers inside dp × pp (gpipe holds every micro-batch: never cheaper
+# than 1F1B's time at more memory)
+OFFERED = ("1f1b", "zb-h1", "interleaved-1f1b", "looped-bfs", "zbv", "dualpipev")
+
+
+def _schedules(pp: int, microbatches: int, layers: int) -> Iterator[str]:
+    """The `OFFERED` schedules that run ``microbatches`` on ``pp`` ranks at their default V,
+    with at least one layer per chunk (the planner pins a cut of P·V chunks)."""
+    for name in OFFERED:
+        spec = get_schedule(name)
+        if pp * spec.default_virtual > layers:
+            continue
+        try:
+            spec.build(pp, microbatches)
+        except ConfigError:  # e.g. interleaving needs M a multiple of P
+            continue
+        yield name
+
+
 class MeshOptions(CollectiveOptions, CodecOptions):
     model_config = ConfigDict(extra="forbid")
     dp: int = -1
@@ -125,7 +144,10 @@ class Mesh(Strategy):
 
     @classmethod
     def offers(cls, scene: Scene) -> Iterator[Offer]:
-        """dp × pp layouts (1F1B, the planner's cut pinned) and dp × tp for transformers."""
+        """dp × pp layouts, the planner's cut pinned: 1F1B at M = P and 2P, and at M = 2P each
+        other schedule the pipe can run (`OFFERED`: ZB-H1 and the virtual-stage schedules where
+        P·V chunks fit the layers; one M each keeps planning 4096 ranks within its budget); and
+        dp × tp for transformers."""
         from polytrain.plan import estimate as est
         from polytrain.plan.estimate_pipe import planned_partition
 
@@ -141,8 +163,10 @@ class Mesh(Strategy):
             if w % pp == 0 and b % dp == 0:
                 for m in sorted({pp, 2 * pp}):
                     if m <= b // dp and (b // dp) % m == 0:
-                        cut = planned_partition(scene, "1f1b", pp, m, dp)
-                        yield w, {"dp": dp, "pp": pp, "microbatches": m, "partition": cut}
+                        for name in _schedules(pp, m, n) if m == 2 * pp else ("1f1b",):
+                            cut = planned_partition(scene, name, pp, m, dp)
+                            extra = {} if name == "1f1b" else {"schedule": name}
+                            yield w, {"dp": dp, "pp": pp, "microbatches": m, "partition": cut, **extra}
             pp *= 2
         heads = int(scene.profile.model_options.get("n_head", 4))
         if est.tp_layers(scene.profile):

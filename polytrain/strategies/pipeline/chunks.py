@@ -19,7 +19,10 @@ P−1) is a `LocalComm`: the message is a tensor handed over in memory.
 Weights. The rank's chunks form one module (their layers under the model's own names) with one
 optimizer and one flush (`FlushWeights`): the optimizers polytrain runs update each tensor from
 its own gradient, so this steps exactly as one optimizer over the whole model, and a checkpoint is
-that module's and that optimizer's state.
+that module's and that optimizer's state. A weight tied across chunks (nanoGPT's and GPT-2's
+``wte``/``lm_head``) is one ``nn.Parameter`` on a rank holding several of its chunks (the rank
+cuts them from one model, so the uses add into one ``.grad`` and the optimizer holds it once);
+ranks holding it sum its gradient at the flush and take the same step (`ties.TiedGrads`).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from polytrain.strategies.pipeline.meter import MemoryMeter, Window
 from polytrain.strategies.pipeline.options import meta_model
 from polytrain.strategies.pipeline.schedule import get_schedule
 from polytrain.strategies.pipeline.schedule_virtual import chunk_rank
-from polytrain.strategies.pipeline.ties import refuse_ties
+from polytrain.strategies.pipeline.ties import TiedGrads, find_ties
 from polytrain.strategies.pipeline.weights import FlushWeights
 
 
@@ -104,7 +107,7 @@ def chunk_partition(text: str, layers: int, chunks: int) -> Partition:
 def check_chunks(name: str, ranks: int, microbatches: int, virtual: int | None, partition: str,
                  cfg: JobConfig) -> None:
     """Before launch: the schedule runs this V and M on ``ranks``, and the model cuts into the
-    P·V chunks ``partition`` asks for; weights tied across chunks are refused."""
+    P·V chunks ``partition`` asks for."""
     if partition in ("params", "time"):
         raise ConfigError(
             f"'{name}' with partition={partition}. Rule: virtual stages cut the model uniformly or "
@@ -134,7 +137,6 @@ def check_chunks(name: str, ranks: int, microbatches: int, virtual: int | None, 
             )
         if layers is not None:
             part.check(layers, chunks)
-    refuse_ties(model, cfg, name, "its chunks keep separate copies of a tied weight")
 
 
 def boundary_comms(ctx: RankContext, homes: list[int], pipelines: Sequence[Sequence[int]],
@@ -185,6 +187,10 @@ class ChunkPipeline:
             (name, layer) for c in self.mine for name, layer in self.pieces[c].named_children()))
         self.optimizer = job.make_optimizer(self.module.parameters())
         self.weights = FlushWeights(self.module, self.optimizer)
+        ties = find_ties(full, self.pieces)
+        if ties:  # collective over every pipeline: chunk -> global rank in each
+            self.weights.tied = TiedGrads(ctx.comm, self.module, ties,
+                                          [[p[h] for h in self.homes] for p in pipes], self.mine)
         self.weights.clip_by(job.config.clip_grad_norm, ctx.comm, len(pipes))
         self.meter = MemoryMeter()
         self.execs: dict[int, StageExecutor] = {}

@@ -8,16 +8,21 @@ their ranks (``tied_allreduce`` bytes), then each takes the same optimizer step 
 initial value and optimizer state, so the copies stay equal — training equals ``single``, which
 holds one tied parameter (as Megatron-LM ties its first and last stage's word embeddings).
 
-Only flush schedules can do this (gpipe, 1f1b, and the pipelines inside ``layerwise`` and
-``mesh``): ``pipedream``/``spectrain`` update each stage after every backward on versions the
-other stage never sees, and ``distbelief`` keeps each stage's parameters on that stage's servers,
-so they refuse tied weights before launch (`refuse_ties`). A replicated stage (``partition=3x2``)
-with a tie is refused too (its replicas would each add the same sum).
+With virtual stages (``interleaved-1f1b``, ``looped-bfs``, ``zbv``, ``dualpipev``) the "stages"
+are model chunks, several per rank: chunks of one rank share the one ``nn.Parameter`` (their
+uses already add into its ``.grad``), and the ranks holding it sum as above.
+
+Only flush schedules can do this (gpipe, 1f1b, zb-h1, the virtual-stage schedules, and the
+pipelines inside ``layerwise`` and ``mesh``): ``pipedream``/``spectrain`` update each stage after
+every backward on versions the other stage never sees, and ``distbelief`` keeps each stage's
+parameters on that stage's servers, so they refuse tied weights before launch (`refuse_ties`). A
+replicated stage (``partition=3x2``) with a tie is refused too (its replicas would each add the
+same sum).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -56,22 +61,30 @@ def find_ties(full: nn.Module, pieces: Sequence[nn.Module]) -> list[Tie]:
 class TiedGrads:
     """This rank's tied parameters and the groups that sum their gradients at the flush.
 
-    ``stage_ranks[s]``: the global rank of stage ``s`` of this pipeline. Collective: every rank of
-    the job calls it with the same ties and ``all_pipelines`` (every pipeline's stage ranks, for
-    ``mesh`` several), since creating a process group is.
+    ``all_pipelines[q][s]``: the global rank holding stage ``s`` of pipeline ``q``; ``stages``:
+    the stage (or the chunks, with virtual stages) this rank holds. Chunks of one rank that share
+    a parameter share the very ``nn.Parameter`` (the rank cut them from one model), so its
+    ``.grad`` already sums their uses; only the ranks holding a tied parameter sum over a group,
+    one member per rank. Collective: every rank of the job calls it with the same ties and
+    ``all_pipelines`` (every pipeline's stage ranks, for ``mesh`` several), since creating a
+    process group is.
     """
 
     def __init__(self, comm: Comm, module: nn.Module, ties: list[Tie],
-                 all_pipelines: Sequence[Sequence[int]], stage: int) -> None:
+                 all_pipelines: Sequence[Sequence[int]], stages: int | Collection[int]) -> None:
         self.ties: list[tuple[nn.Parameter, GroupComm]] = []
+        held = {stages} if isinstance(stages, int) else set(stages)
         params = dict(module.named_parameters(remove_duplicate=False))
         for tie in ties:
-            groups = [[ranks[s] for s in tie.stages] for ranks in all_pipelines]
+            groups = [sorted({ranks[s] for s in tie.stages}) for ranks in all_pipelines]
+            if all(len(g) == 1 for g in groups):
+                continue  # every use on one rank: one Parameter, nothing to sum
             covered = {r for g in groups for r in g}
             singles = [[r] for r in range(comm.world) if r not in covered]
             group = new_groups(comm, groups + singles)
-            if stage in tie.stages:
-                self.ties.append((params[tie.local[tie.stages.index(stage)]], group))
+            mine = [i for i, s in enumerate(tie.stages) if s in held]
+            if mine:
+                self.ties.append((params[tie.local[mine[0]]], group))
 
     def __bool__(self) -> bool:
         return bool(self.ties)

@@ -9,8 +9,8 @@ seconds, `metrics.schedule_bubble`).
 Checkpoints. Every step ends in a flush (every chunk drained, one update), so the state at a step
 boundary is each rank's chunks and optimizer state, nothing in flight: each rank writes its own
 (``--checkpoint-every``), and a resumed run loads them and goes on with the next step's data, as
-the uninterrupted run would. Not built here: replicated stages and weights tied across chunks
-(refused before launch).
+the uninterrupted run would; a weight tied across chunks is in each holding rank's file, equal
+(`ties`). Not built here: replicated stages (refused before launch).
 """
 
 from __future__ import annotations

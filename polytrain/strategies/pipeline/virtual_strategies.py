@@ -8,8 +8,9 @@ Each runs its registered schedule (`schedule_virtual`) over P·V model chunks, V
 
 Refused before launch, in one line each: V the schedule cannot place (a V-shape places 2), M not
 a multiple of P for interleaving, V·P chunks that do not divide the layers (``uniform``) or
-counts that do not give V·P chunks, a split backward with checkpointing, replicated stages,
-weights tied across chunks. Checkpoints and resume are exact (each rank's chunks and optimizer
+counts that do not give V·P chunks, a split backward with checkpointing, replicated stages.
+Weights tied across chunks (nanoGPT's and GPT-2's ``wte``/``lm_head``) are summed at the flush
+(`ties`). Checkpoints and resume are exact (each rank's chunks and optimizer
 state at a flush, `virtual_run`).
 """
 
