@@ -99,27 +99,42 @@ def model_config(model: str) -> Any:
     return _config({"model": model, "strategy": "single", "hosts": 1, "options": {}})
 
 
+def testbed_calibration(
+    hosts: int, per_host: float, call: float, hop: Hop = 0.0,
+    models: dict[str, dict[str, Any]] | None = None,
+) -> Any:
+    """The calibration a testbed run of ``hosts`` emulated hosts is priced with (on
+    `testbed_hardware`, what ``polytrain plan --cluster HARDWARE --calibration FILE`` reads): the
+    machine's cores less ``per_host`` per
+    host shared by all ranks, ``call`` seconds per collective call, ``hop`` seconds per collective
+    step (measured by `plan_hops.py`), or (that, seconds per message of a direct exchange, None:
+    the same; and a waiting pipeline stage's late wake-up; `plan_hops.testbed_hops`); ``models``:
+    each model's terms (`plan.calibration.ModelTerms`)."""
+    from polytrain.plan.calibration import ModelTerms
+    from polytrain.plan.predict import testbed_calibration as construction
+
+    collective, direct, wake = (*hop, 0.0)[:3] if isinstance(hop, list | tuple) else (hop, None, 0.0)
+    cal = construction(cores=max(0.25, MACHINE_CORES - per_host * hosts), call_s=call, hop_s=collective,
+                       direct_hop_s=direct, wake_s=wake or 0.0)
+    return cal.model_copy(update={"models": {m: ModelTerms(**t) for m, t in (models or {}).items()}})
+
+
+def testbed_hardware(hosts: int, nic: str, alpha: float) -> Any:
+    """The testbed's hardware at ``nic`` with ``alpha`` added to every message's α."""
+
+    from polytrain.plan.cluster import parse_rate
+    from polytrain.plan.predict import testbed_hardware as described
+
+    hw = described(hosts, {"hosts": hosts, "rate_bits_per_s": 8 * parse_rate(nic, "nic")})
+    return dataclasses.replace(hw, procs_per_host=1, latency_s=hw.latency_s + alpha,
+                               intra_latency_s=hw.intra_alpha + alpha)
+
+
 def testbed_cluster(
     hosts: int, nic: str, alpha: float, per_host: float, call: float, hop: Hop = 0.0
 ) -> Any:
-    """The cluster a testbed run of ``hosts`` emulated hosts at ``nic`` is priced on: one process
-    per host, ``alpha`` added to every message's α, the machine's cores less ``per_host`` per host
-    shared by all ranks, ``call`` seconds per collective call (`Cluster.call_s`), ``hop`` seconds per
-    collective step (`Cluster.hop_s`, measured by `plan_hops.py`), or (that, seconds per message of a
-    direct exchange: `Cluster.direct_hop_s`, None: the same; and a waiting pipeline stage's late
-    wake-up: `Cluster.wake_s`; `plan_hops.testbed_hops`)."""
-    from polytrain.plan.cluster import parse_rate
-    from polytrain.plan.predict import run_cluster
-
-    cluster = run_cluster(hosts, {"hosts": hosts, "rate_bits_per_s": 8 * parse_rate(nic, "nic")})
-    collective, direct, wake = (*hop, 0.0)[:3] if isinstance(hop, list | tuple) else (hop, None, 0.0)
-    from polytrain.plan.calibration import emulate
-
-    hardware = dataclasses.replace(cluster, procs_per_host=1, latency_s=cluster.latency_s + alpha,
-                                   intra_latency_s=cluster.intra_alpha + alpha)
-    return emulate(hardware, cores=max(0.25, MACHINE_CORES - per_host * hosts),
-                   burst_bytes=cluster.burst_bytes, call_s=call, hop_s=collective, direct_hop_s=direct,
-                   wake_s=wake or 0.0)
+    """The emulated cluster a testbed run is priced on (`testbed_calibration` on `testbed_hardware`)."""
+    return testbed_calibration(hosts, per_host, call, hop).cluster(testbed_hardware(hosts, nic, alpha))
 
 
 def predict(
@@ -134,34 +149,48 @@ def predict(
     hop: Hop = 0.0,
     ps_request: float | dict[str, Any] = 0.0,
 ) -> None:
-    """Predict every row in place. ``per_host``: the share of a core each emulated host's own
-    processes take, so the ranks share ``MACHINE_CORES - per_host * hosts`` cores; ``scale`` (the
-    compute scale), ``overhead`` (the pipeline executor's per action) and ``pass_overhead``: one
-    number, or one per model; ``call``: a rank's own time per collective call (`Cluster.call_s`);
-    ``hop``: per collective step (`Cluster.hop_s`), measured, never fitted; ``ps_request``: a
-    parameter server's own time per worker request (`Scene.ps_request_s`), one number or one per
-    model — a number (measured by the pass's parameter-server probes, `probe_ps_requests`) or a
-    table by workers per server (`load_requests`, `request_at`) — never fitted."""
-    from polytrain.plan.estimate import Scene
-    from polytrain.plan.predict import estimate_for
-
+    """Predict every row in place, as ``polytrain plan --calibration`` prices it: the row's
+    calibration (`testbed_calibration`) makes the scene, the strategy prices itself with the row's
+    options (`plan.commands.price_one`, the function ``plan --strategy S --set ...`` calls).
+    ``per_host``: the share of a core each emulated host's own processes take, so the ranks share
+    ``MACHINE_CORES - per_host * hosts`` cores; ``scale`` (the compute scale), ``overhead`` (the
+    pipeline executor's per action) and ``pass_overhead``: one number, or one per model; ``call``:
+    a rank's own time per collective call; ``hop``: per collective step, measured, never fitted;
+    ``ps_request``: a parameter server's own time per worker request, one number or one per model —
+    a number (measured by the pass's parameter-server probes, `probe_ps_requests`) or a table by
+    workers per server (`load_requests`, `request_at`) — never fitted."""
     for r in rows:
         cfg = _config(r)
-        cluster = testbed_cluster(r["hosts"], r["nic"], alpha, per_host, call, hop)
-        per_pass = pass_overhead[r["model"]] if isinstance(pass_overhead, dict) else pass_overhead
-        per_action = overhead[r["model"]] if isinstance(overhead, dict) else overhead
-        k = scale[r["model"]] if isinstance(scale, dict) else scale
-        forward, backward = (k, k) if isinstance(k, float | int) else k  # one scale, or (forward, backward)
-        request = ps_request.get(r["model"], 0.0) if isinstance(ps_request, dict) else ps_request
-        if isinstance(request, dict):  # a table by workers per server (`plan_ps_requests.py`)
-            request = request_at(request, r["hosts"] - int(r.get("options", {}).get("servers", 1)))
-        scene = Scene(profiles[r["model"]], cluster, cfg.batch_size, backward, per_action, per_pass, forward,
-                      request)
-        e = estimate_for(cfg, r["hosts"], scene)
-        assert not isinstance(e, str), e
-        r["predicted_step_s"] = e.step_s
-        r["predicted_memory_bytes"] = e.peak_memory_bytes
-        r["error"] = e.step_s / r["measured_step_s"] - 1
+        r["predicted_step_s"], r["predicted_memory_bytes"] = price_row(
+            r, profiles, cfg, scale, alpha, per_host, overhead, pass_overhead, call, hop, ps_request)
+        r["error"] = r["predicted_step_s"] / r["measured_step_s"] - 1
+
+
+def row_calibration(r: dict[str, Any], scale: Any, alpha: float, per_host: float, overhead: Any,
+                    pass_overhead: Any, call: float, hop: Hop, ps_request: Any) -> tuple[Any, Any]:
+    """(the hardware, the calibration) row ``r`` is priced with."""
+    per_pass = pass_overhead[r["model"]] if isinstance(pass_overhead, dict) else pass_overhead
+    per_action = overhead[r["model"]] if isinstance(overhead, dict) else overhead
+    k = scale[r["model"]] if isinstance(scale, dict) else scale
+    forward, backward = (k, k) if isinstance(k, float | int) else k  # one scale, or (forward, backward)
+    request = ps_request.get(r["model"], 0.0) if isinstance(ps_request, dict) else ps_request
+    if isinstance(request, dict):  # a table by workers per server (`plan_ps_requests.py`)
+        request = request_at(request, r["hosts"] - int(r.get("options", {}).get("servers", 1)))
+    terms = {"compute_scale": backward, "forward_scale": forward, "action_overhead_s": per_action,
+             "pass_overhead_s": per_pass, "ps_request_s": request}
+    cal = testbed_calibration(r["hosts"], per_host, call, hop, {r["model"]: terms})
+    return testbed_hardware(r["hosts"], r["nic"], alpha), cal
+
+
+def price_row(r: dict[str, Any], profiles: dict[str, Any], cfg: Any, *params: Any) -> tuple[float, float]:
+    """(predicted step seconds, peak memory bytes) of row ``r``: `row_calibration`'s scene priced by
+    the function ``polytrain plan --strategy`` calls."""
+    from polytrain.plan.commands import price_one
+
+    hardware, cal = row_calibration(r, *params)
+    scene = cal.scene(profiles[r["model"]], hardware, cfg.batch_size)
+    c = price_one(scene, cfg.strategy, [f"{k}={v}" for k, v in r.get("options", {}).items()], None)
+    return c.estimate.step_s, c.estimate.peak_memory_bytes
 
 
 # the calibrated numbers, in `predict`'s order, each with the grid it is chosen from

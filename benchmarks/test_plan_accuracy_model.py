@@ -65,3 +65,34 @@ def test_the_tenth_blind_set_is_the_draw() -> None:
     # the twelfth: the pass's held-back half as it stands
     assert [blind.pa.SCENARIOS[i] for i in range(1, len(blind.pa.SCENARIOS), 2)] == blind.BLIND12
     assert blind.BLIND13 == blind.BLIND14 == blind.BLIND12  # the same half, measured afresh
+
+
+@pytest.mark.parametrize(("strategy", "options"), [("gpipe", {"microbatches": 4}), ("allreduce", {}),
+                                                   ("ps", {"servers": 2})])
+def test_the_validation_scores_what_plan_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                strategy: str, options: dict[str, int]) -> None:
+    """The benchmark's prediction of a testbed row is `polytrain plan --cluster HARDWARE
+    --calibration FILE --strategy S --set ... --json` on the row's hardware and calibration: the same
+    pricing function, the same number."""
+    from plan_accuracy_model import row_calibration
+
+    from tests.test_plan_recommend import vgg_like
+
+    profile = vgg_like()
+    row = {"model": "vgg16", "strategy": strategy, "hosts": 4, "nic": "1gbit", "options": options,
+           "measured_step_s": 1.0}
+    params = (1.2, 2e-4, 0.06, 5e-4, 1e-3, 1.5e-3, (1.3e-3, 0.9e-3, 1e-3), 2e-4)
+    predict([row], {"vgg16": profile}, *params)
+    hardware, cal = row_calibration(row, *params)
+    cal.save(tmp_path / "cal.json")
+    profile.save(tmp_path / "vgg.json")
+    cluster = (f"hosts={hardware.hosts},procs_per_host=1,nic={hardware.nic_bps * 8}bit,"
+               f"intra={hardware.intra_bps}byte,latency={hardware.latency_s * 1e6}us,"
+               f"intra_latency={hardware.intra_alpha * 1e6}us,collectives={hardware.collectives}")
+    sets = [a for k, v in options.items() for a in ("--set", f"{k}={v}")]
+    assert main(["plan", "--profile", str(tmp_path / "vgg.json"), "--cluster", cluster, "--calibration",
+                 str(tmp_path / "cal.json"), "--strategy", strategy, *sets, "--batch-size", "64",
+                 "--json"]) == 0
+    (printed,) = json.loads(capsys.readouterr().out)
+    assert printed["predicted_step_s"] == pytest.approx(row["predicted_step_s"], rel=1e-9)
+    assert printed["peak_memory_bytes"] == pytest.approx(row["predicted_memory_bytes"], rel=1e-9)

@@ -22,7 +22,7 @@ import torch
 
 import polytrain.env as env
 from polytrain.config import JobConfig
-from polytrain.plan.calibration import emulate
+from polytrain.plan.calibration import SCHEMA, Calibration, EmulationFile, emulate
 from polytrain.plan.cluster import Cluster
 from polytrain.plan.estimate import Estimate, Scene
 from polytrain.plan.profile import Profile, measure_profile
@@ -105,20 +105,33 @@ def testbed_burst_bytes(rate_bytes_per_s: float) -> float:
 TESTBED_GOODPUT = 1448 / 1514
 
 
+def testbed_hardware(world: int, testbed: dict[str, Any]) -> Cluster:
+    """The hardware a testbed describes (its hosts, shaped line rate and latency, loopback-like
+    intra links), before what emulating it adds (`testbed_calibration`)."""
+    hosts = int(testbed["hosts"])
+    latency = float(testbed.get("latency") or 0) * 1e-6  # the testbed records µs
+    rate = float(testbed["rate_bits_per_s"]) / 8
+    return Cluster(hosts, max(1, world // hosts), rate, 2e9, 1e-4 + latency, 1e-4,
+                   collectives=local_collectives())
+
+
+def testbed_calibration(cores: float | None = None, **emulation: Any) -> Calibration:
+    """What the testbed adds to its hardware by construction: every host shares this machine's
+    cores, and its tbf shaper lets 4 ms of line rate (at least two full frames) through after an
+    idle spell and charges whole frames (`TESTBED_GOODPUT`); ``emulation``: measured terms added."""
+    return Calibration(schema=SCHEMA, source={"what": "the testbed's construction"},
+                       emulation=EmulationFile(cores=cores or os.cpu_count() or 1, burst_s=0.004,
+                                               min_burst_bytes=3028, goodput=TESTBED_GOODPUT, **emulation))
+
+
 def run_cluster(world: int, testbed: dict[str, Any] | None) -> Cluster:
     """The testbed the run used (hosts, NIC rate, latency; all hosts share this machine's cores), or
     this machine: one host, ``world`` processes. The testbed's shaped rate and bucket are in frame
     bytes; the cluster's, in payload bytes (`TESTBED_GOODPUT`)."""
-    cores = os.cpu_count() or 1
     if testbed:
-        hosts = int(testbed["hosts"])
-        latency = float(testbed.get("latency") or 0) * 1e-6  # the testbed records µs
-        rate = float(testbed["rate_bits_per_s"]) / 8
-        hardware = Cluster(hosts, max(1, world // hosts), rate * TESTBED_GOODPUT, 2e9, 1e-4 + latency,
-                           1e-4, collectives=local_collectives())
-        return emulate(hardware, cores=cores, burst_bytes=testbed_burst_bytes(rate) * TESTBED_GOODPUT)
+        return testbed_calibration().cluster(testbed_hardware(world, testbed))
     return emulate(Cluster(1, world, 10e9 / 8, 2e9, 1e-4, 1e-4, collectives=local_collectives()),
-                   cores=cores)
+                   cores=os.cpu_count() or 1)
 
 
 def estimate_for(cfg: JobConfig, world: int, scene: Scene) -> Estimate | str:
