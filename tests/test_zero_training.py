@@ -105,3 +105,18 @@ def test_recompute_with_adam_equals_single(single_recompute: Path, tmp_path: Pat
     if sets == ["stage=3"]:  # each layer gathered once for forward and once before its
         sent = summary["per_rank"][0]["bytes_by_op"]  # recomputation + backward, never more
         assert sent["allgather-backward"] == sent["allgather"] == sent["reducescatter"]
+
+
+def test_recompute_gathers_nested_layers_once(tmp_path: Path) -> None:
+    """zero-3's layers inside a checkpointed block: the recomputation gathers each one (its
+    pre-hook, inside backward) and backward does not gather it again."""
+    job: dict[str, Any] = {"model": "tests.userzoo.nested:make", "dataset": "digits", "batch_size": 16,
+                           "steps": 3, "optimizer": "sgd", "lr": 0.2, "seed": 4,
+                           "activation_checkpointing": True}
+    polytrain.train(strategy="single", procs=1, out=str(tmp_path / "single"), **job)
+    summary = polytrain.train(strategy="zero", procs=2, sets=["stage=3"], out=str(tmp_path / "z"), **job)
+    assert summary["strategy_metrics"]["recomputed_blocks"] == 6  # 2 stages and their 4 Linears
+    torch.testing.assert_close(load_model(tmp_path / "z"), load_model(tmp_path / "single"),
+                               atol=1e-6, rtol=1e-5)
+    sent = summary["per_rank"][0]["bytes_by_op"]
+    assert sent["allgather-backward"] == sent["allgather"] == sent["reducescatter"]
