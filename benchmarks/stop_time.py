@@ -133,7 +133,8 @@ def real(work: Path, train_s: float, code: Path) -> dict[str, Any]:
         os.killpg(proc.pid, signal.SIGINT)
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=300)
-        said = [x for x in err.splitlines() if x.startswith(("interrupted:", "error:", "SIGINT"))]
+        said = [x.replace(str(run), "RUN") for x in err.splitlines()
+                if x.startswith(("interrupted:", "error:", "SIGINT"))]
         took = time.monotonic() - t0
     finally:
         proc.kill()
