@@ -4,8 +4,9 @@ Each scenario is a model on N emulated hosts (one rank per host) with NIC rate R
 strategies is trained for ``--steps`` steps with ``polytrain testbed``; the measurement is the
 median step time of the first training rank over the steps after the first two (metrics.jsonl).
 Predictions are what `polytrain plan --cluster HARDWARE --calibration FILE --strategy S --set ...`
-prints (`plan_accuracy_model.price_row`: the row's calibration makes the scene, `plan.commands.
-price_one` prices it; a test checks the two agree) on a profile of each model (`plan.predict.cached_profile`, one thread as testbed ranks run,
+prints (`plan_accuracy_model.price_row`: the row's calibration makes the scene,
+`plan.commands.price_one` prices it; a test checks the two agree) on a profile of each model
+(`plan.predict.cached_profile`, one thread as testbed ranks run,
 10 repeats, each layer's fastest) and the testbed's cluster (hosts, rate, ranks sharing the cores).
 Before each repeat round every model is profiled in a fresh process, under the same lock and load as
 the runs, and the profile stored in the raw file; the analysis prices with the median of each model's
