@@ -9,6 +9,9 @@ other module spells a ``POLYTRAIN_`` name).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 
@@ -55,3 +58,18 @@ PROGRESS_S = _var("POLYTRAIN_PROGRESS_S", "seconds between plain (non-terminal) 
                   "a setting")
 CHECK_COLLECTIVES = _var("POLYTRAIN_CHECK_COLLECTIVES", "1: every collective is checked for matching "
                          "shapes across ranks (the test suite sets it)", "user", "a setting")
+
+
+@contextmanager
+def restored(names: Iterable[str]) -> Iterator[dict[str, str | None]]:
+    """While inside, the caller may change ``names`` in ``os.environ``; on the way out each is as
+    it was (unset if it was unset). Yields what they were."""
+    saved = {k: os.environ.get(k) for k in names}
+    try:
+        yield saved
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

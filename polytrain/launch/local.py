@@ -23,6 +23,7 @@ from typing import Any
 
 from rich.console import Console
 
+import polytrain.env as env
 from polytrain._torch_compat import cheap_rendezvous_events
 from polytrain.config import JobConfig
 from polytrain.errors import Interrupted, RankFailure
@@ -85,24 +86,16 @@ def rank_environment(procs: int, agent_logs: Path | None = None,
     ``extra``: more variables for the agent and the ranks (the private rendezvous's).
     """
     extra = extra or {}
-    saved = {k: os.environ.get(k)
-             for k in ("OMP_NUM_THREADS", "PYTHONPATH", LAUNCHER_PID_ENV, AGENT_LOGS_ENV, *extra)}
-    os.environ.update(extra)
-    if agent_logs is not None:
-        os.environ[AGENT_LOGS_ENV] = str(agent_logs)
-    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # a rank started after we died exits
-    if saved["OMP_NUM_THREADS"] is None:
-        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // procs))
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        _user_paths() + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
-    try:
+    with env.restored(("OMP_NUM_THREADS", "PYTHONPATH", LAUNCHER_PID_ENV, AGENT_LOGS_ENV, *extra)) as saved:
+        os.environ.update(extra)
+        if agent_logs is not None:
+            os.environ[AGENT_LOGS_ENV] = str(agent_logs)
+        os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # a rank started after we died exits
+        if saved["OMP_NUM_THREADS"] is None:
+            os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // procs))
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            _user_paths() + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def launch(

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from polytrain.env import restored
 from polytrain.launch.stores import rank_store, rank_store_env
 
 SIZES = (4_096, 262_144, 2_097_152, 8_388_608)  # bytes
@@ -90,17 +91,12 @@ def private_store() -> Iterator[None]:
     """While inside: the environment that gives processes started now (spawn) a FileStore in a
     private temporary directory (0700), removed on the way out, with the caller's restored."""
     private = Path(tempfile.mkdtemp(prefix="polytrain-profile-"))
-    env = rank_store_env(private / "store")
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    values = rank_store_env(private / "store")
     try:
-        yield
+        with restored(values):
+            os.environ.update(values)
+            yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         shutil.rmtree(private, ignore_errors=True)
 
 
