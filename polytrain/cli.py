@@ -8,87 +8,15 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import polytrain.env as env
 from polytrain.errors import ConfigError, Interrupted, PolytrainError
+from polytrain.flags import add_job_flags, job_argv, overrides
 from polytrain.version import __version__
 
 if TYPE_CHECKING:  # rich loads when something is printed: --help and --version need none of it
     from rich.console import Console
-
-# JobConfig field -> (flag, type, help). One table feeds `train` and `compare`.
-JOB_FLAGS: list[tuple[str, str, Any, str]] = [
-    ("strategy", "--strategy", str, "strategy id (see `polytrain strategies`); default allreduce"),
-    ("procs", "--procs", int, "world size: all processes, whatever their role; default 2"),
-    ("model", "--model", str, "zoo model (see `polytrain models`) or pkg.module:factory; default cnn"),
-    ("dataset", "--dataset", str, "built-in dataset (see `polytrain datasets`); default digits"),
-    ("steps", "--steps", int, "optimisation steps; default 300"),
-    ("epochs", "--epochs", float, "passes over the training data (overrides --steps)"),
-    ("batch_size", "--batch-size", int, "GLOBAL batch size, split over data-parallel ranks; default 64"),
-    ("lr", "--lr", float, "learning rate; default 1e-3"),
-    ("optimizer", "--optimizer", str, "sgd | momentum | adam | adamw; default adam"),
-    ("momentum", "--momentum", float, "momentum for --optimizer momentum; default 0.9"),
-    ("weight_decay", "--weight-decay", float, "weight decay (decoupled for adamw, else L2); default 0"),
-    ("lr_schedule", "--lr-schedule", str, "constant | linear | cosine, per optimizer step; "
-     "default constant"),
-    ("warmup_steps", "--warmup-steps", int, "linear warm-up over the first N optimizer steps"),
-    ("min_lr", "--min-lr", float, "learning rate a linear/cosine schedule ends at; default 0"),
-    ("grad_accum", "--grad-accum", int, "K micro-steps of B/K samples per optimizer step "
-     "(global batch stays B); default 1"),
-    ("precision", "--precision", str, "fp32 | bf16 | fp16: autocast forward and loss, fp32 "
-     "weights (fp16 with loss scaling); default fp32"),
-    ("device", "--device", str, "auto | cpu | cuda: auto takes a GPU per rank when there are "
-     "enough (NCCL), else the CPU (gloo); default auto"),
-    ("log", "--log", str, "csv,tensorboard,wandb: write the loss and evaluations while the run "
-     "goes (RUN/log.csv, RUN/tensorboard, RUN/wandb offline)"),
-    ("log_ranks", "--log-ranks", str, "0 | all: --log writes the run's figures (the mean loss over "
-     "ranks, rank 0's evaluations), or also every rank's own loss per step; default 0"),
-    ("clip_grad_norm", "--clip-grad-norm", float, "clip the gradient to this global L2 norm "
-     "(over the whole model, however it is split); default off"),
-    ("loss", "--loss", str, "loss as pkg.module:fn(output, targets) (default: the task's "
-     "cross-entropy, or the loss the model returns)"),
-    ("seed", "--seed", int, "seed of initialisation and data order; default 0"),
-    ("eval_every", "--eval-every", int, "evaluate on the test split every N steps (0: at the end)"),
-    ("checkpoint_every", "--checkpoint-every", int, "write a checkpoint every N steps (0: never)"),
-    ("keep_checkpoints", "--keep-checkpoints", int, "checkpoints to keep; default 3"),
-    ("timeout_s", "--timeout", float, "seconds a rank waits for its peers before failing; default 60"),
-    ("on_nonfinite", "--on-nonfinite", str, "stop | skip: a non-finite loss, gradient or parameter "
-     "stops the run (default), or a step with a non-finite gradient is skipped (single, allreduce)"),
-    ("on_divergence", "--on-divergence", str, "stop | skip | warn: a finite loss past "
-     "--divergence-factor x its running minimum stops the run (default), skips the update "
-     "(single, allreduce) or is noted"),
-    ("divergence_factor", "--divergence-factor", float, "loss bound over its running minimum; "
-     "default 1000 (0: off)"),
-    ("divergence_window", "--divergence-window", int, "steps a divergence may have been building: "
-     "checkpoints that close to it are set aside; default 10"),
-    ("max_param", "--max-param", float, "largest |parameter| a checkpoint may hold; default 1e6 (0: off)"),
-    ("out", "--out", str, "run directory; default runs/<time>-<strategy>"),
-]
-
-
-def _add_job_flags(p: argparse.ArgumentParser, *, with_strategy: bool = True) -> None:
-    p.add_argument("--config", help="TOML job file; flags override it")
-    for field, flag, typ, help_ in JOB_FLAGS:
-        if field == "strategy" and not with_strategy:
-            continue
-        p.add_argument(flag, dest=field, type=typ, default=None, help=help_)
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="strategy option (model.KEY / data.KEY for model and dataset options)")
-    p.add_argument("--activation-checkpointing", action="store_true", default=None,
-                   help="recompute each block's (layer's, stage's) forward in backward: less "
-                        "activation memory for one more forward")
-    p.add_argument("--debug", action="store_true", default=None,
-                   help="tracebacks, and PyTorch's collective checks (TORCH_DISTRIBUTED_DEBUG)")
-    p.add_argument("--no-report", action="store_true", help="skip the plots and report.md")
-    p.add_argument("--tensorboard", action="store_true",
-                   help="also write TensorBoard scalars to RUN/tensorboard (needs tensorboard)")
-
-
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    fields = [f for f, *_ in JOB_FLAGS] + ["debug", "activation_checkpointing"]
-    return {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -98,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"polytrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("train", help="train one job (no arguments: CNN on digits, 2 processes)")
-    _add_job_flags(p)
+    add_job_flags(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     p.add_argument("--bind", metavar="ADDR",
                    help="address the job's c10d stores listen on (one machine: default none, "
@@ -111,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="run several strategies on the same job, one table")
     p.add_argument("--strategies", required=True, help="comma-separated ids, e.g. single,allreduce")
     p.add_argument("--target-accuracy", type=float, help="report time to reach this test accuracy")
-    _add_job_flags(p, with_strategy=False)
+    add_job_flags(p, with_strategy=False)
     p = sub.add_parser("schedule", help="print and draw a pipeline schedule (pure data, no processes)")
     p.add_argument("name", help="gpipe | 1f1b | pipedream | interleaved-1f1b | looped-bfs | zb-h1 |"
                                         " zbv | dualpipev")
@@ -128,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency", help="one-way delay, e.g. 1ms (needs the kernel's sch_netem)")
     p.add_argument("--loss", help="packet loss, e.g. 0.1%% (needs sch_netem)")
     p.add_argument("--procs-per-host", type=int, help="processes per host (default --procs / hosts)")
-    _add_plan_parsers(sub)
+    from polytrain.plan.cli import add_plan_parsers
+
+    add_plan_parsers(sub)
     p = sub.add_parser("export", help="a checkpoint as a plain state_dict in your model's own key names")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest good one)")
@@ -147,110 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list the model zoo with parameter counts")
     sub.add_parser("datasets", help="list the built-in datasets")
     return parser
-
-
-def _add_model_flags(p: argparse.ArgumentParser) -> None:
-    for field, flag, typ, help_ in JOB_FLAGS:
-        if field in ("model", "dataset", "batch_size", "optimizer"):
-            p.add_argument(flag, dest=field, type=typ, default=None, help=help_)
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="model.KEY / data.KEY: model and dataset options")
-
-
-def _add_plan_parsers(sub: Any) -> None:
-    p = sub.add_parser("profile", help="per-layer times and bytes of a model, and the local α–β")
-    _add_model_flags(p)
-    p.add_argument("--out", help="write the profile to this JSON file (the planner reads it offline)")
-    p.add_argument("--no-comm", action="store_true", help="skip the 2-process α–β measurement")
-    p.add_argument("--rounds", type=int, default=1,
-                   help="profile this many times and keep each time's median (a machine whose speed moves)")
-    p.add_argument("--gap", type=float, default=0.0, help="seconds between the rounds; default 0")
-    p.add_argument("--meta", action="store_true",
-                   help="build the model on the meta device (no memory) and count FLOPs and bytes per "
-                        "layer instead of timing them: models too large for this machine")
-    p.add_argument("--device", default="a100-80gb",
-                   help="with --meta: the catalogue device its printed times are priced on (a plan "
-                        "prices on its --cluster device); default a100-80gb")
-    p = sub.add_parser("plan", help="predict and rank every strategy on a described cluster")
-    _add_model_flags(p)
-    p.add_argument("--cluster", help='e.g. "hosts=64,procs_per_host=8,nic=100gbit,intra=300gbyte,'
-                                     'latency=5us"; default: this machine with --procs')
-    p.add_argument("--procs", type=int, default=2, help="world size on this machine (no --cluster)")
-    p.add_argument("--memory-limit", help="bytes per rank, e.g. 16GiB")
-    p.add_argument("--profile", help="a profile from `polytrain profile --out` (default: measure now)")
-    p.add_argument("--compute-scale", type=float, default=1.0, help="multiply profiled compute times")
-    p.add_argument("--calibration", metavar="FILE",
-                   help="price an emulated cluster: its shared cores, shaped links and per-model "
-                        "terms from this file (docs/planner.md, Calibration); default: hardware only")
-    p.add_argument("--top", type=int, default=5, help="rows of the table; default 5")
-    p.add_argument("--allow-inexact", action="store_true",
-                   help="recommend strategies that learn differently from single-process training "
-                        "too (default: only those that learn exactly as it does)")
-    p.add_argument("--json", action="store_true", help="the whole ranking as JSON")
-    p.add_argument("--sweep", help="hosts=LO..HI: best predicted samples/s per strategy vs hosts")
-    p.add_argument("--strategy", help="price this one strategy with its --set options (e.g. --strategy "
-                                      "mesh --set tp=8 --set pp=8 --set dp=24) instead of ranking all")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
-                   help="the job's precision: 16-bit activations and mixed-precision model state")
-    p.add_argument("--activation-checkpointing", action="store_true",
-                   help="the job recomputes each block's forward in backward")
-    p.add_argument("--grad-accum", type=int, default=1, help="the job's micro-steps per optimizer step")
-    p.add_argument("--efficiency", type=float, default=None,
-                   help="share of the device's peak FLOP/s matrix work reaches (meta profiles); "
-                        "default 0.5")
-    p.add_argument("--out", help="directory for plan.json and the pictures (default runs/plan-<time>)")
-
-
-def cmd_profile(args: argparse.Namespace, console: Console) -> int:
-    from polytrain.config import load_config
-    from polytrain.plan.commands import run_profile
-
-    over = _model_overrides(args)
-    if args.meta and args.model and not args.dataset and not any(s.startswith("data.") for s in args.sets):
-        from polytrain.models.registry import MODELS
-
-        if args.model in MODELS:  # a zoo model's own data (its shape is all a meta profile reads)
-            over["dataset"] = MODELS[args.model].default_dataset
-    cfg = load_config(None, over, args.sets)
-    if args.meta:
-        from polytrain.plan.commands import run_meta_profile
-
-        return run_meta_profile(cfg, args.out, args.device, console)
-    return run_profile(cfg, args.out, not args.no_comm, console, args.rounds, args.gap)
-
-
-def _model_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {f: getattr(args, f) for f in ("model", "dataset", "batch_size", "optimizer")
-            if getattr(args, f, None) is not None}
-
-
-def cmd_plan(args: argparse.Namespace, console: Console) -> int:
-    from polytrain.config import load_config
-    from polytrain.plan.commands import PlanArgs, run_plan
-
-    strategy_sets = [s for s in args.sets if not s.split("=", 1)[0].strip().startswith(("model.", "data."))]
-    if strategy_sets and not args.strategy:
-        raise ConfigError("polytrain plan takes --set model.KEY=VALUE and data.KEY=VALUE only: it "
-                          "chooses the strategy options itself. Fix: drop the strategy --set, or name "
-                          "the strategy they belong to with --strategy to price that one configuration.")
-    args.sets = [s for s in args.sets if s not in strategy_sets]
-    if args.profile and not args.model:
-        from pathlib import Path as _P
-
-        from polytrain.plan.profile import Profile
-
-        prof = Profile.load(_P(args.profile))
-        over = {"model": prof.model, "dataset": prof.dataset, "optimizer": prof.optimizer,
-                "model_options": prof.model_options, "data_options": prof.data_options}
-        cfg = load_config(None, {**over, **_model_overrides(args)}, args.sets)
-    else:
-        cfg = load_config(None, _model_overrides(args), args.sets)
-    a = PlanArgs(args.cluster, args.procs, args.memory_limit, args.profile, args.compute_scale, args.top,
-                 args.json, args.sweep, args.out, args.batch_size, args.model is not None,
-                 args.allow_inexact, args.precision, args.activation_checkpointing, args.grad_accum,
-                 args.efficiency, args.strategy, strategy_sets,
-                 calibration=args.calibration)
-    return run_plan(cfg, a, console)
 
 
 def _report(console: Console, path: Path, skip: bool, tensorboard: bool = False) -> None:
@@ -294,7 +120,7 @@ def _resolve_auto(args: argparse.Namespace) -> None:
         raise ConfigError("--strategy auto is resolved before launch, not on each torchrun rank (each "
                           "would measure its own profile). Fix: run `polytrain plan` and pass its "
                           "recommended --strategy and --set options.")
-    cfg = load_config(args.config, {**_overrides(args), "strategy": "single"}, args.sets)
+    cfg = load_config(args.config, {**overrides(args), "strategy": "single"}, args.sets)
     testbed = os.environ.get(TESTBED_ENV)
     best = auto_strategy(cfg, args.cluster, json.loads(testbed) if testbed else None, args.allow_inexact)
     args.strategy, args.procs = best.strategy, best.procs
@@ -320,12 +146,12 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
         from polytrain.launch.worker import exit_now
 
         # a torchrun rank of the CLI ends as the local launcher's ranks do (see exit_now)
-        exit_now(train_under_torchrun(args.config, _overrides(args), args.sets, args.resume,
+        exit_now(train_under_torchrun(args.config, overrides(args), args.sets, args.resume,
                                       no_report=args.no_report))
     from rich.console import Console
 
     summary = api.train(config=args.config, sets=args.sets, resume=args.resume, report=False,
-                        console=Console(stderr=True), **_overrides(args))
+                        console=Console(stderr=True), **overrides(args))
     from polytrain.report import format_summary
 
     run_dir = summary["config"]["out"]
@@ -346,7 +172,7 @@ def cmd_compare(args: argparse.Namespace, console: Console) -> int:
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     result = api.compare(names, config=args.config, sets=args.sets,
                          target_accuracy=args.target_accuracy, console=Console(stderr=True),
-                         **_overrides(args))
+                         **overrides(args))
     from polytrain.report import summary_table
 
     console.print(summary_table(result["strategies"], args.target_accuracy,
@@ -384,23 +210,6 @@ def cmd_schedule(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def job_argv(ns: argparse.Namespace, drop: tuple[str, ...]) -> list[str]:
-    """A parsed ``train``/``compare`` job written back as flags (leaving out the fields in ``drop``)."""
-    out = ["--config", ns.config] if ns.config else []
-    for field, flag, *_ in JOB_FLAGS:
-        if getattr(ns, field, None) is not None and field not in drop:
-            out += [flag, str(getattr(ns, field))]  # str(float) round-trips exactly
-    for item in ns.sets:
-        out += ["--set", item]
-    for dest, flag in (("activation_checkpointing", "--activation-checkpointing"), ("debug", "--debug"),
-                       ("no_report", "--no-report"), ("tensorboard", "--tensorboard"),
-                       ("allow_inexact", "--allow-inexact")):
-        out += [flag] if getattr(ns, dest, None) else []
-    for dest, flag in (("resume", "--resume"), ("bind", "--bind"), ("cluster", "--cluster")):
-        out += [flag, getattr(ns, dest)] if getattr(ns, dest, None) is not None else []
-    return out
-
-
 def cmd_testbed(args: argparse.Namespace, job: list[str], console: Console) -> int:
     """Parse and validate the job after ``--`` for the testbed's hosts (every rule the hosts' own
     ``prepare()`` applies), before any emulated host starts, then run it."""
@@ -429,7 +238,7 @@ def cmd_testbed(args: argparse.Namespace, job: list[str], console: Console) -> i
         names = [ns.strategy or "allreduce"] if job[0] == "train" else \
             [s.strip() for s in ns.strategies.split(",") if s.strip()]
         for name in names:  # a bad job is one error line here, not a failure inside N agents
-            cfg = load_config(ns.config, {**_overrides(ns), "strategy": name,
+            cfg = load_config(ns.config, {**overrides(ns), "strategy": name,
                                           "procs": args.hosts * nper}, ns.sets)
             prepare(cfg, hosts=args.hosts, testbed=True)
         spec = TestbedJob(job[0], Path(ns.out or f"runs/{stamp}-testbed-{job[0]}"), nper,
@@ -549,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "schedule":
             return cmd_schedule(args, console)
         if args.command in ("profile", "plan"):
+            from polytrain.plan.cli import cmd_plan, cmd_profile
+
             return (cmd_profile if args.command == "profile" else cmd_plan)(args, console)
         if args.command == "strategies" and args.name:
             return cmd_strategy(args.name, console)

@@ -431,7 +431,9 @@ def test_the_hosts_get_the_parsed_job_back_as_flags() -> None:
     """The testbed's hosts run the job the command line parsed: its flags written back from the
     namespace, parsed again to the same job (world size, run directory and strategy left to the
     testbed)."""
-    from polytrain.cli import _overrides, build_parser, job_argv
+    from polytrain.cli import build_parser
+    from polytrain.flags import job_argv
+    from polytrain.flags import overrides as _overrides
 
     job = ["train", "--strategy", "gpipe", "--procs", "4", "--lr", "0.05", "--steps", "7",
            "--set", "microbatches=4", "--set", "model.width=8", "--activation-checkpointing",
