@@ -220,7 +220,8 @@ def torchrun_side(worker_name: str, steps: int, microbatches: int, warmup: int, 
     if not lines:
         raise RuntimeError(f"{worker_name} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     if proc.returncode != 0:  # the loop finished and reported; a rank died at interpreter exit
-        TEARDOWN_CRASHES.append(f"{worker_name} (exit {proc.returncode}): {proc.stderr[-1500:]}")
+        tail = proc.stderr[-1500:].replace(sys.prefix, "VENV").replace(str(ROOT), "REPO")  # no machine paths
+        TEARDOWN_CRASHES.append(f"{worker_name} (exit {proc.returncode}): {tail}")
     return dict(json.loads(lines[-1]))
 
 
