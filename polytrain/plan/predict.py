@@ -92,12 +92,6 @@ def local_collectives() -> str:
     return "auto" if torch.cuda.is_available() else "ring"
 
 
-def testbed_burst_bytes(rate_bytes_per_s: float) -> float:
-    """The testbed's tbf bucket (`testbed.hosts.Testbed._shaping`): 4 ms of line rate, at least
-    two full frames — bytes a testbed NIC sends at line speed after an idle spell."""
-    return float(max(3028, int(rate_bytes_per_s * 0.004)))
-
-
 # What share of a testbed link's shaped rate carries payload: its tbf charges every frame's length,
 # and a full TCP segment is 1448 payload bytes in a 1514-byte frame (Ethernet 14, IPv4 20, TCP with
 # timestamps 32 header bytes; veth MTU 1500). benchmarks/results/testbed_p2p.md measured 512 KiB
@@ -117,8 +111,9 @@ def testbed_hardware(world: int, testbed: dict[str, Any]) -> Cluster:
 
 def testbed_calibration(cores: float | None = None, **emulation: Any) -> Calibration:
     """What the testbed adds to its hardware by construction: every host shares this machine's
-    cores, and its tbf shaper lets 4 ms of line rate (at least two full frames) through after an
-    idle spell and charges whole frames (`TESTBED_GOODPUT`); ``emulation``: measured terms added."""
+    cores, and its tbf shaper (`testbed.hosts.Testbed._shaping`) lets 4 ms of line rate (at least two
+    full frames) through after an idle spell and charges whole frames (`TESTBED_GOODPUT`);
+    ``emulation``: measured terms added."""
     return Calibration(schema=SCHEMA, source={"what": "the testbed's construction"},
                        emulation=EmulationFile(cores=cores or os.cpu_count() or 1, burst_s=0.004,
                                                min_burst_bytes=3028, goodput=TESTBED_GOODPUT, **emulation))
