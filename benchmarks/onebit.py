@@ -9,6 +9,7 @@ before any measured run; ``--job cnn|gpt`` then runs exactly that plan.
     .venv/bin/python benchmarks/onebit.py --job gpt
     .venv/bin/python benchmarks/onebit.py --plan --testbed
     TESTBED_LOCK=LOCKFILE .venv/bin/python benchmarks/onebit.py --job all --testbed [--budget-min M]
+    .venv/bin/python benchmarks/onebit.py --job all --testbed --continue   # the seeds a budget cut
 
 The local plan (4 ranks on this machine, no network emulation) and the testbed plan (4 emulated
 hosts at 100 Mbit/s, issue 51's setting) fix their own steps, warm-ups and targets (``JOBS``,
@@ -171,6 +172,10 @@ def summarise(job: str, runs: list[dict[str, Any]], target: float) -> list[dict[
     return rows
 
 
+def result_name(job: str, testbed: bool) -> str:
+    return f"onebit_{job}{'_testbed' if testbed else ''}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--plan", action="store_true", help="write the pre-registration and stop")
@@ -185,6 +190,9 @@ def main() -> None:
     p.add_argument("--cases", default="", help="comma-separated subset of the plan's cases (noted)")
     p.add_argument("--budget-min", type=float, default=0.0,
                    help="start no new seed round past this many minutes (fewer seeds: noted)")
+    p.add_argument("--continue", dest="resume", action="store_true",
+                   help="keep the runs of the job's results file and run only the seeds it lacks "
+                        "(a set a budget cut short, finished in a second sitting: both noted)")
     a = p.parse_args()
     if a.plan or not a.job:
         plan(a.testbed)
@@ -207,10 +215,19 @@ def main() -> None:
         if deviation[job]:
             deviation[job] += " Why: the machine's load (~18 on 2 cores) made the planned runs too long."
     tmp, runs = Path(tempfile.mkdtemp(prefix="onebit-")), []
-    t0, round_s, seeds_run = time.monotonic(), 0.0, 0
-    for rep in range(a.seeds):  # seed by seed over the jobs: a budget stop cuts every job alike
+    first, sittings = 0, []
+    if a.resume:  # the earlier sitting's runs, kept whole; this one runs the seeds after them
+        for job in names:
+            before = json.loads((HERE / "results" / f"{result_name(job, a.testbed)}.json").read_text())
+            runs += before["runs"]
+            sittings.append({k: before[k] for k in ("command", "commit", "when", "loadavg")})
+            first = max(first, 1 + max(r["seed"] for r in before["runs"]))
+        for job in names:
+            deviation[job] = ""  # recomputed below for the whole set
+    t0, round_s, seeds_run = time.monotonic(), 0.0, first
+    for rep in range(first, a.seeds):  # seed by seed over the jobs: a budget stop cuts every job alike
         at = time.monotonic()
-        if a.budget_min and rep and at - t0 + round_s > 60 * a.budget_min:
+        if a.budget_min and rep > first and at - t0 + round_s > 60 * a.budget_min:
             print(f"budget: stopping after {rep} seeds ({(at - t0) / 60:.1f} min)", flush=True)
             break
         for job in names:
@@ -224,6 +241,14 @@ def main() -> None:
              else f"{RANKS} local ranks on this 2-core machine (no network emulation)")
     for job in names:
         j, mine = jobs[job], [r for r in runs if r["job"] == job]
+        if first:
+            earlier = sittings[names.index(job)]
+            deviation[job] += (f" Run in two sittings: seeds 0..{first - 1} with `{earlier['command']}` "
+                               f"at commit {earlier['commit'][:12]} ({earlier['when']}, load "
+                               f"{earlier['loadavg']['start'][0]:.1f} at start, "
+                               f"{earlier['loadavg']['end'][0]:.1f} at end; its budget stopped it), "
+                               f"seeds {first}..{seeds_run - 1} with this page's last command; "
+                               "nothing else changed between them.")
         if seeds_run < a.seeds:
             deviation[job] += (f" DEVIATION from the plan: {seeds_run} of {a.seeds} seeds; the time "
                                f"budget (--budget-min {a.budget_min:g}, set by the deadline) ran out "
@@ -233,8 +258,9 @@ def main() -> None:
             deviation[job] += (f" Runs that failed (left out of the rows; stderr in the JSON): "
                                f"{', '.join(failed)}.")
         rows = summarise(job, [r for r in mine if "failed" not in r], j["target"])
-        write_results(f"onebit_{job}{'_testbed' if a.testbed else ''}", rows, [*rows[0], "goal"],
-                      extra={"runs": mine, "goal": GOAL},
+        write_results(result_name(job, a.testbed), rows, [*rows[0], "goal"], appended=bool(first),
+                      extra={"runs": mine, "goal": GOAL,
+                             **({"earlier_sitting": sittings[names.index(job)]} if first else {})},
                       notes=f"allreduce on {where}, global batch 64, Adam, {j['steps']} steps, "
                             f"onebit_warmup={j['warmup']}, seeds 0..{seeds_run - 1} interleaved"
                             f"{' (jobs ' + ', '.join(names) + ' seed by seed)' if len(names) > 1 else ''}"
