@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
+from polytrain.env import CALIBRATION
 from polytrain.errors import ConfigError
 
 HOST_LOGS = "testbed-hosts"  # in the run directory: host i > 0's output (host 0's is the terminal's)
@@ -45,6 +47,7 @@ class TestbedJob:
     host_args: tuple[str, ...]
     strategies: tuple[str, ...] = ()  # train: one; compare: each in turn; aco: none
     report: bool = True  # compare: write report.md
+    calibration: Path | None = None  # the runs' predictions are priced with it (`plan.calibration`)
 
 
 def per_host(hosts: int, procs: int | None, procs_per_host: int | None) -> int:
@@ -62,6 +65,36 @@ def per_host(hosts: int, procs: int | None, procs_per_host: int | None) -> int:
             f"--procs {procs} must split evenly over --hosts {hosts} (each emulated host runs the same "
             f"number of processes). Use --procs {hosts * max(1, procs // hosts)}.")
     return procs // hosts
+
+
+def resolve_auto(ns: Any, bed: Bed, nper: int, calibration: Path | None) -> str:
+    """``train --strategy auto`` on the testbed: the planner's first choice for its ``hosts`` x
+    ``nper`` ranks, priced on its links with ``calibration`` (default: the testbed's construction,
+    `plan.predict.run_scene`); ``ns`` (the parsed job) gets the chosen strategy and options. Returns
+    the line that says what was chosen."""
+    from polytrain.config import load_config
+    from polytrain.flags import overrides
+    from polytrain.plan.calibration import Calibration
+    from polytrain.plan.commands import auto_strategy
+    from polytrain.testbed.netns import parse_latency, parse_rate
+
+    if ns.cluster is not None:
+        raise ConfigError(f"--cluster {ns.cluster} with --strategy auto under polytrain testbed: the "
+                          "testbed is the cluster it plans for. Fix: drop --cluster.")
+    if any("." not in s.split("=", 1)[0] for s in ns.sets):
+        raise ConfigError("--strategy auto chooses the strategy options itself. Fix: drop the strategy "
+                          "--set options (model.* and data.* are fine), or name a strategy.")
+    world = bed.hosts * nper
+    cfg = load_config(ns.config, {**overrides(ns), "strategy": "single", "procs": world}, ns.sets)
+    record = {"hosts": bed.hosts, "rate_bits_per_s": parse_rate(bed.nic),
+              "latency": parse_latency(bed.latency) if bed.latency else 0}
+    cal = Calibration.load(calibration) if calibration else None
+    best = auto_strategy(cfg, None, record, ns.allow_inexact, cal)
+    ns.strategy, ns.allow_inexact = best.strategy, False
+    ns.sets = [*ns.sets, *(f"{k}={v}" for k, v in best.options.items())]
+    return (f"auto: {best.label} on {world} process(es), predicted {best.estimate.step_s * 1e3:.1f} ms/step"
+            f" ({best.samples_per_s:,.0f} samples/s) with "
+            + (f"the calibration {calibration}" if calibration else "the testbed's construction"))
 
 
 def _annotate(run_dir: Path, before: dict[int, dict[str, int]], after: dict[int, dict[str, int]]) -> None:
@@ -83,18 +116,19 @@ def run_testbed(bed: Bed, job: TestbedJob, console: Console) -> int:
     from polytrain.testbed.torchrun import run_torchrun
 
     code = 0
+    priced = {CALIBRATION: str(job.calibration)} if job.calibration else None
     with Testbed(bed.hosts, bed.nic, latency=bed.latency, loss=bed.loss) as tb:
         if job.command == "aco":
             before = tb.interface_bytes()
             code = run_torchrun(tb, ["-m", "polytrain", "aco", *job.host_args, "--out", str(job.root)],
-                                job.per_host, log_dir=job.root / HOST_LOGS)
+                                job.per_host, priced, log_dir=job.root / HOST_LOGS)
             _annotate(job.root, before, tb.interface_bytes())
             return code
         for name in job.strategies:
             out = job.root if job.command == "train" else job.root / name
             before = tb.interface_bytes()
             code = run_torchrun(tb, ["-m", "polytrain", "train", "--strategy", name, *job.host_args,
-                                     "--out", str(out)], job.per_host, log_dir=out / HOST_LOGS)
+                                     "--out", str(out)], job.per_host, priced, log_dir=out / HOST_LOGS)
             _annotate(out, before, tb.interface_bytes())
             if code:
                 break
