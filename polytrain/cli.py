@@ -48,18 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--virtual-stages", type=int, help="model chunks per rank V (interleaved, looped)")
     p.add_argument("--cost", help="slot cost per op, e.g. F=1,B=2,W=1 (default 1 each)")
     p.add_argument("--png", help="also draw it to this PNG file")
-    p = sub.add_parser("testbed", help="run a train/compare/aco job on an emulated cluster (root)",
-                       usage="polytrain testbed --hosts N --nic RATE [--latency T] [--loss P] "
-                             "[--calibration FILE] -- train|compare|aco [options]\n"
-                             "       polytrain testbed calibrate --model M [--nic RATE] --out FILE")
-    p.add_argument("--hosts", type=int, required=True, help="emulated hosts (network namespaces)")
-    p.add_argument("--nic", required=True, help="link rate per host, e.g. 100mbit, 1gbit")
-    p.add_argument("--latency", help="one-way delay, e.g. 1ms (needs the kernel's sch_netem)")
-    p.add_argument("--loss", help="packet loss, e.g. 0.1%% (needs sch_netem)")
-    p.add_argument("--procs-per-host", type=int, help="processes per host (default --procs / hosts)")
-    p.add_argument("--calibration", metavar="FILE",
-                   help="price the runs (their recorded prediction, --strategy auto) with this file from "
-                        "`polytrain testbed calibrate`; default: the testbed's construction only")
+    from polytrain.testbed.job import add_testbed_parser
+
+    add_testbed_parser(sub)
     from polytrain.plan.cli import add_plan_parsers
 
     add_plan_parsers(sub)
@@ -219,18 +210,14 @@ def cmd_testbed(args: argparse.Namespace, job: list[str], console: Console) -> i
     ``prepare()`` applies), before any emulated host starts, then run it."""
     import time
 
-    from polytrain.testbed.job import Bed, TestbedJob, per_host, run_testbed
+    from polytrain.testbed.job import Bed, TestbedJob, checked_calibration, per_host, run_testbed
 
     if not job or job[0] not in ("train", "compare", "aco"):
         raise ConfigError(
             "polytrain testbed runs a train, compare or aco job after '--', e.g. "
             "polytrain testbed --hosts 4 --nic 1gbit -- train --strategy allreduce --procs 4")
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    cal = Path(args.calibration).resolve() if getattr(args, "calibration", None) else None
-    if cal is not None:
-        from polytrain.plan.calibration import Calibration
-
-        Calibration.load(cal)  # a bad file is refused here, not by each run's prediction
+    cal = checked_calibration(getattr(args, "calibration", None))
     if job[0] == "aco":
         from polytrain.aco.cli import parse_aco_job
 
@@ -247,8 +234,8 @@ def cmd_testbed(args: argparse.Namespace, job: list[str], console: Console) -> i
         if job[0] == "train" and ns.strategy == "auto":  # the planner's choice, before any host starts
             from polytrain.testbed.job import resolve_auto
 
-            console.print(resolve_auto(ns, Bed(args.hosts, args.nic, args.latency, args.loss), nper, cal),
-                          highlight=False)
+            bed = Bed(args.hosts, args.nic, args.latency, args.loss)
+            console.print(resolve_auto(ns, bed, nper, cal), highlight=False)
         names = [ns.strategy or "allreduce"] if job[0] == "train" else \
             [s.strip() for s in ns.strategies.split(",") if s.strip()]
         for name in names:  # a bad job is one error line here, not a failure inside N agents

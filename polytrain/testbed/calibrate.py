@@ -130,7 +130,7 @@ def _hop_terms(record: dict[str, Any]) -> dict[str, float | None]:
     shift = [h for _, size, h in record["hops"].get("shift", []) if size <= 32768]
     hop, direct, *wake = testbed_hops(record, wake=bool(shift))
     return {"hop_s": max(0.0, hop or 0.0), "direct_hop_s": None if direct is None else max(0.0, direct),
-            "wake_s": max(0.0, wake[0]) if wake else 0.0}
+            "wake_s": max(0.0, wake[0] or 0.0) if wake else 0.0}
 
 
 def host_args(cfg: JobConfig, steps: int, options: dict[str, Any]) -> list[str]:

@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from polytrain.env import CALIBRATION
 from polytrain.errors import ConfigError
+
+if TYPE_CHECKING:  # `polytrain --help` builds this parser: rich loads only when something prints
+    from rich.console import Console
 
 HOST_LOGS = "testbed-hosts"  # in the run directory: host i > 0's output (host 0's is the terminal's)
 PER_HOST_HELP = "processes per host (default: --procs / hosts, else 1)"
@@ -50,6 +51,23 @@ class TestbedJob:
     calibration: Path | None = None  # the runs' predictions are priced with it (`plan.calibration`)
 
 
+def add_testbed_parser(sub: Any) -> None:
+    """``polytrain testbed``'s flags (its job after ``--`` is parsed by the job's own command;
+    ``polytrain testbed calibrate`` has its own parser: `testbed.calibrate`)."""
+    p = sub.add_parser("testbed", help="run a train/compare/aco job on an emulated cluster (root)",
+                       usage="polytrain testbed --hosts N --nic RATE [--latency T] [--loss P] "
+                             "[--calibration FILE] -- train|compare|aco [options]\n"
+                             "       polytrain testbed calibrate --model M [--nic RATE] --out FILE")
+    p.add_argument("--hosts", type=int, required=True, help="emulated hosts (network namespaces)")
+    p.add_argument("--nic", required=True, help="link rate per host, e.g. 100mbit, 1gbit")
+    p.add_argument("--latency", help="one-way delay, e.g. 1ms (needs the kernel's sch_netem)")
+    p.add_argument("--loss", help="packet loss, e.g. 0.1%% (needs sch_netem)")
+    p.add_argument("--procs-per-host", type=int, help="processes per host (default --procs / hosts)")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="price the runs (their recorded prediction, --strategy auto) with this file from "
+                        "`polytrain testbed calibrate`; default: the testbed's construction only")
+
+
 def per_host(hosts: int, procs: int | None, procs_per_host: int | None) -> int:
     """Processes per emulated host from ``--procs`` (the job's world) or ``--procs-per-host``."""
     if procs_per_host is not None:
@@ -65,6 +83,17 @@ def per_host(hosts: int, procs: int | None, procs_per_host: int | None) -> int:
             f"--procs {procs} must split evenly over --hosts {hosts} (each emulated host runs the same "
             f"number of processes). Use --procs {hosts * max(1, procs // hosts)}.")
     return procs // hosts
+
+
+def checked_calibration(path: str | None) -> Path | None:
+    """``--calibration``'s file, validated before any host starts (its own one-line refusal), as an
+    absolute path: the hosts read it from their own working folders."""
+    if path is None:
+        return None
+    from polytrain.plan.calibration import Calibration
+
+    Calibration.load(Path(path))
+    return Path(path).resolve()
 
 
 def resolve_auto(ns: Any, bed: Bed, nper: int, calibration: Path | None) -> str:
