@@ -74,7 +74,7 @@ def test_calibrate_writes_a_file_that_plan_reads_and_prices_with(tmp_path: Path)
     assert terms.compute_scale > 0 and terms.forward_scale is not None
     assert terms.action_overhead_s > 0 and terms.pass_overhead_s >= 0
     assert cal.emulation is not None and cal.emulation.cores and cal.emulation.goodput < 1
-    assert [p["strategy"] for p in cal.source["probes"]] == ["ps", "gpipe", "local-sgd"]
+    assert [p["strategy"] for p in cal.source["probes"]] == ["single", "gpipe", "local-sgd"]
     # the profile the probes were measured against (cached by the command), priced both ways
     prof = Profile.load(next((tmp_path / "cache" / "profiles").glob("*.json")))
     prof.save(tmp_path / "prof.json")

@@ -5,10 +5,12 @@ the testbed beyond its profile, and write the calibration file ``polytrain plan 
 The probes are real testbed jobs of the model (`run_testbed`, ``polytrain train`` under one torchrun
 agent per emulated host), each run ``--repeats`` times, read by `testbed.probes`:
 
-- ``ps servers=1``: one worker computes alone beside its server; its own trace's forward and
-  backward per step over the profile's give the forward and compute scales (`probe_scales`);
-- ``gpipe microbatches=4``: two pipeline stages; the step's time outside compute and blocking
-  receives, per action, is the executor's own time (`probe_action_overheads`);
+- ``single`` on one emulated host: one rank computes the whole batch alone; its own trace's
+  forward and backward per step over the profile's give the forward and compute scales
+  (`probe_scales`; any model, buffers included, runs it);
+- ``gpipe microbatches=4`` (fewer where 4 does not divide the batch): two pipeline stages; the
+  step's time outside compute and blocking receives, per action, is the executor's own time
+  (`probe_action_overheads`);
 - ``local-sgd period=0``: two data-parallel ranks that never exchange; the step less its compute,
   per pass, is the runtime's own time (`probe_pass_overheads`).
 
@@ -42,13 +44,15 @@ if TYPE_CHECKING:
     from polytrain.config import JobConfig
     from polytrain.plan.calibration import Calibration
 
-# (strategy, options) of each probe, run on 2 emulated hosts, one process each
-PROBES: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("ps", {"servers": 1}),
-    ("gpipe", {"microbatches": 4}),
-    ("local-sgd", {"period": 0}),
-)
-HOSTS = 2  # every probe's job has two ranks: a worker and its server, two stages, two replicas
+Probe = tuple[str, dict[str, Any], int]  # strategy, options, emulated hosts (one process each)
+
+
+def probes_for(batch: int) -> tuple[Probe, ...]:
+    """The probes of a model trained at global ``batch``: one rank computing alone, two pipeline
+    stages (4 micro-batches, or the most of 3, 2, 1 that divide the batch), two replicas that
+    never exchange."""
+    micro = next(m for m in (4, 3, 2, 1) if batch % m == 0)
+    return (("single", {}, 1), ("gpipe", {"microbatches": micro}, 2), ("local-sgd", {"period": 0}, 2))
 SKIP = 2  # warm-up steps each probe's statistics leave out (`probes.step_times`, `span_stats`)
 
 
@@ -63,6 +67,7 @@ class CalibrateJob:
     out: Path
     hops: dict[str, Any] | None
     command: str
+    probes: tuple[Probe, ...]
 
 
 def build_calibrate_parser() -> argparse.ArgumentParser:
@@ -112,15 +117,17 @@ def parse_calibrate(argv: list[str]) -> CalibrateJob:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"--hops {a.hops} is not a plan_hops results file ({type(e).__name__}: "
                               f"{e}). Fix: give benchmarks/results/plan_hops.json or one like it.") from None
-    over = {**model_overrides(a), "procs": HOSTS}
+    over = model_overrides(a)
     cfg = load_config(None, {**over, "strategy": "single", "procs": 1}, a.sets)
-    for name, options in PROBES:  # each probe as the hosts will run it: refused here, not in them
+    probes = probes_for(cfg.batch_size)
+    for name, options, hosts in probes:  # each probe as the hosts will run it: refused here, not in them
         sets = [*a.sets, *(f"{k}={v}" for k, v in options.items())]
-        prepare(load_config(None, {**over, "strategy": name}, sets), hosts=HOSTS, testbed=True)
+        prepare(load_config(None, {**over, "strategy": name, "procs": hosts}, sets), hosts=hosts,
+                testbed=True)
     if (why := netns.missing_privileges()) is not None:
         raise ConfigError(why)
     command = shlex.join(["polytrain", "testbed", "calibrate", *argv])
-    return CalibrateJob(cfg, a.nic, a.steps, a.repeats, out, hops, command)
+    return CalibrateJob(cfg, a.nic, a.steps, a.repeats, out, hops, command, probes)
 
 
 def _hop_terms(record: dict[str, Any]) -> dict[str, float | None]:
@@ -143,23 +150,24 @@ def host_args(cfg: JobConfig, steps: int, options: dict[str, Any]) -> list[str]:
     return args + [x for s in sets for x in ("--set", s)]
 
 
-def run_probe(cfg: JobConfig, model: str, nic: str, steps: int, strategy: str,
-              options: dict[str, Any], console: Console) -> dict[str, Any]:
-    """One probe job on a fresh 2-host testbed, read into the record `testbed.probes` reads."""
+def run_probe(cfg: JobConfig, model: str, nic: str, steps: int, probe: Probe,
+              console: Console) -> dict[str, Any]:
+    """One probe job on a fresh testbed, read into the record `testbed.probes` reads."""
     from polytrain.testbed.job import Bed, TestbedJob, run_testbed
     from polytrain.testbed.probes import span_stats, step_times
 
+    strategy, options, hosts = probe
     root = Path(tempfile.mkdtemp(prefix="polytrain-calibrate-"))
     try:
         job = TestbedJob("train", root / "run", 1, tuple(host_args(cfg, steps, options)), (strategy,),
                          report=False)
         load = os.getloadavg()[0]
-        code = run_testbed(Bed(HOSTS, nic), job, console)
+        code = run_testbed(Bed(hosts, nic), job, console)
         if code:
             raise ConfigError(f"the {strategy} probe of {model} failed on the testbed (exit {code}); its "
                               "output is above. Fix: run the same job with `polytrain testbed` to see why.")
         times = step_times(job.root, SKIP)
-        return {"model": model, "hosts": HOSTS, "nic": nic, "strategy": strategy, "options": options,
+        return {"model": model, "hosts": hosts, "nic": nic, "strategy": strategy, "options": options,
                 "scenario": "probe", "step_times": times, "measured_step_s": statistics.median(times),
                 "spans": span_stats(job.root, SKIP), "load_start": load}
     finally:
@@ -222,9 +230,9 @@ def run_calibrate(job: CalibrateJob, console: Console) -> int:
     profile = cached_profile(job.cfg)  # the profile runs and `polytrain plan` price from
     runs = []
     for r in range(job.repeats):
-        for strategy, options in PROBES:
-            console.print(f"calibrate: {strategy} probe, round {r + 1}/{job.repeats}", highlight=False)
-            runs.append(run_probe(job.cfg, profile.model, job.nic, job.steps, strategy, options, console))
+        for probe in job.probes:
+            console.print(f"calibrate: {probe[0]} probe, round {r + 1}/{job.repeats}", highlight=False)
+            runs.append(run_probe(job.cfg, profile.model, job.nic, job.steps, probe, console))
     cal = calibration_of(job, profile, runs)
     cal.save(job.out)
     Calibration.load(job.out)  # what was written reads back and validates
