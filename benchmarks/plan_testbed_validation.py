@@ -103,7 +103,7 @@ def check_new(hosts_used: set[int], rates_used: set[str]) -> None:
 def cluster_text(hosts: int, nic: str) -> str:
     """The testbed's hardware as ``--cluster`` describes it (`plan.predict.testbed_hardware`, one
     process per host); checked equal to it."""
-    from polytrain.plan.cluster import Cluster, parse_rate
+    from polytrain.cost.cluster import Cluster, parse_rate
     from polytrain.plan.predict import testbed_hardware
 
     text = (f"hosts={hosts},procs_per_host=1,nic={nic},intra=2gbyte,latency=100us,intra_latency=100us,"

@@ -59,10 +59,10 @@ def test_a_bad_calibration_is_refused_before_any_host_starts(tmp_path: Path) -> 
 def test_calibrate_writes_a_file_that_plan_reads_and_prices_with(tmp_path: Path) -> None:
     """A real probe run (3 testbed jobs of a tiny MLP); the file validates, names the model's
     measured terms, and `polytrain plan --calibration` prices with exactly them."""
+    from polytrain.cost.cluster import Cluster
+    from polytrain.cost.profile import Profile
     from polytrain.plan.calibration import Calibration
-    from polytrain.plan.cluster import Cluster
     from polytrain.plan.commands import price_one
-    from polytrain.plan.profile import Profile
 
     cache = {"POLYTRAIN_CACHE": str(tmp_path / "cache")}
     cal_path = tmp_path / "cal.json"
