@@ -6,15 +6,15 @@ from a config), on host counts and link rates no earlier planner set used — an
 ``polytrain plan --calibration FILE --json`` prints.
 
     python benchmarks/plan_testbed_validation.py --plan            # the pre-registration (no testbed)
-    sudo .venv/bin/python benchmarks/plan_testbed_validation.py --run --lock /tmp/testbed.lock
-    sudo .venv/bin/python benchmarks/plan_testbed_validation.py --smoke --lock /tmp/testbed.lock
+    sudo .venv/bin/python benchmarks/plan_testbed_validation.py --run --lock LOCKFILE
+    sudo .venv/bin/python benchmarks/plan_testbed_validation.py --smoke --lock LOCKFILE
 
 ``--plan`` writes results/plan_testbed_validation_plan.{json,md}: scenarios, repeats, the rule that
 picks the strategies, the goals. ``--run`` (root, a quiet machine): per model one calibration
 (`CALIBRATE`), its sha256 recorded before any scenario runs; per scenario the planner's ranking with
 that file, the measured strategies fixed from it (`measured_strategies`) and written before the first
 run; then ``--repeats`` rounds, the scenarios and strategies alternating; then the figures, once.
-``--smoke``: the first scenario, one repeat, short runs, written under /tmp — proof that the script
+``--smoke``: the first scenario, one repeat, short runs, written to a temporary folder — proof that the script
 works, not a result.
 """
 
@@ -259,7 +259,7 @@ def write_plan() -> None:
         "rules": "reported once, as measured; a missed goal is reported with its cause, and no mechanism "
                  "aimed at the missed rows is added and re-measured on these scenarios",
         "run_command": "sudo .venv/bin/python benchmarks/plan_testbed_validation.py --run "
-                       "--lock /tmp/testbed.lock",
+                       "--lock LOCKFILE",
     }
     lines = [f"**{plan['status']}**", "", f"Run by `{plan['run_command']}`.", "",
              f"Earlier planner sets used hosts {plan['earlier_sets_used']['hosts']} and rates "
@@ -314,7 +314,7 @@ def main() -> None:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--plan", action="store_true", help="write the pre-registration (no testbed)")
     mode.add_argument("--run", action="store_true", help="calibrate, freeze, measure (root, a quiet machine)")
-    mode.add_argument("--smoke", action="store_true", help="the first scenario, 1 repeat, under /tmp")
+    mode.add_argument("--smoke", action="store_true", help="the first scenario, 1 repeat, to a temporary folder")
     p.add_argument("--out-dir", help="where calibrations and raw runs go (default: a new folder)")
     add_common_flags(p)
     a = p.parse_args()
