@@ -45,10 +45,10 @@ NAME = "plan_testbed_validation"
 # model id -> (polytrain job flags, global batch): both new to the planner, both user models
 MODELS: dict[str, tuple[list[str], int]] = {
     "user-resnet": (["--model", "benchmarks.user_resnet:resnet", "--dataset", "synthetic-images",
-                     "--set", "model.width=8", "--set", "split=auto"], 84),
+                     "--set", "model.width=8", "--set", "model.split=auto"], 84),
     "hf-gpt2": (["--model", "hf:gpt2", "--dataset", "chars", "--set", "model.n_layer=2",
                  "--set", "model.n_head=2", "--set", "model.n_embd=64", "--set", "data.seq_len=64",
-                 "--set", "split=auto"], 84),
+                 "--set", "model.split=auto"], 84),
 }
 # (model, hosts, nic): host counts and rates that no earlier plan_* set used (`used_settings`)
 SCENARIOS: list[tuple[str, int, str]] = [
