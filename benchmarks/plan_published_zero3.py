@@ -108,6 +108,20 @@ def ptdp_options(r: dict[str, Any]) -> list[tuple[str, list[str]]]:
     return out
 
 
+def _zero3_time(z: dict[str, Any]) -> dict[str, Any]:
+    """Where a ZeRO-3 row's step goes: the paper's step (eq. (3)'s FLOPs at its TFLOP/s), the
+    planner's step, compute and link time (its gathers and reduce-scatters), and the rate per host
+    NIC at which the step's collective bytes (the planner's, one direction) would fill the
+    paper's step."""
+    e = z["pick"].estimate
+    paper_s = eq3_flops(z) / (z["gpus"] * z["tflops_per_gpu"] * 1e12)
+    link = e.detail.get("gathers_s", 0.0) + e.detail.get("reduce_scatters_s", 0.0)
+    return {"paper_step_zero3_s": paper_s, "predicted_step_zero3_s": e.step_s,
+            "zero3_compute_s": e.detail.get("compute_s"), "zero3_link_s": link,
+            "zero3_nic_gb": e.nic_bytes_per_step / 1e9,
+            "implied_nic_gbyte_s": e.nic_bytes_per_step / paper_s / 1e9}
+
+
 def label(c: Candidate) -> str:
     return c.strategy + "".join(f" {k}={v}" for k, v in sorted(c.options.items())
                                 if k not in ("tp", "pp", "dp", "microbatches"))
@@ -152,6 +166,7 @@ def main() -> int:
             "ptdp_memory_gb": p["pick"].estimate.peak_memory_bytes / 1e9,
             "reported_ratio": rep, "predicted_ratio": pred, "direction_right": (pred > 1) == (rep > 1),
             "ratio_error_pct": 100 * abs(pred / rep - 1),
+            **_zero3_time(z),
         })
     elapsed = time.perf_counter() - t0
     right = sum(x["direction_right"] for x in out)
@@ -169,7 +184,7 @@ def main() -> int:
         "days_vs_eq4_pct": [100 * (r["days_300b_tokens"] / eq4_days(r) - 1) for r in t2],
     }
     # what ZeRO-3 is priced with, per row: compute, the gathers' and reduce-scatters' bytes and time
-    notes = _notes(efficiency, priced, checks, elapsed)
+    notes = _notes(efficiency, priced, out, checks, elapsed)
     cols = ["params_b", "gpus_zero3", "gpus_ptdp", "reported_zero3", "predicted_zero3", "zero3_pick",
             "zero3_memory_gb", "zero3_fits_80gb", "reported_ptdp", "predicted_ptdp", "ptdp_pick",
             "reported_ratio", "predicted_ratio", "direction_right", "ratio_error_pct"]
@@ -180,7 +195,8 @@ def main() -> int:
     return 0
 
 
-def _notes(efficiency: float, priced: list[dict[str, Any]], checks: dict[str, Any], elapsed: float) -> str:
+def _notes(efficiency: float, priced: list[dict[str, Any]], out: list[dict[str, Any]], checks: dict[str, Any],
+           elapsed: float) -> str:
     days = checks["days_vs_eq4_pct"]
     lines = [
         f"Efficiency calibrated on Table 1's {CALIBRATION_ROW}B row ({efficiency:.4f} of peak), frozen "
@@ -201,6 +217,14 @@ def _notes(efficiency: float, priced: list[dict[str, Any]], checks: dict[str, An
         lines.append(head + "; ".join(f"{' '.join([t['strategy'], *t['sets']])}: {t['step_s']:.1f} s, "
                                            f"{t['memory_gb']:.1f} GB" for t in x["tried"] if "step_s" in t)
                      + (f"; the pick's parts: {json.dumps(parts)}" if d else ""))
+    nic = cluster_of(priced[0]).nic_bps / 1e9
+    lines += ["", "Where ZeRO-3's step goes (the paper's step: eq. (3)'s FLOPs at the reported TFLOP/s; the "
+              "rate: the planner's collective bytes through one host NIC per step, over the paper's step; "
+              f"the cluster's NIC: {nic:.0f} GB/s a host):", ""]
+    lines += [f"- {x['params_b']}B on {x['gpus_zero3']} GPUs: paper {x['paper_step_zero3_s']:.1f} s, planner "
+              f"{x['predicted_step_zero3_s']:.1f} s (compute {x['zero3_compute_s']:.1f} s, gathers and "
+              f"reduce-scatters {x['zero3_link_s']:.1f} s on the link); {x['zero3_nic_gb']:.0f} GB through "
+              f"a host NIC fill the paper's step at {x['implied_nic_gbyte_s']:.1f} GB/s" for x in out]
     lines += ["", "Source: " + DATA["zero3"]["citation"] + ". " + DATA["zero3"]["transcribed_from"]]
     return "\n".join(lines)
 
