@@ -480,7 +480,8 @@ def test_zero3_gathers_16_bit_parameters_every_micro_step_on_one_link() -> None:
 
     z3 = price("zero", {"stage": 3, "prefetch": 1}, 1)
     assert z3.bytes_per_step == pytest.approx(3 * (w - 1) * psi / 2)
-    assert price("zero", {"stage": 3, "prefetch": 1}, k).bytes_per_step == pytest.approx(k * z3.bytes_per_step)
+    z3k = price("zero", {"stage": 3, "prefetch": 1}, k)
+    assert z3k.bytes_per_step == pytest.approx(k * z3.bytes_per_step)
     assert price("fsdp", {}, k).bytes_per_step == pytest.approx((w - 1) * (2 * k + 1) * psi / 2)
     assert price("zero", {"stage": 2}, k).bytes_per_step == pytest.approx((w - 1) * (1 + k) * psi / 2)
     assert price("zero", {"stage": 1}, k).bytes_per_step == pytest.approx((w - 1) * 2 * psi / 2)
