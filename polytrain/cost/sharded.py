@@ -31,8 +31,8 @@ the full, unsharded gradient (Γ more). Activations (one micro-step's) are on to
 
 from __future__ import annotations
 
-from polytrain.plan.cost import allreduce_s, ddp_overlap, group_allgather_s
-from polytrain.plan.estimate import Estimate, Scene, Span, ring_nic_bytes
+from polytrain.cost.estimate import Estimate, Scene, Span, ring_nic_bytes
+from polytrain.cost.network import allreduce_s, ddp_overlap, group_allgather_s
 
 
 def _on_one_link(compute: list[float], gathers: list[float], reduces: list[float],
