@@ -46,10 +46,10 @@ from plan_published import (  # noqa: E402
     rows,
 )
 
+from polytrain.cost.estimate import Scene  # noqa: E402
+from polytrain.cost.profile import Profile  # noqa: E402
 from polytrain.errors import ConfigError  # noqa: E402
 from polytrain.plan.commands import price_one  # noqa: E402
-from polytrain.plan.estimate import Scene  # noqa: E402
-from polytrain.plan.profile import Profile  # noqa: E402
 from polytrain.plan.recommend import Candidate  # noqa: E402
 
 TP = 8  # one host; Table 2 gives only t·p (see the data file's "setup")

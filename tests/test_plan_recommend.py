@@ -467,7 +467,7 @@ def test_zero3_gathers_16_bit_parameters_every_micro_step_on_one_link() -> None:
     2-3 reduce-scatter every micro-step, stage 1 and fsdp (sync off) once a step. All of them
     cross the same NIC, so on a link-bound cluster a step lasts at least the sum of their times
     on it. fsdp's no-sync micro-steps accumulate the full 16-bit gradient."""
-    from polytrain.plan.cost import group_allgather_s
+    from polytrain.cost.network import group_allgather_s
     from polytrain.strategies import make_strategy
 
     prof, cl, w, k = gpt_like(), Cluster.parse("hosts=4,nic=1gbit"), 4, 4
