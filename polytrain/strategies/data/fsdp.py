@@ -202,7 +202,8 @@ class Fsdp(Strategy):
         o: FsdpOptions = self.options  # type: ignore[assignment]
         if o.wrap == "model":
             return "the planner prices fsdp per layer (wrap=layer) only"
-        return sharded(scene, world, 3, prefetch=True, keep_gathered=not o.reshard_after_forward)
+        return sharded(scene, world, 3, prefetch=True, keep_gathered=not o.reshard_after_forward,
+                       reduce_each_micro=False)  # gradient sync off but the last micro-step
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_divisible(cfg, world, self.name)

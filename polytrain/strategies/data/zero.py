@@ -122,7 +122,8 @@ class Zero(Strategy):
         from polytrain.cost.sharded import sharded
 
         o: ZeroOptions = self.options  # type: ignore[assignment]
-        return sharded(scene, world, o.stage, o.bucket_mb or DEFAULT_BUCKET_MB, bool(o.prefetch))
+        return sharded(scene, world, o.stage, o.bucket_mb or DEFAULT_BUCKET_MB, bool(o.prefetch),
+                       reduce_each_micro=o.stage >= 2)
 
     def check(self, cfg: JobConfig, world: int) -> None:
         opts: ZeroOptions = self.options  # type: ignore[assignment]
