@@ -314,7 +314,8 @@ def main() -> None:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--plan", action="store_true", help="write the pre-registration (no testbed)")
     mode.add_argument("--run", action="store_true", help="calibrate, freeze, measure (root, a quiet machine)")
-    mode.add_argument("--smoke", action="store_true", help="the first scenario, 1 repeat, to a temporary folder")
+    mode.add_argument("--smoke", action="store_true",
+                      help="the first scenario, 1 repeat, to a temporary folder")
     p.add_argument("--out-dir", help="where calibrations and raw runs go (default: a new folder)")
     add_common_flags(p)
     a = p.parse_args()
