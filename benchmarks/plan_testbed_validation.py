@@ -189,7 +189,10 @@ def measure(model: str, hosts: int, nic: str, cand: dict[str, Any], cal: Path, s
     row: dict[str, Any] = {"load_start": load, "load_end": os.getloadavg()[0]}
     try:
         if r.returncode:
-            return {**row, "error": (r.stderr or r.stdout).strip().splitlines()[-1:]}
+            logs = [r.stderr, r.stdout, *(f.read_text() for f in sorted(out.glob("testbed-hosts/*.log")))]
+            lines = [x for text in logs for x in text.splitlines()]  # every host's, not only host 0's
+            first = next((x for x in lines if "Error:" in x and "Connection closed" not in x), "")
+            return {**row, "error": [first, *lines[-5:]]}
         times = step_times(out, SKIP)
         summary = json.loads((out / "summary.json").read_text())
         return {**row, "mean_step_s": statistics.mean(times), "step_times": times,
