@@ -1,7 +1,7 @@
 """The cost model of sharded data parallelism: ZeRO stages 1–3 (``zero``) and FSDP2 (``fsdp``).
 
 Time: backward overlaps the gradient reduce-scatters as DDP's buckets overlap its all-reduces
-(`cost.ddp_overlap`; a ring reduce-scatter moves half an all-reduce's bytes, so it takes half its
+(`cost.network.ddp_overlap`; a ring reduce-scatter moves half an all-reduce's bytes, so it takes half its
 time). The optimizer then updates 1/W of the parameters. Stages 1–2 all-gather the updated
 parameters after it. Stage 3 (and FSDP2) instead all-gathers each layer before its forward and
 again before its backward. Without prefetch a layer waits for its gather; with it, the next
@@ -21,8 +21,9 @@ forward to its backward (Ψ more). Activations are on top of each.
 
 from __future__ import annotations
 
-from polytrain.cost.estimate import Estimate, Scene, Span, ring_nic_bytes
+from polytrain.cost.estimate import ring_nic_bytes
 from polytrain.cost.network import allreduce_s, ddp_overlap, group_allgather_s
+from polytrain.cost.scene import Estimate, Scene, Span
 
 
 def _gathered_compute(compute: list[float], gathers: list[float], prefetch: bool) -> float:
@@ -72,7 +73,7 @@ def _memory(scene: Scene, world: int, stage: int, bucket_mb: float, prefetch: bo
             keep_gathered: bool) -> int:
     layers = scene.profile.layers
     fp32 = scene.profile.param_bytes
-    kp, kg, ko = scene.state  # bytes per fp32 parameter byte (`plan.memory.state_bytes`)
+    kp, kg, ko = scene.state  # bytes per fp32 parameter byte (`cost.memory.state_bytes`)
     p, g = kp * fp32, kg * fp32
     k = sum(r.optimizer_bytes for r in layers) if scene.precision == "fp32" else ko * fp32
     act = scene.activations(0, scene.layers, scene.batch / world)
