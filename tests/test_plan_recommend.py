@@ -11,8 +11,8 @@ import pytest
 
 from polytrain.cli import main
 from polytrain.cost.cluster import Cluster
-from polytrain.cost.estimate import Scene
 from polytrain.cost.profile import LayerRecord, Profile
+from polytrain.cost.scene import Scene
 from polytrain.errors import ConfigError
 from polytrain.models.partition import LayerCost
 from polytrain.plan.commands import sweep
@@ -215,7 +215,7 @@ def test_plan_cli_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[
 )
 def test_every_run_is_priced_with_its_own_options(strategy: str, sets: list[str]) -> None:
     from polytrain.config import load_config
-    from polytrain.cost.estimate import Estimate
+    from polytrain.cost.scene import Estimate
     from polytrain.plan.predict import estimate_for
 
     cfg = load_config(

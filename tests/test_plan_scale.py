@@ -123,8 +123,8 @@ def test_transformer_activations_follow_korthikanti() -> None:
 @pytest.mark.slow  # a meta profile of a 175B GPT: ~15-30 s
 def test_a_175b_gpt_plans_on_an_a100_cluster_and_ranks_3d_layouts(tmp_path: Any) -> None:
     from polytrain.cli import main
-    from polytrain.cost.estimate import Scene
     from polytrain.cost.meta_profile import meta_profile
+    from polytrain.cost.scene import Scene
     from polytrain.plan.recommend import candidates, rank
 
     prof = meta_profile(_gpt(96, 12288, 96, 2048, 51200, 1))

@@ -2,7 +2,7 @@
 
 Time: a step is ``grad_accum`` micro-steps of B/(W·k) samples each, then the optimizer on 1/W of
 the parameters. Stages 1–2: backward overlaps the gradient reduce-scatters as DDP's buckets overlap
-its all-reduces (`cost.ddp_overlap`; a ring reduce-scatter moves half an all-reduce's bytes, so it
+its all-reduces (`cost.network.ddp_overlap`; a ring reduce-scatter moves half an all-reduce's bytes, so it
 takes half its time); after the optimizer they all-gather the updated parameters. Stage 3 (and
 FSDP2) instead all-gathers each layer before its forward and again before its backward, in every
 micro-step (the gathered layer is freed after use), and reduce-scatters each layer's gradient when
@@ -31,8 +31,9 @@ the full, unsharded gradient (Γ more). Activations (one micro-step's) are on to
 
 from __future__ import annotations
 
-from polytrain.cost.estimate import Estimate, Scene, Span, ring_nic_bytes
+from polytrain.cost.estimate import ring_nic_bytes
 from polytrain.cost.network import allreduce_s, ddp_overlap, group_allgather_s
+from polytrain.cost.scene import Estimate, Scene, Span
 
 
 def _on_one_link(compute: list[float], gathers: list[float], reduces: list[float],
@@ -118,7 +119,7 @@ def _memory(scene: Scene, world: int, stage: int, bucket_mb: float, prefetch: bo
             keep_gathered: bool, accumulates: bool = False) -> int:
     layers = scene.profile.layers
     fp32 = scene.profile.param_bytes
-    kp, kg, ko = scene.state  # bytes per fp32 parameter byte (`plan.memory.state_bytes`)
+    kp, kg, ko = scene.state  # bytes per fp32 parameter byte (`cost.memory.state_bytes`)
     p, g = kp * fp32, kg * fp32
     k = sum(r.optimizer_bytes for r in layers) if scene.precision == "fp32" else ko * fp32
     act = scene.activations(0, scene.layers, scene.batch / world)

@@ -23,8 +23,8 @@ import torch
 import polytrain.env as env
 from polytrain.config import JobConfig
 from polytrain.cost.cluster import Cluster
-from polytrain.cost.estimate import Estimate, Scene
 from polytrain.cost.profile import Profile, measure_profile
+from polytrain.cost.scene import Estimate, Scene
 from polytrain.plan.calibration import SCHEMA, Calibration, EmulationFile, emulate
 
 
@@ -175,3 +175,18 @@ def predict_run(cfg: JobConfig, world: int, testbed: dict[str, Any] | None = Non
         "cluster": scene.cluster.to_json(),
         "calibration": os.environ.get(env.CALIBRATION) if testbed else None,
     }
+
+
+def record_prediction(run_dir: Path) -> dict[str, Any]:
+    """Add the planner's prediction for the job that ran in ``run_dir`` to its summary.json,
+    beside the measurement, and return the summary. Only a summary the ranks wrote (a run that
+    completed or was interrupted) gets one; a launcher's summary of a failed run does not."""
+    from polytrain.launch.records import atomic_json
+    from polytrain.launch.rundir import read_summary
+
+    summary = read_summary(run_dir)
+    if "per_rank" in summary and "prediction" not in summary:
+        cfg = JobConfig.model_validate(summary["config"])
+        summary["prediction"] = predict_run(cfg, int(summary["world_size"]), summary.get("testbed"))
+        atomic_json(run_dir / "summary.json", summary)
+    return summary

@@ -61,7 +61,7 @@ from polytrain.strategies.data.zero import optimizer_state_bytes, peak_memory
 from polytrain.strategies.data.zero_units import layers_of
 
 if TYPE_CHECKING:
-    from polytrain.cost.estimate import Estimate, Scene
+    from polytrain.cost.scene import Estimate, Scene
 
 
 class FsdpOptions(BaseModel):

@@ -54,7 +54,7 @@ from polytrain.strategies.data.zero_shard import ShardedModel
 from polytrain.strategies.data.zero_units import bucket_units, layer_units
 
 if TYPE_CHECKING:
-    from polytrain.cost.estimate import Estimate, Scene
+    from polytrain.cost.scene import Estimate, Scene
 
 DEFAULT_BUCKET_MB = 25.0
 NO_CODEC = ("zero's reduce-scatter and all-gather carry dense shards, and no codec is wired into "
