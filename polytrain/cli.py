@@ -212,7 +212,8 @@ def cmd_testbed(args: argparse.Namespace, job: list[str], console: Console) -> i
     ``prepare()`` applies), before any emulated host starts, then run it."""
     import time
 
-    from polytrain.testbed.job import Bed, TestbedJob, checked_calibration, per_host, run_testbed
+    from polytrain.plan.calibrate import checked_calibration
+    from polytrain.testbed.job import Bed, TestbedJob, per_host, run_testbed
 
     if not job or job[0] not in ("train", "compare", "aco"):
         raise ConfigError(
@@ -234,7 +235,7 @@ def cmd_testbed(args: argparse.Namespace, job: list[str], console: Console) -> i
         ns = build_parser().parse_args(job)
         nper = per_host(args.hosts, ns.procs, args.procs_per_host)
         if job[0] == "train" and ns.strategy == "auto":  # the planner's choice, before any host starts
-            from polytrain.testbed.job import resolve_auto
+            from polytrain.plan.calibrate import resolve_auto
 
             bed = Bed(args.hosts, args.nic, args.latency, args.loss)
             console.print(resolve_auto(ns, bed, nper, cal), highlight=False)
@@ -332,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "testbed" and "--" in argv:
         cut = argv.index("--")
         argv, job = argv[:cut], argv[cut + 1 :]
-    calibrate = argv[:2] == ["testbed", "calibrate"]  # its own parser (`testbed.calibrate`)
+    calibrate = argv[:2] == ["testbed", "calibrate"]  # its own parser (`plan.calibrate`)
     args = argparse.Namespace(command="calibrate") if calibrate else parser.parse_args(argv or ["train"])
     from rich.console import Console
     from rich.markup import escape
@@ -348,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "testbed":
             return cmd_testbed(args, job, console)
         if calibrate:
-            from polytrain.testbed.calibrate import cmd_calibrate
+            from polytrain.plan.calibrate import cmd_calibrate
 
             return cmd_calibrate(argv[2:], console)
         if args.command == "rl":

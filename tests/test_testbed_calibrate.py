@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from polytrain.errors import ConfigError
+from polytrain.plan.calibrate import parse_calibrate
 from polytrain.testbed import netns
-from polytrain.testbed.calibrate import parse_calibrate
 from tests.conftest import run_cli
 
 NO_PRIVILEGE = netns.missing_privileges()
@@ -102,8 +102,9 @@ def test_auto_on_the_testbed_plans_with_the_calibration(tmp_path: Path) -> None:
     runtime's pass cost seconds (and the pipeline executor's actions nothing) moves the choice from
     a data-parallel strategy to a pipeline."""
     from polytrain.cli import build_parser
+    from polytrain.plan.calibrate import resolve_auto
     from polytrain.plan.calibration import SCHEMA
-    from polytrain.testbed.job import Bed, resolve_auto
+    from polytrain.testbed.job import Bed
 
     def choose(cal: Path | None) -> tuple[str, str]:
         ns = build_parser().parse_args(["train", "--strategy", "auto", "--model", "mlp", "--procs", "2"])

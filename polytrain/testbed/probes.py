@@ -89,7 +89,7 @@ def probe_scales(raw: dict[str, Any], profiles: dict[str, Any], split: bool = Fa
     taken: dict[str, list[tuple[float, float]]] = {}
     for probe in raw.get("probes", []):
         # the compute probe only: a ps worker beside its server (`plan_accuracy_runs.PROBE`) or a
-        # single rank (`testbed.calibrate.probes_for`)
+        # single rank (`plan.calibrate.probes_for`)
         if probe.get("strategy", "ps") not in ("ps", "single"):
             continue
         worker = computing_ranks(probe)

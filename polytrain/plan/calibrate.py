@@ -1,6 +1,7 @@
 """``polytrain testbed calibrate --model M --out cal.json``: measure what a model's steps cost on
 the testbed beyond its profile, and write the calibration file ``polytrain plan --calibration`` and
-``polytrain testbed --calibration`` read (`plan.calibration`).
+``polytrain testbed --calibration`` read (`plan.calibration`); and what ``polytrain testbed
+--calibration F`` does with one before any host starts (`checked_calibration`, `resolve_auto`).
 
 The probes are real testbed jobs of the model (`run_testbed`, ``polytrain train`` under one torchrun
 agent per emulated host), each run ``--repeats`` times, read by `testbed.probes`:
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
     from polytrain.config import JobConfig
     from polytrain.plan.calibration import Calibration
+    from polytrain.testbed.job import Bed
 
 Probe = tuple[str, dict[str, Any], int]  # strategy, options, emulated hosts (one process each)
 
@@ -246,3 +248,44 @@ def run_calibrate(job: CalibrateJob, console: Console) -> int:
 
 def cmd_calibrate(argv: list[str], console: Console) -> int:
     return run_calibrate(parse_calibrate(argv), console)
+
+
+def checked_calibration(path: str | None) -> Path | None:
+    """``--calibration``'s file, validated before any host starts (its own one-line refusal), as an
+    absolute path: the hosts read it from their own working folders."""
+    if path is None:
+        return None
+    from polytrain.plan.calibration import Calibration
+
+    Calibration.load(Path(path))
+    return Path(path).resolve()
+
+
+def resolve_auto(ns: Any, bed: Bed, nper: int, calibration: Path | None) -> str:
+    """``train --strategy auto`` on the testbed: the planner's first choice for its ``hosts`` x
+    ``nper`` ranks, priced on its links with ``calibration`` (default: the testbed's construction,
+    `plan.predict.run_scene`); ``ns`` (the parsed job) gets the chosen strategy and options. Returns
+    the line that says what was chosen."""
+    from polytrain.config import load_config
+    from polytrain.flags import overrides
+    from polytrain.plan.calibration import Calibration
+    from polytrain.plan.commands import auto_strategy
+    from polytrain.testbed.netns import parse_latency, parse_rate
+
+    if ns.cluster is not None:
+        raise ConfigError(f"--cluster {ns.cluster} with --strategy auto under polytrain testbed: the "
+                          "testbed is the cluster it plans for. Fix: drop --cluster.")
+    if any("." not in s.split("=", 1)[0] for s in ns.sets):
+        raise ConfigError("--strategy auto chooses the strategy options itself. Fix: drop the strategy "
+                          "--set options (model.* and data.* are fine), or name a strategy.")
+    world = bed.hosts * nper
+    cfg = load_config(ns.config, {**overrides(ns), "strategy": "single", "procs": world}, ns.sets)
+    record = {"hosts": bed.hosts, "rate_bits_per_s": parse_rate(bed.nic),
+              "latency": parse_latency(bed.latency) if bed.latency else 0}
+    cal = Calibration.load(calibration) if calibration else None
+    best = auto_strategy(cfg, None, record, ns.allow_inexact, cal)
+    ns.strategy, ns.allow_inexact = best.strategy, False
+    ns.sets = [*ns.sets, *(f"{k}={v}" for k, v in best.options.items())]
+    return (f"auto: {best.label} on {world} process(es), predicted {best.estimate.step_s * 1e3:.1f} ms/step"
+            f" ({best.samples_per_s:,.0f} samples/s) with "
+            + (f"the calibration {calibration}" if calibration else "the testbed's construction"))
