@@ -120,3 +120,15 @@ def test_recompute_gathers_nested_layers_once(tmp_path: Path) -> None:
                                atol=1e-6, rtol=1e-5)
     sent = summary["per_rank"][0]["bytes_by_op"]
     assert sent["allgather-backward"] == sent["allgather"] == sent["reducescatter"]
+
+
+def test_fsdp_with_an_empty_shard_checks_the_parameter_bound_on_every_rank(tmp_path: Path) -> None:
+    """hidden=2 over 3 ranks: FSDP2 leaves rank 2 an empty shard of the first layer. The bound
+    check before the end must read each rank's own shard (amax of an empty shard raised) and agree
+    across ranks: the run ends, and with a bound below the weights every rank stops diverged."""
+    job = {**MLP, "model_options": {"hidden": 2}, "batch_size": 12, "steps": 2}
+    summary = polytrain.train(strategy="fsdp", procs=3, out=str(tmp_path / "ok"), **job)
+    assert summary["steps"] == 2
+    with pytest.raises(Exception, match="above --max-param") as failed:
+        polytrain.train(strategy="fsdp", procs=3, out=str(tmp_path / "bound"), max_param=1e-3, **job)
+    assert "without an error report" not in str(failed.value)  # each rank raised, none was killed

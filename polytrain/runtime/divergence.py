@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable, Iterable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from polytrain.config import JobConfig
@@ -155,11 +156,25 @@ def diverged(step: int, why: str, window: int) -> DivergedError:
 
 def check_param_bound(step: int, model: nn.Module, bound: float, window: int) -> None:
     """Raise DivergedError when a parameter's magnitude exceeds ``bound`` (0: off); one ``amax``
-    per tensor and one host sync, run before a checkpoint and at the end, not every step."""
-    params = [p.detach() for p in model.parameters() if p.is_floating_point() and p.numel()]
-    if not bound or not params:
+    per tensor and one host sync, run before a checkpoint and at the end, not every step.
+
+    A sharded parameter (FSDP2's DTensor) is read through its own shard, which may be empty (a
+    dimension smaller than the ranks); the ranks then agree on the peak with one MAX all-reduce
+    over the parameters' mesh, so every rank raises or none does."""
+    if not bound:
         return
-    peak = float(torch.stack([p.abs().amax().float() for p in params]).max())
+    params = [p.detach() for p in model.parameters() if p.is_floating_point()]
+    meshes = [p.device_mesh for p in params if hasattr(p, "device_mesh")]
+    owned = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+    owned = [t for t in owned if t.numel()]
+    if not owned and not meshes:
+        return
+    peak = float(torch.stack([t.abs().amax().float() for t in owned]).max()) if owned else 0.0
+    if meshes:
+        agreed = torch.tensor([peak if math.isfinite(peak) else math.inf], device=params[0].device)
+        for dim in range(meshes[0].ndim):
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=meshes[0].get_group(dim))
+        peak = float(agreed)
     if peak > bound or not math.isfinite(peak):
         raise diverged(step, f"a parameter's magnitude is {peak:.4g}, above --max-param {bound:g}",
                        window)
