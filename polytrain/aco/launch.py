@@ -85,10 +85,10 @@ def _launch_ranks(cfg: ACOConfig, run_dir: Path, plots: bool) -> None:
     from torch.distributed.launcher.api import elastic_launch
 
     from polytrain.launch.local import (
-        _quiet_elastic,
         agent_config,
         describe_failure,
         local_rendezvous,
+        quiet_elastic,
         rank_environment,
     )
     from polytrain.launch.stores import stores_bound_to
@@ -97,7 +97,7 @@ def _launch_ranks(cfg: ACOConfig, run_dir: Path, plots: bool) -> None:
     payload.parent.mkdir(parents=True, exist_ok=True)
     payload.write_text(json.dumps({"config": cfg.to_dict(), "run_dir": str(run_dir), "plots": plots,
                                    "rank_logs": True}))
-    _quiet_elastic(False)
+    quiet_elastic(False)
     private = run_dir / "ranks" / "agent"  # the stores, 0700 (see polytrain.launch.stores)
     rdzv = local_rendezvous(private)
     lc = agent_config(cfg.procs, private, rdzv)

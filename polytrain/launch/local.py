@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 SHUTDOWN_TIMEOUT_S = 10
 
 
-def _quiet_elastic(debug: bool) -> None:
+def quiet_elastic(debug: bool) -> None:
     level = logging.INFO if debug else logging.CRITICAL
     prefixes = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
     # torch's elastic modules give their own loggers an explicit level (LOGLEVEL, WARNING)
@@ -131,7 +131,7 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
     console = console or Console(stderr=True)
     if prepared.note:
         console.print(f"note: {prepared.note}", highlight=False)
-    _quiet_elastic(cfg.debug)
+    quiet_elastic(cfg.debug)
     payload = {
         "config": cfg.model_dump(mode="json"),
         "run_dir": str(run_dir),
