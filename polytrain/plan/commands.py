@@ -19,8 +19,8 @@ from rich.console import Console
 
 from polytrain.config import JobConfig
 from polytrain.cost.cluster import MAX_WORLD, Cluster, parse_bytes
-from polytrain.cost.estimate import Scene
 from polytrain.cost.profile import Profile, measure_profile, median_of
+from polytrain.cost.scene import Scene
 from polytrain.errors import ConfigError
 from polytrain.plan import show
 from polytrain.plan.calibration import PHYSICAL, Calibration, emulate
