@@ -59,9 +59,10 @@ def unknown(kind: str, value: str, valid: Iterable[str], fix: str = "") -> Confi
     return ConfigError(msg)
 
 
-def validation_parts(err: Any, fields: Iterable[str], noun: str) -> list[str]:
+def validation_parts(err: Any, fields: Iterable[str], noun: str, flags: bool = False) -> list[str]:
     """A pydantic ``ValidationError`` as one phrase per error, naming the {noun} (a job key or a
-    strategy option), its value and the rule; an unknown name gets the nearest valid ones."""
+    strategy option), its value and the rule; an unknown name gets the nearest valid ones.
+    ``flags``: name a value by its command-line flag (``--batch-size = 0``)."""
     valid = sorted(fields)
     parts = []
     for e in err.errors():
@@ -72,6 +73,8 @@ def validation_parts(err: Any, fields: Iterable[str], noun: str) -> list[str]:
             parts.append(f"unknown {noun} '{loc}'. {hint}")
         elif not loc:  # a rule across fields: its message names them and their values
             parts.append(msg)
+        elif flags:
+            parts.append(f"--{loc.replace('_', '-')} = {e.get('input')!r}: {msg}")
         else:
             parts.append(f"{noun} '{loc}' = {e.get('input')!r}: {msg}")
     return parts

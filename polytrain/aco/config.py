@@ -6,10 +6,10 @@ Each failure is one :class:`ConfigError` line naming the rule, the value and the
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from polytrain.aco.colony import DEFAULT_RHO, VARIANTS, Params
+from polytrain.appconfig import AppConfig
 from polytrain.errors import ConfigError, did_you_mean
 
 LOCAL_SEARCH = ("none", "2opt")
@@ -17,8 +17,9 @@ DEVICES = ("cpu", "cuda", "auto")
 AUTO_CANDIDATES_ABOVE = 200  # instances larger than this get 20-city candidate lists by default
 
 
-@dataclass(frozen=True)
-class ACOConfig:
+class ACOConfig(AppConfig):
+    JOB: ClassVar[str] = "aco job"
+
     tsp: str = "random:50"
     ants: int | None = None  # None: 25 with 2-opt, else N (Stützle & Hoos 2000)
     iterations: int | None = None  # None: 200 unless --time-limit
@@ -43,16 +44,9 @@ class ACOConfig:
     out: str | None = None
     timeout_s: float = 120.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @staticmethod
     def from_dict(data: dict[str, Any]) -> ACOConfig:
-        names = {f.name for f in fields(ACOConfig)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(f"Unknown aco option '{unknown[0]}'. {did_you_mean(unknown[0], names)}")
-        return validate(ACOConfig(**data))
+        return validate(ACOConfig.parse(data))
 
     @property
     def max_iterations(self) -> int:
@@ -66,7 +60,7 @@ class ACOConfig:
         rho = self.rho if self.rho is not None else (
             0.2 if self.variant == "mmas" and self.local_search == "2opt" else DEFAULT_RHO[self.variant])
         cands = self.candidates if self.candidates is not None else (20 if n > AUTO_CANDIDATES_ABOVE else 0)
-        out = replace(self, ants=ants, rho=rho, candidates=min(cands, n - 1))
+        out = self.replace(ants=ants, rho=rho, candidates=min(cands, n - 1))
         if out.ants is not None and out.ants < out.procs:
             raise ConfigError(f"--ants {out.ants} < --procs {out.procs}: every process needs at least "
                               f"one ant. Fix: --ants {out.procs} or more.")

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from polytrain.aco.results import IterationLog, build_summary, write_run
 from polytrain.aco.run import RankOutcome, Runner
 from polytrain.aco.tsp import Instance, load_instance
 from polytrain.errors import ConfigError, RankFailure
+from polytrain.metrics.summary import ACOSummary, read_summary
 
 
 def prepare(cfg: ACOConfig) -> tuple[ACOConfig, Instance]:
@@ -74,22 +74,21 @@ def run_aco(cfg: ACOConfig, console: Console | None = None, plots: bool = True,
             bar.close()
         summary = build_summary(cfg, inst, log.rows, [_outcome_record(outcome, 0)])
         write_run(run_dir, summary, inst, log.rows, plots)
-        return summary
+        return read_summary(run_dir, ACOSummary).to_dict()
     with FollowIterations(run_dir / "iterations.jsonl", bar):
         _launch_ranks(cfg, run_dir, plots)
-    return dict(json.loads((run_dir / "summary.json").read_text()))
+    return read_summary(run_dir, ACOSummary).to_dict()
 
 
 def _launch_ranks(cfg: ACOConfig, run_dir: Path, plots: bool) -> None:
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     from polytrain.launch.local import (
-        SHUTDOWN_TIMEOUT_S,
-        _quiet_elastic,
+        agent_config,
         describe_failure,
         local_rendezvous,
+        quiet_elastic,
         rank_environment,
     )
     from polytrain.launch.stores import stores_bound_to
@@ -98,13 +97,10 @@ def _launch_ranks(cfg: ACOConfig, run_dir: Path, plots: bool) -> None:
     payload.parent.mkdir(parents=True, exist_ok=True)
     payload.write_text(json.dumps({"config": cfg.to_dict(), "run_dir": str(run_dir), "plots": plots,
                                    "rank_logs": True}))
-    _quiet_elastic(False)
+    quiet_elastic(False)
     private = run_dir / "ranks" / "agent"  # the stores, 0700 (see polytrain.launch.stores)
     rdzv = local_rendezvous(private)
-    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=cfg.procs, run_id=uuid.uuid4().hex[:12],
-                      rdzv_backend="c10d", rdzv_endpoint=rdzv.endpoint, rdzv_configs=rdzv.configs,
-                      max_restarts=0, monitor_interval=0.1, local_addr=rdzv.local_addr,
-                      shutdown_timeout=SHUTDOWN_TIMEOUT_S, logs_specs=DefaultLogsSpecs(log_dir=str(private)))
+    lc = agent_config(cfg.procs, private, rdzv)
     try:
         with rank_environment(cfg.procs, private, rdzv.env), stores_bound_to(rdzv.local_addr):
             elastic_launch(lc, sys.executable)("-m", "polytrain.aco.rank", str(payload))
@@ -117,13 +113,13 @@ def _launch_ranks(cfg: ACOConfig, run_dir: Path, plots: bool) -> None:
 def rank_main(payload: dict[str, Any]) -> None:
     """One rank (started by the launcher above, or by torchrun through the CLI)."""
     from polytrain.comm import Comm
-    from polytrain.launch.worker import _redirect_output, init_distributed, set_threads
+    from polytrain.launch.worker import init_distributed, redirect_output, set_threads
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     run_dir = Path(payload["run_dir"])
     if payload.get("rank_logs"):
-        _redirect_output(run_dir / "ranks" / f"rank{rank}.log")
+        redirect_output(run_dir / "ranks" / f"rank{rank}.log")
     (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
     (run_dir / "ranks" / f"rank{rank}.jsonl").touch()
     set_threads()
@@ -167,5 +163,5 @@ def run_under_torchrun(cfg: ACOConfig, plots: bool = True) -> dict[str, Any] | N
         (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     rank_main({"config": cfg.to_dict(), "run_dir": str(run_dir), "plots": plots, "rank_logs": False})
     if int(os.environ["RANK"]) == 0:
-        return dict(json.loads((run_dir / "summary.json").read_text()))
+        return read_summary(run_dir, ACOSummary).to_dict()
     return None

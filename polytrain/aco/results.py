@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 
 from polytrain.aco.config import ACOConfig
 from polytrain.aco.tsp import Instance
+from polytrain.metrics.summary import ACOSummary
 
 
 class IterationLog:
@@ -68,7 +69,7 @@ def build_summary(cfg: ACOConfig, inst: Instance, rows: list[dict[str, Any]],
 
 def write_run(run_dir: Path, summary: dict[str, Any], inst: Instance, rows: list[dict[str, Any]],
               plots: bool = True) -> list[Path]:
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+    ACOSummary.of(summary).write(run_dir)
     if not plots:
         return []
     return [draw_tour(run_dir / "tour.png", inst, summary),

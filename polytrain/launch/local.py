@@ -19,14 +19,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 import polytrain.env as env
 from polytrain._torch_compat import cheap_rendezvous_events
 from polytrain.config import JobConfig
-from polytrain.errors import Interrupted, RankFailure
+from polytrain.errors import ConfigError, Interrupted, RankFailure
 from polytrain.launch.agent import is_timeout, prompt_stop, unresponsive
 from polytrain.launch.lock import hold_run_dir
 from polytrain.launch.merge import MergedEvents, MergeThread
@@ -45,10 +45,13 @@ from polytrain.runtime import startup_trace
 from polytrain.runtime.live_log import LiveLog, make_sinks
 from polytrain.runtime.progress import FollowProgress
 
+if TYPE_CHECKING:
+    from torch.distributed.launcher.api import LaunchConfig
+
 SHUTDOWN_TIMEOUT_S = 10
 
 
-def _quiet_elastic(debug: bool) -> None:
+def quiet_elastic(debug: bool) -> None:
     level = logging.INFO if debug else logging.CRITICAL
     prefixes = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
     # torch's elastic modules give their own loggers an explicit level (LOGLEVEL, WARNING)
@@ -118,9 +121,9 @@ def launch(
 
 def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
             console: Console | None, started: float) -> dict[str, Any]:
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     cfg = cfg.model_copy(update={"out": str(run_dir)})
     if not resume:
@@ -128,7 +131,7 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
     console = console or Console(stderr=True)
     if prepared.note:
         console.print(f"note: {prepared.note}", highlight=False)
-    _quiet_elastic(cfg.debug)
+    quiet_elastic(cfg.debug)
     payload = {
         "config": cfg.model_dump(mode="json"),
         "run_dir": str(run_dir),
@@ -145,23 +148,7 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
     agent_dir = run_dir / "ranks" / "agent"
     shutil.rmtree(agent_dir, ignore_errors=True)  # a launcher killed -9 before its watcher ran
     rdzv = local_rendezvous(agent_dir)
-    lc = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=cfg.procs,
-        run_id=uuid.uuid4().hex[:12],
-        rdzv_backend="c10d",
-        rdzv_endpoint=rdzv.endpoint,
-        rdzv_configs=rdzv.configs,
-        max_restarts=0,
-        monitor_interval=0.1,
-        local_addr=rdzv.local_addr,
-        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-        # torch's agent keeps a log tree per run, by default a /tmp/torchelastic_* that nothing
-        # removes: it goes in the run directory and is removed after the run (killed or not:
-        # polytrain.launch.reaper)
-        logs_specs=DefaultLogsSpecs(log_dir=str(agent_dir)),
-    )
+    lc = agent_config(cfg.procs, agent_dir, rdzv)
     rank0 = run_dir / "ranks" / "rank0.jsonl"
     label = f"{cfg.strategy} ×{cfg.procs}"
     states: dict[int, str] = {}  # the live ranks' process states when a failure stopped them
@@ -203,6 +190,32 @@ def stepped(ranks: Path) -> bool:
     return False
 
 
+def agent_config(procs: int, agent_dir: Path, rdzv: Rendezvous) -> LaunchConfig:
+    """torch's elastic agent for ``procs`` ranks on this machine, as every polytrain app that
+    starts its ranks through it (``train``, ``aco``) runs it: no restarts, a 0.1 s watch, the
+    agent's files in ``agent_dir`` (private, removed after the run)."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=procs,
+        run_id=uuid.uuid4().hex[:12],
+        rdzv_backend="c10d",
+        rdzv_endpoint=rdzv.endpoint,
+        rdzv_configs=rdzv.configs,
+        max_restarts=0,
+        monitor_interval=0.1,
+        local_addr=rdzv.local_addr,
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        # torch's agent keeps a log tree per run, by default a /tmp/torchelastic_* that nothing
+        # removes: it goes in the run directory and is removed after the run (killed or not:
+        # polytrain.launch.reaper)
+        logs_specs=DefaultLogsSpecs(log_dir=str(agent_dir)),
+    )
+
+
 def local_rendezvous(private: Path) -> Rendezvous:
     """A one-machine job's rendezvous: private FileStores in ``private`` (0700), or TCP stores on
     the ``--bind`` address when one was given. With TCP stores this launcher hosts the rendezvous
@@ -220,8 +233,8 @@ def _interrupted(run_dir: Path, cfg: JobConfig, sig: signal.Signals, started: fl
     path = run_dir / "summary.json"
     summary = None
     if path.is_file() and path.stat().st_mtime >= started:  # rank 0 finished the stop itself
-        with contextlib.suppress(OSError, ValueError):
-            summary = json.loads(path.read_text())
+        with contextlib.suppress(ConfigError):
+            summary = read_summary(run_dir)
     if not summary or not summary.get("interrupted"):
         summary = write_interrupted(run_dir, cfg, sig.name, merged)
     else:

@@ -6,7 +6,6 @@ the planner's measurement runs.
   that holds a finished run;
 * :func:`write_error_record` / :func:`read_error_record` — ``ranks/rank{R}.error.json``, what a
   failing rank writes before it exits so that its launcher can name the rank, step and cause;
-* :func:`atomic_json` — write a JSON file by rename, so a reader never sees half of it.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from typing import Any
 
 import polytrain.env as env
 from polytrain.errors import ConfigError
-from polytrain.metrics.jsonsafe import json_safe
 
 LOOPBACK = "127.0.0.1"
 LAUNCHER_PID_ENV = env.LAUNCHER_PID  # the local launcher's pid, its ranks' parent
@@ -80,12 +78,6 @@ def make_run_dir(out: str | None, label: str, base: Path = Path("runs"), *,
             raise ConfigError(f"Cannot create the run directory {path} ({exc.strerror}). Run from a "
                               "writable directory or pass --out.") from None
     raise ConfigError(f"Cannot create a run directory under {base}: too many runs this second.")
-
-
-def atomic_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(json_safe(data), indent=1, default=float))
-    tmp.replace(path)
 
 
 def _error_path(run_dir: Path, rank: int) -> Path:

@@ -12,10 +12,11 @@ import torch
 
 import polytrain.env as env
 from polytrain.config import JobConfig, to_toml
-from polytrain.errors import ConfigError
 from polytrain.launch.merge import MergedEvents, merge_all
-from polytrain.launch.records import atomic_json, make_run_dir
+from polytrain.launch.records import make_run_dir
 from polytrain.metrics.jsonsafe import json_safe
+from polytrain.metrics.summary import TrainSummary
+from polytrain.metrics.summary import read_summary as read_train_summary
 from polytrain.runtime.job import Job, RankContext
 
 TESTBED_ENV = env.TESTBED_RECORD  # set by polytrain testbed on every host
@@ -184,7 +185,7 @@ def write_stopped(run_dir: Path, cfg: JobConfig, stopped: dict[str, Any], *,
                "stopped": {**stopped, "after_step": last},
                "divergence_warnings": seen["divergence_warnings"],
                "config": cfg.model_dump(mode="json")}
-    atomic_json(run_dir / "summary.json", summary)
+    TrainSummary.of(summary).write(run_dir)
     return summary
 
 
@@ -243,12 +244,10 @@ def write_results(
         from polytrain.models.export import user_state_dict
 
         torch.save(user_state_dict(model_state, job.form, job.user_keys), run_dir / "model.pt")
-    atomic_json(run_dir / "summary.json", build_summary(job, ctx, records, events))
+    TrainSummary.of(build_summary(job, ctx, records, events)).write(run_dir)
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "summary.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{run_dir} has no readable summary.json ({e}).") from None
+    """``RUN/summary.json``, validated (:class:`polytrain.metrics.summary.TrainSummary`), as its
+    JSON object: what ``polytrain.train`` returns."""
+    return read_train_summary(run_dir, TrainSummary).to_dict()

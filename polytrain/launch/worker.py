@@ -81,7 +81,7 @@ def init_distributed(backend: str, rank: int, world: int, timeout_s: float) -> d
     return prefixed
 
 
-def _redirect_output(path: Path) -> None:
+def redirect_output(path: Path) -> None:
     """Send this rank's stdout/stderr (and any library's) to its log file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -122,7 +122,7 @@ def run_rank(payload: dict[str, Any]) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     run_dir = Path(payload["run_dir"])
     if payload.get("rank_logs"):
-        _redirect_output(run_dir / "ranks" / f"rank{rank}.log")
+        redirect_output(run_dir / "ranks" / f"rank{rank}.log")
     set_threads()
     generation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     fresh = generation == 0 and not payload.get("resume")

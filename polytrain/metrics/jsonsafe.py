@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 
@@ -18,3 +20,10 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
+
+
+def atomic_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON (non-finite floats as null) by rename: a reader never sees half."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(json_safe(data), indent=1, default=float))
+    tmp.replace(path)

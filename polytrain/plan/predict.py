@@ -181,12 +181,12 @@ def record_prediction(run_dir: Path) -> dict[str, Any]:
     """Add the planner's prediction for the job that ran in ``run_dir`` to its summary.json,
     beside the measurement, and return the summary. Only a summary the ranks wrote (a run that
     completed or was interrupted) gets one; a launcher's summary of a failed run does not."""
-    from polytrain.launch.records import atomic_json
     from polytrain.launch.rundir import read_summary
+    from polytrain.metrics.summary import TrainSummary
 
     summary = read_summary(run_dir)
     if "per_rank" in summary and "prediction" not in summary:
         cfg = JobConfig.model_validate(summary["config"])
         summary["prediction"] = predict_run(cfg, int(summary["world_size"]), summary.get("testbed"))
-        atomic_json(run_dir / "summary.json", summary)
+        TrainSummary.of(summary).write(run_dir)
     return summary

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from polytrain.errors import ConfigError
+from polytrain.metrics.summary import TrainSummary
 
 Event = dict[str, Any]
 Summary = dict[str, Any]
 
-SUMMARY_KEYS = ("strategy", "world_size")
-"""Summary keys the report cannot do without; every other figure is shown as `—` when absent."""
+# The keys the report cannot do without are TrainSummary's required ones (strategy, world_size);
+# every other figure is shown as `—` when absent.
 
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "step": ("step", "loss", "samples"),
@@ -172,12 +173,7 @@ def _check_summary(raw: Any, file: Path, where: str = "") -> Summary:
             f"{label} must be a JSON object (a run summary); got {_preview(raw)}. "
             "Re-run the job to rewrite it."
         )
-    missing = [k for k in SUMMARY_KEYS if k not in raw]
-    if missing:
-        raise ConfigError(
-            f"{label} lacks required key(s) {', '.join(missing)} (a summary has at least "
-            f"{', '.join(SUMMARY_KEYS)}). Re-run with this polytrain version to rewrite it."
-        )
+    TrainSummary.of(raw, label)  # the keys and types of a train summary (refused with one line)
     return raw
 
 

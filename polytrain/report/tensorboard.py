@@ -9,9 +9,7 @@ and loss at each evaluation, and the run's throughput and bytes per sample. Need
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 from polytrain.errors import ConfigError
 from polytrain.report.curves import loss_curve
@@ -28,8 +26,8 @@ def export_tensorboard(run_dir: Path, tag: str | None = None) -> Path:
             "Install it with: pip install 'polytrain[tensorboard]' (or pip install tensorboard)."
         ) from None
     run = load_run(run_dir)
-    summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
-    prefix = tag or summary.get("strategy", "run")
+    summary = run.summary
+    prefix = tag or str(summary.get("strategy", "run"))
     out = run_dir / "tensorboard"
     writer = SummaryWriter(log_dir=str(out))
     try:

@@ -18,7 +18,6 @@ through the same :func:`polytrain.rl.resume.resume_options`.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 
 from polytrain.errors import ConfigError
+from polytrain.runtime.checkpoint import load_tensors, save_tensors
 
 FILE = Path("checkpoints") / "dqn.pt"
 # settings a resumed run may change: when to stop and how to evaluate, not what it learns
@@ -115,24 +115,25 @@ def dqn_state(learner: Any, replay: Any, runner: Any, window: Any, episodes: int
 
 
 def save(run_dir: Path, state: dict[str, Any]) -> None:
-    """Write ``RUN/checkpoints/dqn.pt`` by rename: a reader sees the old file or the new one."""
-    path = run_dir / FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    """Write ``RUN/checkpoints/dqn.pt`` whole (:func:`polytrain.runtime.checkpoint.save_tensors`)."""
+    save_tensors(run_dir / FILE, state)
 
 
 def load(run_dir: Path) -> dict[str, Any]:
     path = run_dir / FILE
-    try:
-        state: dict[str, Any] = torch.load(path, weights_only=True)
-    except FileNotFoundError:
+    if not path.exists():
         raise ConfigError(f"--resume {run_dir}: no checkpoint ({FILE}); the run was started without "
-                          "--checkpoint-every N. Start a new run with it.") from None
-    except Exception as exc:  # unreadable or crafted: never unpickle more than tensors
-        raise ConfigError(f"--resume {run_dir}: {path} cannot be loaded ({type(exc).__name__}); "
-                          "start a new run.") from None
+                          "--checkpoint-every N. Start a new run with it.")
+    return load_part_file(run_dir, path)
+
+
+def load_part_file(run_dir: Path, path: Path) -> dict[str, Any]:
+    """One checkpoint file of an RL run (dqn's, or a part of an apex/gorila snapshot), read as
+    tensors, numbers and strings only (never unpickling more); refused before the run starts."""
+    state, problem = load_tensors(path)
+    if problem is not None or not isinstance(state, dict):
+        raise ConfigError(f"--resume {run_dir}: {path} cannot be loaded ({problem or 'not a state'}); "
+                          "start a new run.")
     return state
 
 

@@ -8,10 +8,11 @@ the rule, the value and the fix. The hyperparameters are shared so that the sing
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
+from polytrain.appconfig import AppConfig
 from polytrain.errors import ConfigError, did_you_mean
 from polytrain.rl.envs import EnvInfo, env_info
 
@@ -19,8 +20,8 @@ ALGOS = ("dqn", "apex", "gorila")
 Algo = Literal["dqn", "apex", "gorila"]
 
 
-class RLConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class RLConfig(AppConfig):
+    JOB: ClassVar[str] = "RL job"
 
     algo: Algo = "apex"
     env: str = "CartPole-v1"
@@ -136,19 +137,6 @@ RULES: dict[str, str] = {
 MAX_PROCESSES = 64
 
 
-def _friendly(err: ValidationError) -> ConfigError:
-    lines = []
-    for e in err.errors():
-        key = str(e["loc"][-1]) if e["loc"] else "(job)"
-        if e["type"] == "extra_forbidden":
-            hint = did_you_mean(key, RLConfig.model_fields).removesuffix(".")
-            lines.append(f"unknown option '{key}'. {hint}")
-        else:
-            msg = str(e["msg"]).removeprefix("Value error, ")
-            lines.append(f"--{key.replace('_', '-')} = {e.get('input')!r}: {msg}")
-    return ConfigError("Invalid RL job: " + "; ".join(lines) + ".")
-
-
 def _check_roles(cfg: RLConfig) -> None:
     roles = ["actors"] + (["learners", "servers"] if cfg.algo == "gorila" else [])
     if cfg.algo == "dqn":
@@ -225,10 +213,7 @@ def make_rl_config(data: dict[str, Any]) -> RLConfig:
     algo = data.get("algo", "apex")
     if algo not in ALGOS:
         raise ConfigError(f"Unknown RL algorithm '{algo}'. {did_you_mean(str(algo), ALGOS)}")
-    try:
-        cfg = RLConfig(**data)
-    except ValidationError as err:
-        raise _friendly(err) from None
+    cfg = RLConfig.parse(data)
     env_info(cfg.env)  # unknown env: lists the valid ones
     _check_roles(cfg)
     _check_model(cfg)

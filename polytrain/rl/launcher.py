@@ -29,7 +29,8 @@ from typing import Any
 
 from polytrain.errors import RankFailure
 from polytrain.launch.reaper import running
-from polytrain.launch.records import atomic_json, read_error_record, write_error_record
+from polytrain.launch.records import read_error_record, write_error_record
+from polytrain.metrics.jsonsafe import atomic_json
 from polytrain.rl.config import RLConfig
 from polytrain.rl.roles import describe, layout_ranks, role
 from polytrain.runtime.interrupt import AGAIN_S
@@ -212,13 +213,6 @@ def start_processes(cfg: RLConfig, run_dir: Path, port: int, resume: bool = Fals
 # ---- inside each process -----------------------------------------------------------------------
 
 
-def _redirect_output(path: Path) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-
-
 def exit_with(pid: int) -> None:
     """End this process at once when process ``pid`` (the launcher) ends, SIGKILL included.
 
@@ -251,12 +245,13 @@ def rank_main(payload: dict[str, Any], rank: int) -> None:
     interrupt.install(None)  # a stop request sets a flag: the lead learner ends at its next check
     import torch
 
+    from polytrain.launch.worker import redirect_output
     from polytrain.metrics.recorder import Recorder
     from polytrain.rl.roles_run import run_role
 
     run_dir = Path(payload["run_dir"])
     (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
-    _redirect_output(run_dir / "ranks" / f"rank{rank}.log")
+    redirect_output(run_dir / "ranks" / f"rank{rank}.log")
     recorder = Recorder(rank, run_dir / "ranks" / f"rank{rank}.jsonl")
     recorder.emit("process", pid=os.getpid())
     # Many small processes share few cores: one thread each beats oversubscribed intra-op pools.

@@ -17,6 +17,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from polytrain.metrics.summary import RLSummary, read_summary
+
 PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3",
            "#937860", "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD")
 
@@ -88,7 +90,7 @@ def _draw(ax: Axes, events: list[dict[str, Any]], summary: dict[str, Any], x: st
 
 def write_plots(run_dir: Path) -> list[Path]:
     events = _events(run_dir)
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = read_summary(run_dir, RLSummary).to_dict()
     out = []
     axes = (("t", "return_vs_time.png", "wall-clock time since all processes started (s)"),
             ("steps", "return_vs_steps.png", "environment steps (all actors)"))

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from polytrain.launch.records import atomic_json, make_run_dir
+from polytrain.launch.records import make_run_dir
+from polytrain.metrics.summary import RLSummary
 from polytrain.rl.config import RLConfig
 from polytrain.rl.launcher import Supervision
 from polytrain.rl.roles import describe, layout_ranks
@@ -170,4 +171,4 @@ def build_summary(cfg: RLConfig, run_dir: Path, sup: Supervision) -> dict[str, A
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    atomic_json(run_dir / "summary.json", summary)
+    RLSummary.of(summary).write(run_dir)

@@ -32,7 +32,6 @@ the uninterrupted run bit for bit (``dqn`` is: :mod:`polytrain.rl.checkpoint`).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,8 @@ from typing import Any
 import torch
 
 from polytrain.errors import ConfigError
-from polytrain.launch.records import atomic_json
+from polytrain.metrics.jsonsafe import atomic_json
+from polytrain.runtime.checkpoint import save_tensors
 
 DIR = Path("checkpoints") / "rl"
 MANIFEST = Path("checkpoints") / "rl.json"
@@ -53,14 +53,7 @@ def part_path(run_dir: Path, rank: int, k: int) -> Path:
 
 def write_part(run_dir: Path, rank: int, k: int, state: dict[str, Any]) -> None:
     """This rank's file of checkpoint ``k``, complete on disk before anyone is told."""
-    path = part_path(run_dir, rank, k)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    save_tensors(part_path(run_dir, rank, k), state)
 
 
 def seal(run_dir: Path, meta: dict[str, Any], ranks: Sequence[int]) -> None:
@@ -90,14 +83,10 @@ def load_meta(run_dir: Path) -> dict[str, Any]:
 
 def load_part(run_dir: Path, rank: int) -> dict[str, Any]:
     """Rank ``rank``'s file of the sealed checkpoint (tensors, numbers and strings only)."""
+    from polytrain.rl.checkpoint import load_part_file
+
     meta = load_meta(run_dir)
-    path = run_dir / DIR / meta["files"][str(rank)]
-    try:
-        state: dict[str, Any] = torch.load(path, weights_only=True)
-    except Exception as exc:  # missing, cut short or crafted: never unpickle more than tensors
-        raise ConfigError(f"--resume {run_dir}: {path} cannot be loaded ({type(exc).__name__}); "
-                          "start a new run.") from None
-    return state
+    return load_part_file(run_dir, run_dir / DIR / meta["files"][str(rank)])
 
 
 # ---- what each role keeps ----------------------------------------------------------------------

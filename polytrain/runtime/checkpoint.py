@@ -65,13 +65,32 @@ def _load_problem(e: BaseException) -> str:
     return f"cannot be read as a checkpoint ({type(e).__name__})"
 
 
-def _load_mapped(path: Path) -> tuple[Any, str | None]:
-    """(the content, None) when ``path`` loads as tensors only (mapped, not read), else
-    (None, what is wrong)."""
+def load_tensors(path: Path, mmap: bool = False) -> tuple[Any, str | None]:
+    """(the content, None) when ``path`` loads as tensors, numbers, strings and plain containers
+    only (``weights_only``: a crafted file cannot run code), else (None, what is wrong). Every
+    checkpoint file of polytrain is read here: training's rank files, rl's ``dqn.pt`` and the
+    apex/gorila snapshot parts. ``mmap``: mapped, not read (training's verification)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True), None
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap), None
+    except FileNotFoundError:
+        return None, "is missing"
     except Exception as e:
         return None, _load_problem(e)
+
+
+def _load_mapped(path: Path) -> tuple[Any, str | None]:
+    return load_tensors(path, mmap=True)
+
+
+def save_tensors(path: Path, state: dict[str, Any]) -> None:
+    """Write ``state`` to ``path`` whole: to ``path.part``, fsynced, then renamed (a reader sees
+    the old file or the new one, never half). Every checkpoint file of polytrain is written here."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".part")
+    torch.save(state, tmp)
+    with tmp.open("rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def schema(state: Any, prefix: str = "") -> dict[str, list[int] | str]:
@@ -135,10 +154,7 @@ class CheckpointStore:
         try:
             path = self.stage(step) / f"rank{rank}.pt"
             tmp = path.with_suffix(".part")
-            torch.save(state, tmp)
-            with tmp.open("rb+") as f:
-                os.fsync(f.fileno())
-            tmp.rename(path)
+            save_tensors(path, state)
         except (OSError, RuntimeError) as e:  # torch's writer reports a full disk as RuntimeError
             raise CheckpointError(
                 f"rank {rank} could not write {step_dir_name(step)}: {self._write_problem(e, tmp)} "

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from polytrain.env import CALIBRATION
 from polytrain.errors import ConfigError
+from polytrain.metrics.summary import RunSummary, read_summary
 
 if TYPE_CHECKING:  # `polytrain --help` builds this parser: rich loads only when something prints
     from rich.console import Console
@@ -89,12 +90,11 @@ def _annotate(run_dir: Path, before: dict[int, dict[str, int]], after: dict[int,
     path = run_dir / "summary.json"
     if not path.is_file():
         return
-    summary = json.loads(path.read_text())
-    tb = summary.get("testbed") or {}
+    summary = read_summary(run_dir, RunSummary)  # a train or an aco run's
+    tb = dict(getattr(summary, "testbed", None) or {})
     tb["wire_bytes_tx"] = {str(h): after[h]["tx_wire"] - before[h]["tx_wire"] for h in after}
     tb["nic_bytes_tx"] = {str(h): after[h]["tx"] - before[h]["tx"] for h in after}
-    summary["testbed"] = tb
-    path.write_text(json.dumps(summary, indent=1))
+    RunSummary.of({**summary.to_dict(), "testbed": tb}).write(run_dir)
 
 
 def run_testbed(bed: Bed, job: TestbedJob, console: Console) -> int:
@@ -123,7 +123,7 @@ def run_testbed(bed: Bed, job: TestbedJob, console: Console) -> int:
     if job.command == "compare" and code == 0:
         from polytrain.report import summary_table, write_report
 
-        summaries = [json.loads((job.root / n / "summary.json").read_text()) for n in job.strategies]
+        summaries = [read_summary(job.root / n, RunSummary).to_dict() for n in job.strategies]
         (job.root / "compare.json").write_text(json.dumps({"strategies": summaries, "target_accuracy": None},
                                                           indent=1))
         console.print(summary_table(summaries, title=f"comparison on the testbed ({bed.hosts} hosts, "

@@ -14,8 +14,7 @@ import torch
 import polytrain
 from polytrain.config import load_config
 from polytrain.errors import ConfigError, RankFailure
-from polytrain.launch.records import atomic_json
-from polytrain.metrics.jsonsafe import json_safe
+from polytrain.metrics.jsonsafe import atomic_json, json_safe
 from polytrain.runtime.checkpoint import CheckpointStore
 
 BAD = [("lr", v) for v in (math.nan, math.inf, 0.0, -1.0)] + \
