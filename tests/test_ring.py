@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from polytrain.comm import Comm
-from polytrain.comm.ring import chunk_bounds, ring_all_reduce, ring_schedule
+from polytrain.comm.ring import chunk_bounds, ring_all_reduce, ring_reduce_scatter, ring_schedule
 
 
 def test_schedule_simulated_sums_every_chunk() -> None:
@@ -93,3 +93,51 @@ def _worker(rank: int, port: int, world: int) -> None:
 @pytest.mark.slow
 def test_ring_equals_builtin_all_reduce_w2_to_w5() -> None:
     mp.spawn(_worker, args=(_port(), 5), nprocs=5, join=True)
+
+
+def _check_halves(comm: Comm, group: object, s: int) -> None:
+    """Comm's reduce_scatter / all_gather_into on CPU (polytrain's ring over p2p) equal torch's
+    gloo collectives bit for bit on integers, send (W−1)·S elements per rank as counted, and two
+    asynchronous calls in flight complete in order."""
+    w, r = comm.world, comm.rank
+    gen = torch.Generator().manual_seed(100 * r + s)
+    full = torch.randint(-(2**40), 2**40, (w * s,), generator=gen, dtype=torch.int64)
+    mine = torch.randint(-(2**40), 2**40, (s,), generator=gen, dtype=torch.int64)
+    want_rs, want_ag = torch.empty(s, dtype=torch.int64), torch.empty(w * s, dtype=torch.int64)
+    dist.reduce_scatter_tensor(want_rs, full.clone(), group=group)
+    dist.all_gather_into_tensor(want_ag, mine, group=group)
+    kept = full.clone()
+    before = comm.bytes_sent
+    rs, ag = torch.empty(s, dtype=torch.int64), torch.empty(w * s, dtype=torch.int64)
+    works = [comm.reduce_scatter(rs, full, async_op=True), comm.all_gather_into(ag, mine, async_op=True)]
+    full.zero_()  # the caller may reuse its input once the call returns
+    for work in works:
+        assert work.wait()
+    assert torch.equal(rs, want_rs) and torch.equal(ag, want_ag), (w, s)
+    assert comm.bytes_sent - before == 2 * (w - 1) * s * 8
+    out = torch.empty(s, dtype=torch.int64)
+    ring_reduce_scatter(out, kept, comm, segment_elems=3)  # many segments per chunk
+    assert torch.equal(out, want_rs)
+    x = torch.randn(w * s, generator=gen)
+    got, want = torch.empty(s), torch.empty(s)
+    comm.reduce_scatter(got, x)
+    dist.reduce_scatter_tensor(want, x, group=group)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _halves_worker(rank: int, port: int, world: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    groups = {w: dist.new_group(list(range(w))) for w in range(2, world + 1)}
+    for w, group in groups.items():
+        if rank < w:
+            comm = Comm(rank, w, group=group)
+            for s in (1, 7, 1001):
+                _check_halves(comm, group, s)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_comm_reduce_scatter_and_all_gather_are_the_ring_w2_to_w4() -> None:
+    mp.spawn(_halves_worker, args=(_port(), 4), nprocs=4, join=True)
