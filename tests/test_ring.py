@@ -11,7 +11,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from polytrain.comm import Comm
-from polytrain.comm.ring import chunk_bounds, ring_all_reduce, ring_reduce_scatter, ring_schedule
+from polytrain.comm.ring import (
+    chunk_bounds,
+    half_schedule,
+    ring_all_reduce,
+    ring_reduce_scatter,
+    ring_schedule,
+)
 
 
 def test_schedule_simulated_sums_every_chunk() -> None:
@@ -28,6 +34,34 @@ def test_schedule_simulated_sums_every_chunk() -> None:
                 mine = held[r][phase.send_chunk]
                 held[r][phase.send_chunk] = mine | payload if phase.kind == "reduce-scatter" else payload
         assert all(c == set(range(world)) for row in held for c in row)
+
+
+def test_half_schedules_leave_rank_r_with_chunk_r() -> None:
+    """Replayed alone, the shifted reduce-scatter leaves rank r with the full sum of chunk r, and
+    the shifted all-gather spreads every rank's chunk r to all (torch's tensor layouts)."""
+    for world in (2, 3, 4, 5):
+        held = [[{r} for _ in range(world)] for r in range(world)]
+        plans = [half_schedule("reduce-scatter", r, world) for r in range(world)]
+        for i in range(world - 1):
+            msgs = [(p[i], set(held[r][p[i].send_chunk])) for r, p in enumerate(plans)]
+            for r in range(world):
+                phase, payload = msgs[(r - 1) % world]
+                assert phase.send_chunk == plans[r][i].recv_chunk
+                held[r][phase.send_chunk] |= payload
+        assert all(held[r][r] == set(range(world)) for r in range(world))
+        for kind in ("reduce-scatter", "all-gather"):  # each phase forwards what the last received
+            for r in range(world):
+                p = half_schedule(kind, r, world)
+                assert all(p[i].send_chunk == p[i - 1].recv_chunk for i in range(1, world - 1))
+        have = [{r} for r in range(world)]  # chunks each rank holds
+        plans = [half_schedule("all-gather", r, world) for r in range(world)]
+        for i in range(world - 1):
+            sent = [p[i].send_chunk for p in plans]
+            assert all(c in h for c, h in zip(sent, have, strict=True))  # held before this phase
+            for r in range(world):
+                assert plans[r][i].recv_chunk == sent[(r - 1) % world]
+                have[r].add(plans[r][i].recv_chunk)
+        assert all(h == set(range(world)) for h in have)
 
 
 def test_chunks_cover_the_tensor_and_may_be_empty() -> None:

@@ -91,8 +91,9 @@ def chunk_bounds(numel: int, world: int) -> list[tuple[int, int]]:
     return [(i * numel // world, (i + 1) * numel // world) for i in range(world)]
 
 
-def _half(kind: str, rank: int, world: int, shift: int) -> list[Phase]:
-    """One half of the ring; ``shift`` -1 moves the chunk a rank ends (reduce-scatter) or starts
+def half_schedule(kind: str, rank: int, world: int, shift: int = -1) -> list[Phase]:
+    """The W−1 phases of one half of the ring (``kind`` "reduce-scatter" or "all-gather") for
+    rank ``rank``. ``shift`` -1 (the default) moves the chunk a rank ends (reduce-scatter) or starts
     (all-gather) with from ``rank + 1`` to ``rank``."""
     if world < 2:
         raise ValueError(f"a ring needs world size >= 2, got {world}")
@@ -102,7 +103,7 @@ def _half(kind: str, rank: int, world: int, shift: int) -> list[Phase]:
 
 def ring_schedule(rank: int, world: int) -> list[Phase]:
     """The 2·(W−1) phases rank ``rank`` runs: reduce-scatter, then all-gather."""
-    return _half("reduce-scatter", rank, world, 0) + _half("all-gather", rank, world, 0)
+    return half_schedule("reduce-scatter", rank, world, 0) + half_schedule("all-gather", rank, world, 0)
 
 
 def _segments(start: int, end: int, seg: int) -> list[tuple[int, int]]:
@@ -190,7 +191,7 @@ def ring_reduce_scatter(out: torch.Tensor, tensor: torch.Tensor, comm: Comm, *,
                          f"over {comm.world} ranks: the input must hold world x output elements")
     flat = tensor.reshape(-1) if overwrite and tensor.is_contiguous() else tensor.reshape(-1).clone()
     bounds = chunk_bounds(flat.numel(), comm.world)
-    stats = RingStats(_stream(comm, flat, _half("reduce-scatter", comm.rank, comm.world, -1),
+    stats = RingStats(_stream(comm, flat, half_schedule("reduce-scatter", comm.rank, comm.world),
                               bounds, segment_elems, op))
     a, b = bounds[comm.rank]
     out.view(-1).copy_(flat[a:b])
@@ -212,7 +213,7 @@ def ring_all_gather(out: torch.Tensor, tensor: torch.Tensor | None, comm: Comm, 
             raise ValueError(f"all-gather of {tensor.numel()} elements per rank into {flat.numel()} "
                              f"over {comm.world} ranks: the output must hold world x input elements")
         flat[a:b].copy_(tensor.reshape(-1))
-    return RingStats(_stream(comm, flat, _half("all-gather", comm.rank, comm.world, -1), bounds,
+    return RingStats(_stream(comm, flat, half_schedule("all-gather", comm.rank, comm.world), bounds,
                              segment_elems, op))
 
 
