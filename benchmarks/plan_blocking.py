@@ -15,9 +15,9 @@ iteration (the typical one), the all-reduce call's mean, and the stalls (iterati
 all-reduce call took ≥ 50 ms longer than the case's median call on some rank); per case, the
 median over jobs with min–max.
 Priced: the planner's iteration with the calibration of ``--frozen`` (its cores per host, time per
-call and extra α): ``compute × contention(W)`` plus ``plan.cost.allreduce_s`` on the testbed's
-cluster with the shaper's bucket refilled for the compute's time (`plan.cost.refilled`), as
-`plan.estimate.tensor` prices a block's all-reduces.
+call and extra α): ``compute × contention(W)`` plus ``cost.network.allreduce_s`` on the testbed's
+cluster with the shaper's bucket refilled for the compute's time (`cost.network.refilled`), as
+`cost.estimate.tensor` prices a block's all-reduces.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def run_case(hosts: int, nic: str, cases: list[list[float]], iterations: int) ->
 def priced_s(hosts: int, nic: str, nbytes: float, compute_s: float, frozen: dict[str, Any]) -> float:
     from plan_accuracy_model import testbed_cluster
 
-    from polytrain.plan.cost import allreduce_s, refilled
+    from polytrain.cost.network import allreduce_s, refilled
 
     cluster = testbed_cluster(hosts, nic, frozen["extra_alpha_s"], frozen["cores_per_host"], frozen["call_s"])
     comm = allreduce_s(nbytes, range(hosts), refilled(cluster, compute_s))

@@ -146,8 +146,10 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
         from polytrain.launch.worker import exit_now
 
         # a torchrun rank of the CLI ends as the local launcher's ranks do (see exit_now)
+        from polytrain.plan.predict import record_prediction
+
         exit_now(train_under_torchrun(args.config, overrides(args), args.sets, args.resume,
-                                      no_report=args.no_report))
+                                      no_report=args.no_report, finished=record_prediction))
     from rich.console import Console
 
     summary = api.train(config=args.config, sets=args.sets, resume=args.resume, report=False,

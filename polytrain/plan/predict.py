@@ -22,10 +22,10 @@ import torch
 
 import polytrain.env as env
 from polytrain.config import JobConfig
+from polytrain.cost.cluster import Cluster
+from polytrain.cost.profile import Profile, measure_profile
+from polytrain.cost.scene import Estimate, Scene
 from polytrain.plan.calibration import SCHEMA, Calibration, EmulationFile, emulate
-from polytrain.plan.cluster import Cluster
-from polytrain.plan.estimate import Estimate, Scene
-from polytrain.plan.profile import Profile, measure_profile
 
 
 def cache_dir() -> Path:
@@ -158,3 +158,18 @@ def predict_run(cfg: JobConfig, world: int, testbed: dict[str, Any] | None = Non
         "bytes_per_step": e.bytes_per_step,
         "cluster": scene.cluster.to_json(),
     }
+
+
+def record_prediction(run_dir: Path) -> dict[str, Any]:
+    """Add the planner's prediction for the job that ran in ``run_dir`` to its summary.json,
+    beside the measurement, and return the summary. Only a summary the ranks wrote (a run that
+    completed or was interrupted) gets one; a launcher's summary of a failed run does not."""
+    from polytrain.launch.records import atomic_json
+    from polytrain.launch.rundir import read_summary
+
+    summary = read_summary(run_dir)
+    if "per_rank" in summary and "prediction" not in summary:
+        cfg = JobConfig.model_validate(summary["config"])
+        summary["prediction"] = predict_run(cfg, int(summary["world_size"]), summary.get("testbed"))
+        atomic_json(run_dir / "summary.json", summary)
+    return summary

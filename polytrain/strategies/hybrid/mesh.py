@@ -54,6 +54,7 @@ from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.layout import Layout
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.runtime.supports import Supports
+from polytrain.schedules.registry import get_schedule
 from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.data.allreduce import (
     check_divisible,
@@ -74,11 +75,10 @@ from polytrain.strategies.model.tp_plan import unchunk
 from polytrain.strategies.pipeline.chunks import ChunkPipeline, check_chunks
 from polytrain.strategies.pipeline.flush import FlushPipeline, Pipelined
 from polytrain.strategies.pipeline.options import meta_model
-from polytrain.strategies.pipeline.schedule import get_schedule
 from polytrain.strategies.pipeline.ties import find_ties
 
 if TYPE_CHECKING:
-    from polytrain.plan.estimate import Estimate, Scene
+    from polytrain.cost.scene import Estimate, Scene
 
 PIPELINE_OPTIONS = {"schedule", "microbatches", "partition", "virtual_stages"}
 Schedule = Literal["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "looped-bfs", "zbv", "dualpipev"]
@@ -148,11 +148,12 @@ class Mesh(Strategy):
         other schedule the pipe can run (`OFFERED`: ZB-H1 and the virtual-stage schedules where
         P·V chunks fit the layers; one M each keeps planning 4096 ranks within its budget); and
         dp × tp for transformers."""
-        from polytrain.plan import estimate as est
-        from polytrain.plan.estimate_pipe import planned_partition
+        from polytrain.cost import estimate as est
+        from polytrain.cost.pipeline import planned_partition
+        from polytrain.cost.scene import counted
 
-        if est.counted(scene.profile):  # a meta-device profile: the 3-D layouts at scale
-            from polytrain.plan.estimate_3d import layouts
+        if counted(scene.profile):  # a meta-device profile: the 3-D layouts at scale
+            from polytrain.cost.mesh3d import layouts
 
             yield from ((scene.cluster.world, o) for o in layouts(scene))
             return
@@ -175,13 +176,14 @@ class Mesh(Strategy):
                     yield w, {"dp": w // tp, "tp": tp}
 
     def price(self, scene: Scene, world: int) -> Estimate | str:
-        from polytrain.plan import estimate as est
-        from polytrain.plan.estimate_pipe import price_pipeline
+        from polytrain.cost import estimate as est
+        from polytrain.cost.pipeline import price_pipeline
+        from polytrain.cost.scene import counted
 
         o: MeshOptions = self.options  # type: ignore[assignment]
         layout = o.layout.resolve(world)
-        if est.counted(scene.profile):
-            from polytrain.plan.estimate_3d import mesh3d
+        if counted(scene.profile):
+            from polytrain.cost.mesh3d import mesh3d
 
             return mesh3d(scene, layout.tp, layout.pp, layout.dp, o.microbatches or layout.pp, o.schedule,
                           o.virtual_stages or get_schedule(o.schedule).default_virtual)

@@ -1,7 +1,7 @@
 """From ``--set partition=...`` to the Partition every rank of a pipeline job uses.
 
 ``uniform``, ``params`` and explicit counts are computed on every rank (deterministic). ``time`` and
-``auto`` need a profile measured on this machine: rank 0 measures it (`plan.profile`), plans, and
+``auto`` need a profile measured on this machine: rank 0 measures it (`cost.profile`), plans, and
 broadcasts the plan, because timings differ from rank to rank and all stages must agree.
 ``auto`` runs PipeDream's planner: one replica per stage, or (``replicate=true``, gpipe/1f1b) any
 number of data-parallel replicas per stage, as the planner finds fastest for the link.
@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from polytrain.plan.partition import (
+from polytrain.cost.layer_profile import profile_layers
+from polytrain.models.partition import (
     Partition,
     balanced,
     check_cuttable,
@@ -25,7 +26,6 @@ from polytrain.plan.partition import (
     pipedream_plan,
     uniform,
 )
-from polytrain.plan.profile import profile_layers
 from polytrain.runtime.job import RankContext
 from polytrain.strategies.pipeline.options import PARTITION_MODES, PipelineOptions, check_replicas
 
