@@ -2,7 +2,7 @@
 step time, bytes per step from the hosts' interface counters, peak memory per rank.
 
     sudo .venv/bin/python benchmarks/zero_testbed.py [--hosts 4] [--nic 1gbit] [--steps 22]
-        [--short-steps 2] [--repeats 5] [--d-model 128]
+        [--short-steps 2] [--repeats 5] [--d-model 128] [--lock FILE]
 
 Each variant trains gpt-mini (4 layers, ``--d-model``) on chars (T 32, 8 samples per rank, Adam)
 through ``polytrain testbed --hosts H --nic RATE -- train --procs H`` (one rank per emulated host).
@@ -13,13 +13,16 @@ start-up broadcasts, the final evaluation and the consolidated ``model.pt``) can
 ``NIC``: the kernel's tx counters of every host (headers included), ``wire``: what the links'
 shapers charged, ``payload``: polytrain's own count; all per rank per step. Step time: from the
 long run's step events (seconds since the start barrier), the slowest rank's mean over the steps
-after the first two. Peak memory: each rank's process RSS peak (``peak_rss_bytes``).
+after the first two. Peak memory: each rank's process RSS peak (``peak_rss_bytes``). Each launch
+holds the lock file ``--lock`` (``flock``; default ``$TESTBED_LOCK``), so testbed runs on one
+machine never overlap.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -43,7 +46,8 @@ WARM = 2  # steps left out of the step time
 
 
 def run(variant: str, steps: int, a: argparse.Namespace, out: Path) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "polytrain", "testbed", "--hosts", str(a.hosts), "--nic", a.nic,
+    lock = ["flock", a.lock] if a.lock else []  # one testbed at a time on this machine
+    cmd = [*lock, sys.executable, "-m", "polytrain", "testbed", "--hosts", str(a.hosts), "--nic", a.nic,
            "--", "train", *VARIANTS[variant], "--model", "gpt-mini", "--set", "model.n_layer=4",
            "--set", f"model.d_model={a.d_model}", "--dataset", "chars", "--set", "data.seq_len=32",
            "--set", "data.chars=20000", "--optimizer", "adam", "--lr", "1e-3", "--seed", "0",
@@ -96,6 +100,9 @@ def main() -> None:
     p.add_argument("--short-steps", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--lock", default=os.environ.get("TESTBED_LOCK", ""),
+                   help="each launch holds this lock file (flock), shared with the machine's other "
+                        "testbed users (default: $TESTBED_LOCK; none: no lock)")
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     a = p.parse_args()
     tmp = Path(tempfile.mkdtemp())

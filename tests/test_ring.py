@@ -11,7 +11,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from polytrain.comm import Comm
-from polytrain.comm.ring import chunk_bounds, ring_all_reduce, ring_schedule
+from polytrain.comm.ring import (
+    chunk_bounds,
+    half_schedule,
+    ring_all_reduce,
+    ring_reduce_scatter,
+    ring_schedule,
+)
 
 
 def test_schedule_simulated_sums_every_chunk() -> None:
@@ -28,6 +34,34 @@ def test_schedule_simulated_sums_every_chunk() -> None:
                 mine = held[r][phase.send_chunk]
                 held[r][phase.send_chunk] = mine | payload if phase.kind == "reduce-scatter" else payload
         assert all(c == set(range(world)) for row in held for c in row)
+
+
+def test_half_schedules_leave_rank_r_with_chunk_r() -> None:
+    """Replayed alone, the shifted reduce-scatter leaves rank r with the full sum of chunk r, and
+    the shifted all-gather spreads every rank's chunk r to all (torch's tensor layouts)."""
+    for world in (2, 3, 4, 5):
+        held = [[{r} for _ in range(world)] for r in range(world)]
+        plans = [half_schedule("reduce-scatter", r, world) for r in range(world)]
+        for i in range(world - 1):
+            msgs = [(p[i], set(held[r][p[i].send_chunk])) for r, p in enumerate(plans)]
+            for r in range(world):
+                phase, payload = msgs[(r - 1) % world]
+                assert phase.send_chunk == plans[r][i].recv_chunk
+                held[r][phase.send_chunk] |= payload
+        assert all(held[r][r] == set(range(world)) for r in range(world))
+        for kind in ("reduce-scatter", "all-gather"):  # each phase forwards what the last received
+            for r in range(world):
+                p = half_schedule(kind, r, world)
+                assert all(p[i].send_chunk == p[i - 1].recv_chunk for i in range(1, world - 1))
+        have = [{r} for r in range(world)]  # chunks each rank holds
+        plans = [half_schedule("all-gather", r, world) for r in range(world)]
+        for i in range(world - 1):
+            sent = [p[i].send_chunk for p in plans]
+            assert all(c in h for c, h in zip(sent, have, strict=True))  # held before this phase
+            for r in range(world):
+                assert plans[r][i].recv_chunk == sent[(r - 1) % world]
+                have[r].add(plans[r][i].recv_chunk)
+        assert all(h == set(range(world)) for h in have)
 
 
 def test_chunks_cover_the_tensor_and_may_be_empty() -> None:
@@ -93,3 +127,51 @@ def _worker(rank: int, port: int, world: int) -> None:
 @pytest.mark.slow
 def test_ring_equals_builtin_all_reduce_w2_to_w5() -> None:
     mp.spawn(_worker, args=(_port(), 5), nprocs=5, join=True)
+
+
+def _check_halves(comm: Comm, group: object, s: int) -> None:
+    """Comm's reduce_scatter / all_gather_into on CPU (polytrain's ring over p2p) equal torch's
+    gloo collectives bit for bit on integers, send (W−1)·S elements per rank as counted, and two
+    asynchronous calls in flight complete in order."""
+    w, r = comm.world, comm.rank
+    gen = torch.Generator().manual_seed(100 * r + s)
+    full = torch.randint(-(2**40), 2**40, (w * s,), generator=gen, dtype=torch.int64)
+    mine = torch.randint(-(2**40), 2**40, (s,), generator=gen, dtype=torch.int64)
+    want_rs, want_ag = torch.empty(s, dtype=torch.int64), torch.empty(w * s, dtype=torch.int64)
+    dist.reduce_scatter_tensor(want_rs, full.clone(), group=group)
+    dist.all_gather_into_tensor(want_ag, mine, group=group)
+    kept = full.clone()
+    before = comm.bytes_sent
+    rs, ag = torch.empty(s, dtype=torch.int64), torch.empty(w * s, dtype=torch.int64)
+    works = [comm.reduce_scatter(rs, full, async_op=True), comm.all_gather_into(ag, mine, async_op=True)]
+    full.zero_()  # the caller may reuse its input once the call returns
+    for work in works:
+        assert work.wait()
+    assert torch.equal(rs, want_rs) and torch.equal(ag, want_ag), (w, s)
+    assert comm.bytes_sent - before == 2 * (w - 1) * s * 8
+    out = torch.empty(s, dtype=torch.int64)
+    ring_reduce_scatter(out, kept, comm, segment_elems=3)  # many segments per chunk
+    assert torch.equal(out, want_rs)
+    x = torch.randn(w * s, generator=gen)
+    got, want = torch.empty(s), torch.empty(s)
+    comm.reduce_scatter(got, x)
+    dist.reduce_scatter_tensor(want, x, group=group)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _halves_worker(rank: int, port: int, world: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    groups = {w: dist.new_group(list(range(w))) for w in range(2, world + 1)}
+    for w, group in groups.items():
+        if rank < w:
+            comm = Comm(rank, w, group=group)
+            for s in (1, 7, 1001):
+                _check_halves(comm, group, s)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_comm_reduce_scatter_and_all_gather_are_the_ring_w2_to_w4() -> None:
+    mp.spawn(_halves_worker, args=(_port(), 4), nprocs=4, join=True)

@@ -8,6 +8,10 @@ Bytes are counted per (peer, operation) on the sending side, from the tensors ac
 * ``all_gather`` / ``all_gather_into``: ring all-gather — (W−1) chunks of the local tensor to the
   successor;
 * ``reduce_scatter``: ring reduce-scatter — (W−1) chunks of the output's size to the successor;
+* on CPU tensors ``reduce_scatter`` and ``all_gather_into`` *are* that ring, polytrain's own over
+  point-to-point (:mod:`polytrain.comm.ring`), each message counted as it is sent: gloo's own
+  reduce-scatter is an all-reduce and a slice, twice those bytes on the wire
+  (docs/results/collective_wire_1gbit.md). CUDA tensors keep the backend's (NCCL's) collectives;
 * ``broadcast``: a flat tree — the source sends the tensor once to every other rank.
 
 With ``check=True`` (``--debug``, and always in the test suite) every collective first compares
@@ -27,10 +31,12 @@ import json
 import threading
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
+
+from polytrain.comm.ring import RingRunner, done_work, ring_all_gather, ring_reduce_scatter
 
 SpanHook = Callable[[str, float, float], None]
 
@@ -69,6 +75,8 @@ def _nbytes(t: torch.Tensor) -> int:
 class Comm:
     """A thin, counting layer over ``torch.distributed`` for one rank."""
 
+    p2p_group_ranks: ClassVar[bool] = False  # p2p peers are global ranks (GroupComm: group ranks)
+
     def __init__(self, rank: int, world: int, group: Any = None, check: bool = False) -> None:
         self.rank = rank
         self.check = check
@@ -78,6 +86,7 @@ class Comm:
         self.sent: dict[tuple[int, str], int] = defaultdict(int)
         self.received: dict[tuple[int, str], int] = defaultdict(int)
         self.control_bytes = 0
+        self._rings = RingRunner()  # CPU reduce-scatter / all-gather, in call order
 
     # ---- accounting -------------------------------------------------------------------------
     def record(self, op: str, peer: int, nbytes: int, *, received: bool = False) -> None:
@@ -179,8 +188,14 @@ class Comm:
                         async_op: bool = False) -> Any:
         """Ring all-gather of ``tensor`` (S,) into the flat ``out`` (W·S,), rank r's at [rS, (r+1)S)."""
         self.verify(op, tensor)
-        if self.world > 1:
-            self.record(op, self._ring_next(), (self.world - 1) * _nbytes(tensor))
+        if self.world == 1:
+            out.copy_(tensor.reshape(out.shape))
+            return done_work() if async_op else None
+        if out.device.type == "cpu":  # this rank's part goes in now: the caller may reuse tensor
+            chunk = out.numel() // self.world
+            out.view(-1)[self.rank * chunk : (self.rank + 1) * chunk].copy_(tensor.reshape(-1))
+            return self._ring(lambda: ring_all_gather(out, None, self, op=op), async_op)
+        self.record(op, self._ring_next(), (self.world - 1) * _nbytes(tensor))
         return _all_gather_single(out, tensor, group=self.group, async_op=async_op)
 
     def reduce_scatter(self, out: torch.Tensor, tensor: torch.Tensor, op: str = "reducescatter",
@@ -188,9 +203,24 @@ class Comm:
         """Sum the flat ``tensor`` (W·S,) over ranks; rank r receives chunk r in ``out`` (S,).
         Counted as a ring reduce-scatter: (W−1) chunks of S elements to the successor."""
         self.verify(op, tensor)
-        if self.world > 1:
-            self.record(op, self._ring_next(), (self.world - 1) * _nbytes(out))
+        if self.world == 1:
+            out.copy_(tensor.reshape(out.shape))
+            return done_work() if async_op else None
+        if tensor.device.type == "cpu":  # scratch copied now: the caller may reuse tensor
+            scratch = tensor.reshape(-1).clone()
+            return self._ring(lambda: ring_reduce_scatter(out, scratch, self, op=op, overwrite=True),
+                              async_op)
+        self.record(op, self._ring_next(), (self.world - 1) * _nbytes(out))
         return _reduce_scatter_single(out, tensor, group=self.group, async_op=async_op)
+
+    def _ring(self, fn: Callable[[], Any], async_op: bool) -> Any:
+        """Run a ring on this Comm's ring thread (after the rings submitted before it): its work
+        handle, or None once it has finished (``async_op`` False)."""
+        work = self._rings.submit(fn)
+        if async_op:
+            return work
+        work.wait()
+        return None
 
     def broadcast(self, tensor: torch.Tensor, src: int, op: str = "broadcast") -> None:
         self.verify(op, tensor)

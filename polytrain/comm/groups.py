@@ -27,6 +27,8 @@ class GroupComm(Comm):
     ``ranks[i]`` is the global rank of group member i.
     """
 
+    p2p_group_ranks = True
+
     def __init__(self, parent: Comm, ranks: Sequence[int], group: Any) -> None:
         super().__init__(list(ranks).index(parent.rank), len(ranks), group=group, check=parent.check)
         self.parent = parent

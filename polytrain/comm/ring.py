@@ -1,4 +1,4 @@
-"""Explicit ring all-reduce over point-to-point sends.
+"""Explicit ring all-reduce, reduce-scatter and all-gather over point-to-point sends.
 
 The classic bandwidth-optimal ring (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms
 for clusters of workstations", JPDC 2009; popularised for deep learning by Baidu's ring
@@ -25,21 +25,33 @@ CPU-bound (0.77 of the link, the cores 95 % busy with per-message work), 2^16 ga
 own dtype (exact for integer tensors). Bytes are counted by :class:`~polytrain.comm.Comm` at each
 ``isend``, i.e. exactly what went on the wire: 2·(W−1)/W of the tensor per rank, up to rounding of
 the chunk sizes. Simplified against NCCL/Gloo: one ring, one direction, no topology awareness.
+
+The two halves also run on their own (:func:`ring_reduce_scatter`, :func:`ring_all_gather`), each
+sending (W−1) chunks per rank, with the schedule shifted by one chunk so that rank ``r`` ends up
+with (reduce-scatter) or starts from (all-gather) chunk ``r``, the layout of torch's
+``reduce_scatter_tensor`` / ``all_gather_into_tensor``. The accounted :class:`Comm` uses them for
+CPU tensors because gloo's own reduce-scatter is an all-reduce followed by a slice
+(``ProcessGroupGloo::reduce_scatter_tensor_coalesced``), twice the ring's bytes on the wire
+(measured: docs/results/collective_wire_1gbit.md). :class:`RingRunner` runs them on one
+background thread per communicator, in the order they were submitted, so that an asynchronous
+call overlaps with the caller's work the way a gloo ``async_op`` does.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from polytrain.comm.accounted import Comm
-from polytrain.comm.groups import GroupComm
-
 if TYPE_CHECKING:
+    from polytrain.comm.accounted import Comm
     from polytrain.metrics.recorder import Recorder
 
 DEFAULT_SEGMENT_ELEMS = 1 << 18  # 1 MiB of float32: see the module docstring
@@ -79,15 +91,19 @@ def chunk_bounds(numel: int, world: int) -> list[tuple[int, int]]:
     return [(i * numel // world, (i + 1) * numel // world) for i in range(world)]
 
 
+def half_schedule(kind: str, rank: int, world: int, shift: int = -1) -> list[Phase]:
+    """The W−1 phases of one half of the ring (``kind`` "reduce-scatter" or "all-gather") for
+    rank ``rank``. ``shift`` -1 (the default) moves the chunk a rank ends (reduce-scatter) or starts
+    (all-gather) with from ``rank + 1`` to ``rank``."""
+    if world < 2:
+        raise ValueError(f"a ring needs world size >= 2, got {world}")
+    first = rank + shift if kind == "reduce-scatter" else rank + 1 + shift
+    return [Phase(kind, s, (first - s) % world, (first - s - 1) % world) for s in range(world - 1)]
+
+
 def ring_schedule(rank: int, world: int) -> list[Phase]:
     """The 2·(W−1) phases rank ``rank`` runs: reduce-scatter, then all-gather."""
-    if world < 2:
-        raise ValueError(f"ring all-reduce needs world size >= 2, got {world}")
-    rs = [Phase("reduce-scatter", s, (rank - s) % world, (rank - s - 1) % world)
-          for s in range(world - 1)]
-    ag = [Phase("all-gather", s, (rank + 1 - s) % world, (rank - s) % world)
-          for s in range(world - 1)]
-    return rs + ag
+    return half_schedule("reduce-scatter", rank, world, 0) + half_schedule("all-gather", rank, world, 0)
 
 
 def _segments(start: int, end: int, seg: int) -> list[tuple[int, int]]:
@@ -96,9 +112,10 @@ def _segments(start: int, end: int, seg: int) -> list[tuple[int, int]]:
 
 def _peer(comm: Comm, group_rank: int) -> int:
     """The rank ``comm``'s p2p calls take for ``group_rank``: the global rank for a plain Comm over
-    a group (torch's p2p takes global ranks), the group rank itself for a :class:`GroupComm`
-    (whose p2p speaks group ranks; with a global id, a dp group of ranks 1 and 3 failed)."""
-    if comm.group is None or isinstance(comm, GroupComm):
+    a group (torch's p2p takes global ranks), the group rank itself for a ``GroupComm``
+    (``p2p_group_ranks``: its p2p speaks group ranks; with a global id, a dp group of ranks 1 and
+    3 failed)."""
+    if comm.group is None or comm.p2p_group_ranks:
         return group_rank
     return int(dist.get_global_rank(comm.group, group_rank))
 
@@ -130,8 +147,11 @@ def _stream(comm: Comm, flat: torch.Tensor, phases: list[Phase], bounds: list[tu
             sends.append(comm.isend(flat[a:b], nxt, op=op))
         sent = sum((b - a) * flat.element_size() for a, b in send_segs)
         timings.append(PhaseTiming(phase, sent, start, time.perf_counter()))
-    for req in recvs[-1]:
+    for k, req in enumerate(recvs[-1]):
         req.wait()
+        if phases[-1].kind == "reduce-scatter":  # a lone reduce-scatter: add its last phase
+            a, b = segs[-1][k]
+            flat[a:b].add_(bufs[-1][k])
     for req in sends:
         req.wait()
     return timings
@@ -155,6 +175,99 @@ def ring_all_reduce(tensor: torch.Tensor, comm: Comm, *, op: str = "ring",
     if work is not tensor:
         tensor.copy_(work)
     return stats
+
+
+def ring_reduce_scatter(out: torch.Tensor, tensor: torch.Tensor, comm: Comm, *,
+                        op: str = "reducescatter", segment_elems: int = DEFAULT_SEGMENT_ELEMS,
+                        overwrite: bool = False) -> RingStats:
+    """Sum the flat ``tensor`` (W·S elements) over the ranks of ``comm``; rank r gets the sum of
+    elements [r·S, (r+1)·S) in ``out`` (S elements), like torch's ``reduce_scatter_tensor``.
+
+    Sends (W−1)·S elements per rank. ``tensor`` is left as it was unless ``overwrite`` (then it
+    is the ring's scratch space and its contents are undefined afterwards).
+    """
+    if tensor.numel() != comm.world * out.numel():
+        raise ValueError(f"reduce-scatter of {tensor.numel()} elements into {out.numel()} per rank "
+                         f"over {comm.world} ranks: the input must hold world x output elements")
+    flat = tensor.reshape(-1) if overwrite and tensor.is_contiguous() else tensor.reshape(-1).clone()
+    bounds = chunk_bounds(flat.numel(), comm.world)
+    stats = RingStats(_stream(comm, flat, half_schedule("reduce-scatter", comm.rank, comm.world),
+                              bounds, segment_elems, op))
+    a, b = bounds[comm.rank]
+    out.view(-1).copy_(flat[a:b])
+    return stats
+
+
+def ring_all_gather(out: torch.Tensor, tensor: torch.Tensor | None, comm: Comm, *,
+                    op: str = "allgather", segment_elems: int = DEFAULT_SEGMENT_ELEMS) -> RingStats:
+    """Gather every rank's ``tensor`` (S elements) into the contiguous ``out`` (W·S), rank r's
+    at [r·S, (r+1)·S), like torch's ``all_gather_into_tensor``; sends (W−1)·S elements per rank.
+    ``tensor`` None: this rank's part is already in place in ``out``."""
+    if not out.is_contiguous():
+        raise ValueError("ring all-gather needs a contiguous output tensor")
+    flat = out.view(-1)
+    bounds = chunk_bounds(flat.numel(), comm.world)
+    a, b = bounds[comm.rank]
+    if tensor is not None:
+        if tensor.numel() * comm.world != flat.numel():
+            raise ValueError(f"all-gather of {tensor.numel()} elements per rank into {flat.numel()} "
+                             f"over {comm.world} ranks: the output must hold world x input elements")
+        flat[a:b].copy_(tensor.reshape(-1))
+    return RingStats(_stream(comm, flat, half_schedule("all-gather", comm.rank, comm.world), bounds,
+                             segment_elems, op))
+
+
+class RingWork:
+    """The handle of a ring submitted to a :class:`RingRunner` (``wait`` like a torch Work)."""
+
+    def __init__(self, future: Future[Any]) -> None:
+        self._future = future
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the ring has finished; re-raise what it raised."""
+        self._future.result(timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+
+class RingRunner:
+    """Runs rings on one daemon thread, in submission order.
+
+    Every rank submits its rings in the same order, so the point-to-point messages of successive
+    rings pair up across ranks even when several are in flight; the caller's thread meanwhile
+    computes (the backward pass, while reduce-scatters run) or posts other calls.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[], Any]) -> RingWork:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="polytrain-ring", daemon=True)
+                self._thread.start()
+        future: Future[Any] = Future()
+        self._jobs.put((fn, future))
+        return RingWork(future)
+
+    def _loop(self) -> None:
+        while True:
+            fn, future = self._jobs.get()
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to whoever waits on the work
+                future.set_exception(exc)
+
+
+def done_work() -> RingWork:
+    """A work that has already finished (a one-rank group's collective)."""
+    future: Future[Any] = Future()
+    future.set_result(None)
+    return RingWork(future)
 
 
 def record_ring(rec: Recorder, stats: RingStats, **fields: Any) -> None:
