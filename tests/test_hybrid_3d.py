@@ -62,7 +62,14 @@ def test_mesh_3d_adam_grad_accum_gpipe_resumes_exactly(tmp_path_factory: pytest.
     full, part = tmp_path / "full", tmp_path / "part"
     polytrain.train(strategy="mesh", procs=8, out=str(full), checkpoint_every=2,
                     **job(base, *MESH3D, "schedule=gpipe", "collective=ring"))
-    assert_same_run(full, ref, steps=4)
+    ours, theirs = load_model(full), load_model(ref)
+    # a key bias's exact gradient is 0 (softmax ignores a shift shared by every key), so Adam moves
+    # it by float noise / (noise + eps) alone: ~1e-5 in 4 steps on either side, each run its own
+    noise = [k for k in theirs if k.endswith("attn.k.bias")]
+    for k in noise:
+        assert ours.pop(k).abs().max() < 1e-4 and theirs.pop(k).abs().max() < 1e-4
+    assert_same_params(ours, theirs)
+    assert step_losses(full) == pytest.approx(step_losses(ref), rel=1e-5, abs=1e-6)
     _cut_back(full, part, 2)
     polytrain.train(resume=part)
     assert_same_params(load_model(part), load_model(full), atol=0, rtol=0)
@@ -102,3 +109,24 @@ def test_mesh_3d_refuses_what_it_cannot_run_before_launch() -> None:
     mlp = load_config(overrides={"strategy": "mesh", "model": "mlp", "dataset": "digits"})
     with pytest.raises(ConfigError, match=r"--model mlp has none"):
         make_strategy("mesh", {"dp": 1, "pp": 2, "tp": 2}).check(mlp, 4)
+
+
+@pytest.mark.slow  # a meta-device profile (its first FlopCounterMode imports torch._dynamo)
+def test_every_3d_layout_the_planner_prices_passes_the_pre_launch_check() -> None:
+    """The planner's (t, p, d) layouts of a 4-block gpt-mini on 8 ranks, 1F1B and interleaved,
+    with the cut it priced pinned: `mesh` accepts each of them as a job."""
+    from polytrain.plan.cluster import Cluster
+    from polytrain.plan.estimate import Scene
+    from polytrain.plan.estimate_3d import layouts
+    from polytrain.plan.meta import meta_profile
+
+    cfg = load_config(None, {"strategy": "mesh", "model": "gpt-mini", "dataset": "chars",
+                             "batch_size": 8},
+                      ["model.n_layer=4", "model.n_head=4", "model.d_model=32", "model.seq_len=32",
+                       "data.seq_len=32"])
+    scene = Scene(meta_profile(cfg), Cluster.parse("hosts=1,procs_per_host=8,device=a100-80gb"), 8)
+    three_d = [o for o in layouts(scene) if o["pp"] != 1 and o["tp"] != 1]
+    assert {"1f1b", "interleaved-1f1b"} == {o.get("schedule", "1f1b") for o in three_d}
+    assert {"dp": 2, "pp": 2, "tp": 2, "microbatches": 2, "partition": "3,3"} in three_d
+    for options in three_d:
+        make_strategy("mesh", options).check(cfg, 8)

@@ -151,8 +151,10 @@ class Mesh(Strategy):
     def offers(cls, scene: Scene) -> Iterator[Offer]:
         """dp × pp layouts, the planner's cut pinned: 1F1B at M = P and 2P, and at M = 2P each
         other schedule the pipe can run (`OFFERED`: ZB-H1 and the virtual-stage schedules where
-        P·V chunks fit the layers; one M each keeps planning 4096 ranks within its budget); and
-        dp × tp for transformers."""
+        P·V chunks fit the layers; one M each keeps planning 4096 ranks within its budget);
+        dp × tp for transformers; and from 8 ranks, for a transformer whose sequence, width and
+        heads the profile names, the dp × pp × tp layouts of `estimate_3d` under 1F1B at M = P
+        and 2P."""
         from polytrain.plan import estimate as est
         from polytrain.plan.estimate_pipe import planned_partition
 
@@ -178,6 +180,11 @@ class Mesh(Strategy):
             for tp in (2, 4):
                 if tp < w and w % tp == 0 and heads % tp == 0 and b % (w // tp) == 0:
                     yield w, {"dp": w // tp, "tp": tp}
+        if scene.transformer and w >= 8:  # dp × pp × tp, 1F1B, priced as at scale (needs T, D, H)
+            from polytrain.plan.estimate_3d import layouts
+
+            yield from ((w, o) for o in layouts(scene) if o["pp"] != 1 and o["tp"] != 1
+                        and "schedule" not in o and o["microbatches"] in (o["pp"], 2 * o["pp"]))
 
     def price(self, scene: Scene, world: int) -> Estimate | str:
         from polytrain.plan import estimate as est
@@ -185,8 +192,12 @@ class Mesh(Strategy):
 
         o: MeshOptions = self.options  # type: ignore[assignment]
         layout = o.layout.resolve(world)
-        if est.counted(scene.profile):
+        if est.counted(scene.profile) or (layout.tp > 1 and layout.pp > 1):
             from polytrain.plan.estimate_3d import mesh3d
+
+            if not scene.transformer:
+                return ("dp × pp × tp is priced from the transformer's shape: profile with "
+                        "--set model.seq_len=… --set model.d_model=… --set model.n_head=…")
 
             return mesh3d(scene, layout.tp, layout.pp, layout.dp, o.microbatches or layout.pp, o.schedule,
                           o.virtual_stages or get_schedule(o.schedule).default_virtual)
