@@ -45,7 +45,7 @@ RANKS = 2
 
 def one_run(schedule: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     import polytrain
-    from polytrain.strategies.pipeline.schedule import get_schedule
+    from polytrain.schedules.registry import get_schedule
 
     chunks = RANKS * get_schedule(schedule).default_virtual  # one narrow block per chunk
     return polytrain.train(
@@ -59,8 +59,8 @@ def one_run(schedule: str, args: argparse.Namespace, out: Path) -> dict[str, Any
 
 def figures(schedule: str, microbatches: int, summary: dict[str, Any]) -> dict[str, float]:
     """One run's measured, replayed and formula bubbles (see the module docstring)."""
+    from polytrain.schedules.registry import stage_orders
     from polytrain.strategies.pipeline.metrics import uniform_bubble
-    from polytrain.strategies.pipeline.schedule import stage_orders
 
     m = summary["strategy_metrics"]
     per_rank = m["op_s_per_stage"]

@@ -87,7 +87,7 @@ def worker(schedule_name: str, blocks: int, block_steps: int, microbatches: int)
     from polytrain.data import load_dataset, task_loss
     from polytrain.metrics.recorder import Recorder
     from polytrain.models import resolve_model
-    from polytrain.plan.partition import Partition, cut
+    from polytrain.models.partition import Partition, cut
     from polytrain.runtime.batches import GlobalBatches
     from polytrain.runtime.checkpoint import CheckpointStore
     from polytrain.runtime.job import Job, RankContext

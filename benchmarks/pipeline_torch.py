@@ -85,7 +85,7 @@ def worker(schedule_name: str, steps: int, microbatches: int, warmup: int, name:
 
     from polytrain.data import load_dataset, task_loss
     from polytrain.models import resolve_model
-    from polytrain.plan.partition import Partition, cut
+    from polytrain.models.partition import Partition, cut
     from polytrain.runtime.batches import GlobalBatches
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))

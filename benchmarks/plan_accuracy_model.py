@@ -122,7 +122,7 @@ def testbed_calibration(
 def testbed_hardware(hosts: int, nic: str, alpha: float) -> Any:
     """The testbed's hardware at ``nic`` with ``alpha`` added to every message's α."""
 
-    from polytrain.plan.cluster import parse_rate
+    from polytrain.cost.cluster import parse_rate
     from polytrain.plan.predict import testbed_hardware as described
 
     hw = described(hosts, {"hosts": hosts, "rate_bits_per_s": 8 * parse_rate(nic, "nic")})
@@ -297,7 +297,7 @@ def stored_profiles(raw: dict[str, Any]) -> dict[str, Any]:
     """Per model, the median of its stored profiles (`plan.profile.median_of`): a pass profiles
     before each repeat round, so the median follows the machine over the pass (a file with one
     profile per model, as every pass before 2026-11-29 05:00, gives that profile unchanged)."""
-    from polytrain.plan.profile import Profile, median_of
+    from polytrain.cost.profile import Profile, median_of
 
     taken: dict[str, list[Any]] = {}
     for entry in raw.get("profiles", []):

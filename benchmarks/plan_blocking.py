@@ -62,7 +62,7 @@ def run_case(hosts: int, nic: str, cases: list[list[float]], iterations: int) ->
 def priced_s(hosts: int, nic: str, nbytes: float, compute_s: float, frozen: dict[str, Any]) -> float:
     from plan_accuracy_model import testbed_cluster
 
-    from polytrain.plan.cost import allreduce_s, refilled
+    from polytrain.cost.network import allreduce_s, refilled
 
     cluster = testbed_cluster(hosts, nic, frozen["extra_alpha_s"], frozen["cores_per_host"], frozen["call_s"])
     comm = allreduce_s(nbytes, range(hosts), refilled(cluster, compute_s))

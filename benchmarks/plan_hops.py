@@ -53,9 +53,9 @@ def priced_s(op: str, nbytes: float, hosts: int, nic: str) -> float:
     """The planner's α–β time of the operation on the testbed's links, cores not shared."""
     import dataclasses
 
+    from polytrain.cost.cluster import parse_rate
+    from polytrain.cost.network import allgather_s, nic_link, ring_allreduce_s
     from polytrain.plan.calibration import emulate
-    from polytrain.plan.cluster import parse_rate
-    from polytrain.plan.cost import allgather_s, nic_link, ring_allreduce_s
     from polytrain.plan.predict import run_cluster
 
     testbed = run_cluster(hosts, {"hosts": hosts, "rate_bits_per_s": 8 * parse_rate(nic, "nic")})

@@ -1,7 +1,7 @@
 """The planner against published large-scale runs (`plan_published_data.json`, with citations).
 
 Megatron-LM's Table 1 (Narayanan et al., SC'21): ten GPT models, 1.7B-1T parameters on 32-3,072
-A100s. Each model is profiled on the meta device (`polytrain.plan.meta`, the zoo's gpt-mini with
+A100s. Each model is profiled on the meta device (`polytrain.cost.meta_profile`, the zoo's gpt-mini with
 the row's layers, hidden size and heads, sequence 2,048, vocabulary 51,200), planned on the row's
 cluster (8 A100 80 GB per host on NVLink, 8 x 200 Gbit/s per host) at the row's batch, bf16,
 activation recomputation, by the same functions `polytrain plan` calls (`Scene`,
@@ -35,11 +35,11 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 from harness import add_common_flags, hold_lock, write_results  # noqa: E402
 
 from polytrain.config import load_config  # noqa: E402
-from polytrain.plan.cluster import Cluster  # noqa: E402
-from polytrain.plan.estimate import Scene  # noqa: E402
-from polytrain.plan.memory import state_bytes, zero_bytes  # noqa: E402
-from polytrain.plan.meta import meta_profile  # noqa: E402
-from polytrain.plan.profile import Profile  # noqa: E402
+from polytrain.cost.cluster import Cluster  # noqa: E402
+from polytrain.cost.estimate import Scene  # noqa: E402
+from polytrain.cost.memory import state_bytes, zero_bytes  # noqa: E402
+from polytrain.cost.meta_profile import meta_profile  # noqa: E402
+from polytrain.cost.profile import Profile  # noqa: E402
 from polytrain.plan.recommend import Candidate, candidates, rank  # noqa: E402
 from polytrain.strategies import get_strategy_class, make_strategy  # noqa: E402
 

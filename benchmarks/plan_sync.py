@@ -39,7 +39,7 @@ CORES = float(os.cpu_count() or 1)
 def planner_allreduce_s(world: int) -> float:
     """The planner's price of this experiment's all-reduce on this machine: ``world`` processes on
     one host sharing its cores (`plan.predict.run_cluster`, `plan.cost.allreduce_s`)."""
-    from polytrain.plan.cost import allreduce_s
+    from polytrain.cost.network import allreduce_s
     from polytrain.plan.predict import run_cluster
 
     return allreduce_s(1024.0, list(range(world)), run_cluster(world, None))

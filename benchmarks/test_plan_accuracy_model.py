@@ -16,7 +16,7 @@ sys.path[:0] = [str(HERE)]
 from plan_accuracy_model import load_requests, predict, probe_ps_requests, request_at  # noqa: E402
 
 from polytrain.cli import main  # noqa: E402
-from polytrain.plan.profile import Profile  # noqa: E402
+from polytrain.cost.profile import Profile  # noqa: E402
 
 
 @pytest.mark.slow

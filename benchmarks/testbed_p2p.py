@@ -27,8 +27,8 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 from harness import fmt_spread, write_results  # noqa: E402
 
-from polytrain.plan.cluster import Cluster  # noqa: E402
-from polytrain.plan.cost import p2p_s, refilled  # noqa: E402
+from polytrain.cost.cluster import Cluster  # noqa: E402
+from polytrain.cost.network import p2p_s, refilled  # noqa: E402
 from polytrain.plan.predict import run_cluster  # noqa: E402
 from polytrain.testbed.hosts import Testbed  # noqa: E402
 from polytrain.testbed.netns import parse_rate  # noqa: E402

@@ -155,7 +155,7 @@ class _CountingBroadcast:
 def measure(variant: str, job: Any, comm: Any, steps: int) -> dict[str, float]:
     import gc
 
-    from polytrain.plan.profile import _reset_peak_rss
+    from polytrain.cost.profile import _reset_peak_rss
 
     _, step, held = build(variant, job, comm)
     batches = job.batches()

@@ -115,10 +115,10 @@ def test_mesh_3d_refuses_what_it_cannot_run_before_launch() -> None:
 def test_every_3d_layout_the_planner_prices_passes_the_pre_launch_check() -> None:
     """The planner's (t, p, d) layouts of a 4-block gpt-mini on 8 ranks, 1F1B and interleaved,
     with the cut it priced pinned: `mesh` accepts each of them as a job."""
-    from polytrain.plan.cluster import Cluster
-    from polytrain.plan.estimate import Scene
-    from polytrain.plan.estimate_3d import layouts
-    from polytrain.plan.meta import meta_profile
+    from polytrain.cost.cluster import Cluster
+    from polytrain.cost.estimate import Scene
+    from polytrain.cost.mesh3d import layouts
+    from polytrain.cost.meta_profile import meta_profile
 
     cfg = load_config(None, {"strategy": "mesh", "model": "gpt-mini", "dataset": "chars",
                              "batch_size": 8},

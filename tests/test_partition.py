@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch import nn
 
+from polytrain.cost.profile import boundary_metas, format_profile, profile_layers
 from polytrain.errors import ConfigError
-from polytrain.plan.partition import (
+from polytrain.models.partition import (
     LayerCost,
     Partition,
     balanced,
@@ -21,7 +22,6 @@ from polytrain.plan.partition import (
     pipedream_plan,
     uniform,
 )
-from polytrain.plan.profile import boundary_metas, format_profile, profile_layers
 
 # --- Partition ------------------------------------------------------------------------------------
 

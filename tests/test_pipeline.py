@@ -23,6 +23,7 @@ from polytrain.errors import ConfigError
 from polytrain.metrics.recorder import Recorder
 from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.schedules.registry import Action, stage_orders
 from polytrain.strategies import make_strategy
 from polytrain.strategies.pipeline.metrics import (
     bubble_fraction,
@@ -30,7 +31,6 @@ from polytrain.strategies.pipeline.metrics import (
     segment_bubbles,
     theoretical_bubble,
 )
-from polytrain.strategies.pipeline.schedule import Action, stage_orders
 from polytrain.strategies.pipeline.weights import (
     PredictedWeights,
     StashedWeights,
@@ -342,9 +342,9 @@ def test_partition_modes_resolve_to_a_valid_partition(mode: str) -> None:
 
 
 def test_timed_replay_equal_costs_gives_the_textbook_bubble() -> None:
-    from polytrain.strategies.pipeline.checks import simulate_times, timed_bubble
+    from polytrain.schedules.checks import simulate_times, timed_bubble
+    from polytrain.schedules.registry import gpipe_orders, one_f_one_b_orders
     from polytrain.strategies.pipeline.metrics import schedule_bubble, theoretical_bubble
-    from polytrain.strategies.pipeline.schedule import gpipe_orders, one_f_one_b_orders
 
     for build in (gpipe_orders, one_f_one_b_orders):
         for p, m in ((2, 1), (2, 8), (4, 4)):

@@ -6,7 +6,7 @@ tests/faults/test_launcher_signals.py (pipedream on 3 stages, spectrain nightly)
 
 from __future__ import annotations
 
-from polytrain.strategies.pipeline.schedule import stage_orders
+from polytrain.schedules.registry import stage_orders
 from polytrain.strategies.pipeline.weights import backward_distances
 
 

@@ -14,7 +14,7 @@ import pytest
 
 import polytrain
 from polytrain.errors import ConfigError
-from polytrain.strategies.pipeline.schedule import in_flight, stage_orders
+from polytrain.schedules.registry import in_flight, stage_orders
 from tests.conftest import assert_same_params, load_model, step_losses
 
 COMMON: dict[str, Any] = {"model": "mlp", "dataset": "digits", "steps": 3, "batch_size": 32, "seed": 7}

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from polytrain.cli import main
+from polytrain.cost.cluster import CALIBRATED, Cluster
 from polytrain.errors import ConfigError
 from polytrain.plan.calibration import PHYSICAL, SCHEMA, Calibration, EmulatedCluster
-from polytrain.plan.cluster import CALIBRATED, Cluster
 from tests.test_plan_recommend import vgg_like
 
 TESTBED = {"cores": 2, "burst_s": 0.004, "min_burst_bytes": 3028, "goodput": 0.95,

@@ -13,10 +13,10 @@ from polytrain.comm.codecs.engine import Engine
 from polytrain.comm.exchange import Item, units
 from polytrain.comm.options import CodecOptions
 from polytrain.config import load_config
-from polytrain.plan.cluster import Cluster
-from polytrain.plan.codecs import DEFAULT_CODECS, price
+from polytrain.cost.cluster import Cluster
+from polytrain.cost.codecs import DEFAULT_CODECS, price
+from polytrain.cost.estimate import Scene, allreduce
 from polytrain.plan.commands import first_choice
-from polytrain.plan.estimate import Scene, allreduce
 from polytrain.plan.recommend import candidates, rank
 from tests.test_plan_recommend import vgg_like
 

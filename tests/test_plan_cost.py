@@ -6,10 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from polytrain.errors import ConfigError
-from polytrain.plan.calibration import emulate
-from polytrain.plan.cluster import Cluster, parse_bytes
-from polytrain.plan.cost import (
+from polytrain.cost.cluster import Cluster, parse_bytes
+from polytrain.cost.network import (
     Link,
     allgather_s,
     allreduce_s,
@@ -25,6 +23,8 @@ from polytrain.plan.cost import (
     tree_allreduce_s,
     two_level_allreduce_s,
 )
+from polytrain.errors import ConfigError
+from polytrain.plan.calibration import emulate
 
 MB = 1_000_000
 
@@ -212,7 +212,7 @@ def test_direct_exchange_by_hand() -> None:
 def test_owt_scatters_all_gathers_but_the_last() -> None:
     """owt's backward, as its runtime: the last gather (every rank computes the same loss from it)
     sends nothing back; the others are reduce-scattered directly."""
-    from polytrain.plan.estimate import Scene, owt
+    from polytrain.cost.estimate import Scene, owt
     from tests.test_plan_recommend import vgg_like
 
     cl = emulate(Cluster(hosts=4, procs_per_host=1, nic_bps=1e9, intra_bps=1e12, latency_s=1e-3), hop_s=2e-3)

@@ -46,8 +46,8 @@ def test_the_plan_says_what_is_known_of_each_candidates_learning(
     assert "docs/results/ps_consistency.md" in seen["ps"] and "= single" in seen["ps"]  # async; bsp
     from rich.console import Console
 
+    from polytrain.cost.cluster import Cluster
     from polytrain.plan.calibration import PHYSICAL
-    from polytrain.plan.cluster import Cluster
     from polytrain.plan.recommend import candidates, rank
     from polytrain.plan.show import ranking_table
 

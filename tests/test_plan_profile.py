@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from polytrain.cli import main
+from polytrain.cost.profile import Profile
 from polytrain.plan.commbench import fit_alpha_beta, measure_comm
-from polytrain.plan.profile import Profile
 from tests.test_exposure import _listening, _socket_inodes, _tree
 
 
@@ -133,8 +133,8 @@ def _shifted(prof: Profile, factor: float) -> Profile:
 
 
 def test_median_of_profiles_takes_each_time_s_median(tmp_path: Path) -> None:
+    from polytrain.cost.profile import median_of
     from polytrain.errors import ConfigError
-    from polytrain.plan.profile import median_of
 
     out = tmp_path / "cnn.json"
     assert main(["profile", "--model", "cnn", "--batch-size", "32", "--no-comm", "--out", str(out)]) == 0

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from polytrain.cli import main
+from polytrain.cost.cluster import Cluster
+from polytrain.cost.estimate import Scene
+from polytrain.cost.profile import LayerRecord, Profile
 from polytrain.errors import ConfigError
-from polytrain.plan.cluster import Cluster
+from polytrain.models.partition import LayerCost
 from polytrain.plan.commands import sweep
-from polytrain.plan.estimate import Scene
-from polytrain.plan.partition import LayerCost
-from polytrain.plan.profile import LayerRecord, Profile
 from polytrain.plan.recommend import candidates, check_memory, rank, to_json
 
 
@@ -214,7 +214,7 @@ def test_plan_cli_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[
 )
 def test_every_run_is_priced_with_its_own_options(strategy: str, sets: list[str]) -> None:
     from polytrain.config import load_config
-    from polytrain.plan.estimate import Estimate
+    from polytrain.cost.estimate import Estimate
     from polytrain.plan.predict import estimate_for
 
     cfg = load_config(
@@ -257,8 +257,8 @@ def test_partition_auto_is_priced_with_the_cut_the_runtime_makes() -> None:
     """partition=auto plans for the run's ``link_gbps`` (10 Gbit/s by default), not for the
     cluster's network: the estimate must price that cut (`pipeline.planning.resolve_partition`)."""
     from polytrain.config import load_config
-    from polytrain.plan.estimate_pipe import plan_partition
-    from polytrain.plan.partition import pipedream_plan
+    from polytrain.cost.pipeline import plan_partition
+    from polytrain.models.partition import pipedream_plan
     from polytrain.plan.predict import estimate_for
 
     # a wide activation after layer 0, a narrow one after layer 1: on a slow link the planner would
@@ -311,8 +311,8 @@ def test_pipeline_messages_get_only_the_refilled_bucket() -> None:
     compute every message finds it full again."""
     from dataclasses import replace
 
+    from polytrain.cost.pipeline import pipeline
     from polytrain.plan.calibration import emulate
-    from polytrain.plan.estimate_pipe import pipeline
 
     prof = vgg_like()
     plain = Cluster.parse("hosts=2,nic=100mbit,latency=10us")
@@ -344,7 +344,7 @@ def test_executor_and_server_own_times_by_hand() -> None:
     """The executor's own time per action is paid once per neighbouring stage (a middle stage's
     action receives from one and sends to the other); a parameter server takes its workers'
     requests one at a time, so a BSP step pays workers × its time per request."""
-    from polytrain.plan.estimate import ps
+    from polytrain.cost.estimate import ps
 
     scene = Scene(vgg_like(), CLUSTER, 64, action_overhead_s=1e-3)
     bare = Scene(vgg_like(), CLUSTER, 64)
@@ -364,7 +364,7 @@ def test_executor_and_server_own_times_by_hand() -> None:
 def test_zb_h1_priced_below_1f1b_from_the_same_orders() -> None:
     """The planner replays zb-h1's own orders (W = half of each backward): on the same cut and M it
     never predicts a longer step than 1f1b, and strictly shorter once the pipe has a bubble to fill."""
-    from polytrain.plan.estimate_pipe import pipeline
+    from polytrain.cost.pipeline import pipeline
 
     scene = Scene(vgg_like(), CLUSTER, 64)
     one, _ = pipeline(scene, "1f1b", 4, 8)
@@ -377,8 +377,8 @@ def test_virtual_schedules_priced_from_the_orders_the_runtime_runs(schedule: str
     """P = 2 ranks, V = 2: the planner cuts 4 chunks and replays, rank by rank, exactly the actions
     of the registered orders; looped-bfs holds every micro-batch of both chunks (M·V), the
     interleaved order fewer, so it is priced with more memory on the same cut."""
-    from polytrain.plan.estimate_pipe import pipeline
-    from polytrain.strategies.pipeline.schedule import stage_orders
+    from polytrain.cost.pipeline import pipeline
+    from polytrain.schedules.registry import stage_orders
 
     scene = Scene(vgg_like(), CLUSTER, 64)
     e, part = pipeline(scene, schedule, 2, 4)
@@ -464,8 +464,8 @@ def test_mesh_offers_dp_pp_layouts_with_the_new_schedules() -> None:
     chunks pinned, and priced from the same orders as the strategy built from those options; on
     the GPT shape (bubble-bound at pp=2) a zero-bubble or virtual-stage layout is the fastest
     mesh pipeline, so the plan lists and ranks it above every 1F1B layout."""
+    from polytrain.schedules.registry import get_schedule
     from polytrain.strategies import make_strategy
-    from polytrain.strategies.pipeline.schedule import get_schedule
 
     scene = Scene(gpt_like(), CLUSTER, 64)
     ranked = rank(candidates(scene))

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from polytrain.cost.cluster import Cluster
+from polytrain.cost.devices import CATALOGUE, catalogue, get_device
 from polytrain.errors import ConfigError
-from polytrain.plan.cluster import Cluster
-from polytrain.plan.devices import CATALOGUE, catalogue, get_device
 
 
 def test_catalogue_entries_have_sources_and_are_selected_by_cluster() -> None:
@@ -48,7 +48,7 @@ def _gpt(layers: int = 2, d: int = 64, heads: int = 4, seq: int = 32, vocab: int
 def test_meta_profile_flops_are_the_hand_formula() -> None:
     """Forward: 2 x (matrix parameters) x tokens + the causal attention's 4·s²·h per block
     (counted as full attention), the LM head 2·s·h·V; backward: twice the forward."""
-    from polytrain.plan.meta import meta_profile
+    from polytrain.cost.meta_profile import meta_profile
 
     L, d, s, V, B = 3, 64, 32, 300, 2
     prof = meta_profile(_gpt(L, d, 4, s, V, B))
@@ -74,7 +74,7 @@ def test_zero_memory_formulas_reproduce_the_zero_papers_table() -> None:
     where the paper rounds harder (0.12 GB for 0.117), within its printed digits."""
     from pathlib import Path
 
-    from polytrain.plan.memory import state_bytes, zero_bytes
+    from polytrain.cost.memory import state_bytes, zero_bytes
 
     data = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" /
                        "plan_published_data.json").read_text())["zero"]["rows"]
@@ -88,7 +88,7 @@ def test_zero_memory_formulas_reproduce_the_zero_papers_table() -> None:
 
 
 def test_transformer_activations_follow_korthikanti() -> None:
-    from polytrain.plan.memory import transformer_activation_bytes as act
+    from polytrain.cost.memory import transformer_activation_bytes as act
 
     s, b, h, a = 2048, 1, 12288, 96
     assert act(s, b, h, a) == s * b * h * (34 + 5 * a * s / h)
@@ -100,8 +100,8 @@ def test_transformer_activations_follow_korthikanti() -> None:
 @pytest.mark.slow  # a meta profile of a 175B GPT: ~15-30 s
 def test_a_175b_gpt_plans_on_an_a100_cluster_and_ranks_3d_layouts(tmp_path: Any) -> None:
     from polytrain.cli import main
-    from polytrain.plan.estimate import Scene
-    from polytrain.plan.meta import meta_profile
+    from polytrain.cost.estimate import Scene
+    from polytrain.cost.meta_profile import meta_profile
     from polytrain.plan.recommend import candidates, rank
 
     prof = meta_profile(_gpt(96, 12288, 96, 2048, 51200, 1))

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from polytrain.plan.simulate import StageTimes, action_seconds, makespan_s, pipeline_step, pipeline_timeline
-from polytrain.strategies.pipeline.schedule import get_schedule, schedule_names, stage_orders
+from polytrain.cost.simulate import StageTimes, action_seconds, makespan_s, pipeline_step, pipeline_timeline
+from polytrain.schedules.registry import get_schedule, schedule_names, stage_orders
 
 
 def _chunks(name: str, times: StageTimes) -> StageTimes:
@@ -78,8 +78,8 @@ def test_queued_messages_share_their_link_by_hand() -> None:
     """With ``queue`` a boundary's messages in one direction leave one after the other: gpipe, 2
     stages, 3 micro-batches of 1 s forward and backward, 5 s per message. Stage 1's forwards start
     at 6, 11 and 16 (each activation waits for the previous one's 5 s), not at 6, 7 and 8."""
-    from polytrain.plan.simulate import schedule_orders
-    from polytrain.strategies.pipeline.checks import simulate_times
+    from polytrain.cost.simulate import schedule_orders
+    from polytrain.schedules.checks import simulate_times
 
     orders = schedule_orders("gpipe", 2, 3)
     durations = {a: 1.0 for row in orders.values() for a in row}

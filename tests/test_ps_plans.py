@@ -12,11 +12,11 @@ from polytrain.config import make_config
 from polytrain.data import dataset_spec
 from polytrain.errors import ConfigError
 from polytrain.models import resolve_model
+from polytrain.runtime.sharding import ParamInfo, layer_plan, make_plan, param_infos, size_plan
 from polytrain.strategies import make_strategy
 from polytrain.strategies.ps.client import PSClient
 from polytrain.strategies.ps.consistency import Async, Bsp, KOfN, ProtocolError, Ssp, make_consistency
 from polytrain.strategies.ps.server import DONE, PULL, PUSH, ParameterServer, make_server_optimizer
-from polytrain.strategies.ps.sharding import ParamInfo, layer_plan, make_plan, param_infos, size_plan
 
 
 @pytest.fixture(scope="module")

@@ -14,15 +14,7 @@ from pathlib import Path
 import pytest
 
 from polytrain.errors import ConfigError
-from polytrain.strategies.pipeline.draw import (
-    draw_grid,
-    format_grid,
-    format_orders,
-    parse_cost,
-    parse_orders,
-    schedule_cli,
-)
-from polytrain.strategies.pipeline.schedule import (
+from polytrain.schedules.registry import (
     SCHEDULES,
     Action,
     Grid,
@@ -39,6 +31,14 @@ from polytrain.strategies.pipeline.schedule import (
     stage_load,
     stage_orders,
     validate,
+)
+from polytrain.strategies.pipeline.draw import (
+    draw_grid,
+    format_grid,
+    format_orders,
+    parse_cost,
+    parse_orders,
+    schedule_cli,
 )
 
 GOLDEN = Path(__file__).parent / "golden" / "schedules"

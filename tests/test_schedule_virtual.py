@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from polytrain.errors import ConfigError
-from polytrain.strategies.pipeline.checks import chunk_rows, full_backwards
-from polytrain.strategies.pipeline.draw import format_grid, format_orders, parse_orders, schedule_cli
-from polytrain.strategies.pipeline.schedule import (
+from polytrain.schedules.checks import chunk_rows, full_backwards
+from polytrain.schedules.registry import (
     SCHEDULES,
     Action,
     dry_run,
@@ -27,7 +26,8 @@ from polytrain.strategies.pipeline.schedule import (
     stage_orders,
     validate,
 )
-from polytrain.strategies.pipeline.schedule_virtual import chunk_rank
+from polytrain.schedules.virtual import chunk_rank
+from polytrain.strategies.pipeline.draw import format_grid, format_orders, parse_orders, schedule_cli
 
 GOLDEN = Path(__file__).parent / "golden" / "schedules"
 NEW = ["interleaved-1f1b", "looped-bfs", "zb-h1", "zbv", "dualpipev"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from polytrain.cli import main
-from polytrain.plan.profile import Profile
+from polytrain.cost.profile import Profile
 from polytrain.testbed import probes as pa
 from polytrain.testbed.probes import probe_action_overheads, probe_scales
 

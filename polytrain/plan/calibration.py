@@ -29,10 +29,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from polytrain.cost.cluster import Cluster
+from polytrain.cost.estimate import Scene
+from polytrain.cost.profile import Profile
 from polytrain.errors import ConfigError, validation_parts
-from polytrain.plan.cluster import Cluster
-from polytrain.plan.estimate import Scene
-from polytrain.plan.profile import Profile
 
 SCHEMA = "polytrain.calibration/1"
 

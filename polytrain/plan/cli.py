@@ -88,7 +88,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if args.profile and not args.model:
         from pathlib import Path as _P
 
-        from polytrain.plan.profile import Profile
+        from polytrain.cost.profile import Profile
 
         prof = Profile.load(_P(args.profile))
         over = {"model": prof.model, "dataset": prof.dataset, "optimizer": prof.optimizer,

@@ -18,13 +18,13 @@ from typing import Any
 from rich.console import Console
 
 from polytrain.config import JobConfig
+from polytrain.cost.cluster import MAX_WORLD, Cluster, parse_bytes
+from polytrain.cost.estimate import Scene
+from polytrain.cost.profile import Profile, measure_profile, median_of
 from polytrain.errors import ConfigError
 from polytrain.plan import show
 from polytrain.plan.calibration import PHYSICAL, Calibration, emulate
-from polytrain.plan.cluster import MAX_WORLD, Cluster, parse_bytes
-from polytrain.plan.estimate import Scene
 from polytrain.plan.predict import local_collectives
-from polytrain.plan.profile import Profile, measure_profile, median_of
 from polytrain.plan.recommend import Candidate, candidates, check_memory, command, rank, to_json
 
 
@@ -98,7 +98,7 @@ def run_profile(
 
 def run_meta_profile(cfg: JobConfig, out: str | None, device: str, console: Console) -> int:
     """`polytrain profile --meta`: FLOPs and bytes per layer counted on the meta device."""
-    from polytrain.plan.meta import meta_profile
+    from polytrain.cost.meta_profile import meta_profile
 
     t0 = time.perf_counter()
     prof = meta_profile(cfg, device)

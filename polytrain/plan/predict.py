@@ -22,10 +22,10 @@ import torch
 
 import polytrain.env as env
 from polytrain.config import JobConfig
+from polytrain.cost.cluster import Cluster
+from polytrain.cost.estimate import Estimate, Scene
+from polytrain.cost.profile import Profile, measure_profile
 from polytrain.plan.calibration import SCHEMA, Calibration, EmulationFile, emulate
-from polytrain.plan.cluster import Cluster
-from polytrain.plan.estimate import Estimate, Scene
-from polytrain.plan.profile import Profile, measure_profile
 
 
 def cache_dir() -> Path:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from polytrain.cost.estimate import Estimate, Scene
 from polytrain.errors import ConfigError
-from polytrain.plan.estimate import Estimate, Scene
 from polytrain.report.units import human_bytes
 
 
@@ -55,7 +55,7 @@ def candidates(scene: Scene, memory_limit: int | None = None,
     """Every applicable (strategy, options) on the cluster's world size, priced by the strategy.
     On a meta-device profile, an offer whose price needs this machine to hold the model (a codec
     encodes every gradient) is left out and named in ``unpriced``."""
-    from polytrain.plan.estimate import counted
+    from polytrain.cost.estimate import counted
     from polytrain.strategies import make_strategy, registry
 
     out = []

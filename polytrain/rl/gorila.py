@@ -39,7 +39,7 @@ from polytrain.runtime.flat import flat_params, load_flat
 
 
 def _plan(ctx: RoleContext) -> Any:
-    from polytrain.strategies.ps.sharding import param_infos, size_plan
+    from polytrain.runtime.sharding import param_infos, size_plan
 
     torch.manual_seed(ctx.cfg.seed)  # the same initial network on every rank
     net = build_qnet(ctx.cfg.model, ctx.cfg.info, ctx.cfg.hidden, ctx.cfg.depth)

@@ -21,7 +21,7 @@ from polytrain.runtime.job import Job, RankContext, RankResult, fingerprint
 from polytrain.runtime.supports import Supports
 
 if TYPE_CHECKING:
-    from polytrain.plan.estimate import Estimate, Scene
+    from polytrain.cost.estimate import Estimate, Scene
 
 #: What a strategy offers the planner on a cluster: (processes, options) to price.
 Offer = tuple[int, dict[str, Any]]
@@ -120,7 +120,7 @@ class Strategy:
 
     def price(self, scene: Scene, world: int) -> Estimate | str:
         """The cost model's estimate of a step with these options on ``world`` ranks, or why it
-        has none (:mod:`polytrain.plan.estimate` holds the shared building blocks)."""
+        has none (:mod:`polytrain.cost.estimate` holds the shared building blocks)."""
         return f"the planner does not model '{self.name}' yet"
 
 

@@ -14,7 +14,7 @@ from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Offer, Strategy
 
 if TYPE_CHECKING:
-    from polytrain.plan.estimate import Estimate, Scene
+    from polytrain.cost.estimate import Estimate, Scene
 
 
 class Single(Strategy):
@@ -31,7 +31,7 @@ class Single(Strategy):
         yield 1, {}
 
     def price(self, scene: Scene, world: int) -> Estimate | str:
-        from polytrain.plan import estimate as est
+        from polytrain.cost import estimate as est
 
         return est.single(scene)
 

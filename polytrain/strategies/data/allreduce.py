@@ -49,7 +49,7 @@ from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Offer, Strategy
 
 if TYPE_CHECKING:
-    from polytrain.plan.estimate import Estimate, Scene
+    from polytrain.cost.estimate import Estimate, Scene
 
 
 class AllreduceOptions(CollectiveOptions, CodecOptions):
@@ -129,7 +129,7 @@ class Allreduce(Strategy):
 
     @classmethod
     def offers(cls, scene: Scene) -> Iterator[Offer]:
-        from polytrain.plan.codecs import DEFAULT_CODECS
+        from polytrain.cost.codecs import DEFAULT_CODECS
 
         w = scene.cluster.world
         if w >= 2 and scene.batch % w == 0:
@@ -138,8 +138,8 @@ class Allreduce(Strategy):
                 yield w, {"compression": codec, **options}
 
     def price(self, scene: Scene, world: int) -> Estimate | str:
-        from polytrain.plan import estimate as est
-        from polytrain.plan.codecs import codec_price
+        from polytrain.cost import estimate as est
+        from polytrain.cost.codecs import codec_price
 
         o: AllreduceOptions = self.options  # type: ignore[assignment]
         return est.allreduce(scene, world, o.bucket_mb, codec_price(o, scene.profile.params))

@@ -61,7 +61,7 @@ from polytrain.strategies.data.zero import optimizer_state_bytes, peak_memory
 from polytrain.strategies.data.zero_units import layers_of
 
 if TYPE_CHECKING:
-    from polytrain.plan.estimate import Estimate, Scene
+    from polytrain.cost.estimate import Estimate, Scene
 
 
 class FsdpOptions(BaseModel):
@@ -197,7 +197,7 @@ class Fsdp(Strategy):
 
     def price(self, scene: Scene, world: int) -> Estimate | str:
         """ZeRO stage 3 with FSDP2's default prefetch of the next layer (``wrap=layer``)."""
-        from polytrain.plan.estimate_shard import sharded
+        from polytrain.cost.sharded import sharded
 
         o: FsdpOptions = self.options  # type: ignore[assignment]
         if o.wrap == "model":

@@ -50,7 +50,7 @@ from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.data.allreduce import check_divisible, codec_engine
 
 if TYPE_CHECKING:
-    from polytrain.plan.estimate import Estimate, Scene
+    from polytrain.cost.estimate import Estimate, Scene
 
 
 class LocalSgdOptions(CollectiveOptions, CodecOptions):
@@ -138,7 +138,7 @@ class LocalSgd(Strategy):
                 yield w, {"period": period}
 
     def price(self, scene: Scene, world: int) -> Estimate | str:
-        from polytrain.plan import estimate as est
+        from polytrain.cost import estimate as est
 
         return est.local_sgd(scene, world, self.options.period)  # type: ignore[attr-defined]
 

@@ -54,7 +54,7 @@ from polytrain.strategies.data.zero_shard import ShardedModel
 from polytrain.strategies.data.zero_units import bucket_units, layer_units
 
 if TYPE_CHECKING:
-    from polytrain.plan.estimate import Estimate, Scene
+    from polytrain.cost.estimate import Estimate, Scene
 
 DEFAULT_BUCKET_MB = 25.0
 NO_CODEC = ("zero's reduce-scatter and all-gather carry dense shards, and no codec is wired into "
@@ -119,7 +119,7 @@ class Zero(Strategy):
             yield w, {"stage": 3, "prefetch": 1}
 
     def price(self, scene: Scene, world: int) -> Estimate | str:
-        from polytrain.plan.estimate_shard import sharded
+        from polytrain.cost.sharded import sharded
 
         o: ZeroOptions = self.options  # type: ignore[assignment]
         return sharded(scene, world, o.stage, o.bucket_mb or DEFAULT_BUCKET_MB, bool(o.prefetch))

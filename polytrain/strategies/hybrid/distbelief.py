@@ -25,10 +25,18 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from polytrain.comm import new_groups
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
-from polytrain.plan.partition import cut
+from polytrain.models.partition import cut
 from polytrain.runtime import interrupt
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.layout import Layout
+from polytrain.runtime.sharding import (
+    ShardPlan,
+    flat_grads,
+    flat_params,
+    load_flat,
+    make_plan,
+    param_infos,
+)
 from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible
@@ -40,14 +48,6 @@ from polytrain.strategies.ps.checkpoint import attach_server, restore_client, sa
 from polytrain.strategies.ps.client import PSClient, gather_shards
 from polytrain.strategies.ps.consistency import histogram, make_consistency
 from polytrain.strategies.ps.server import ParameterServer
-from polytrain.strategies.ps.sharding import (
-    ShardPlan,
-    flat_grads,
-    flat_params,
-    load_flat,
-    make_plan,
-    param_infos,
-)
 from polytrain.strategies.ps.strategy import check_no_buffers
 
 

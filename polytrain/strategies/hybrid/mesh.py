@@ -58,6 +58,7 @@ from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.layout import Layout
 from polytrain.runtime.loop import LoopSpec, plain_step, run_loop
 from polytrain.runtime.supports import Supports
+from polytrain.schedules.registry import get_schedule
 from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.data.allreduce import (
     check_divisible,
@@ -79,11 +80,10 @@ from polytrain.strategies.model.tp_plan import unchunk
 from polytrain.strategies.pipeline.chunks import ChunkPipeline, check_chunks
 from polytrain.strategies.pipeline.flush import FlushPipeline, Pipelined
 from polytrain.strategies.pipeline.options import meta_model
-from polytrain.strategies.pipeline.schedule import get_schedule
 from polytrain.strategies.pipeline.ties import find_ties
 
 if TYPE_CHECKING:
-    from polytrain.plan.estimate import Estimate, Scene
+    from polytrain.cost.estimate import Estimate, Scene
 
 PIPELINE_OPTIONS = {"schedule", "microbatches", "partition", "virtual_stages"}
 Schedule = Literal["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "looped-bfs", "zbv", "dualpipev"]
@@ -153,13 +153,13 @@ class Mesh(Strategy):
         other schedule the pipe can run (`OFFERED`: ZB-H1 and the virtual-stage schedules where
         P·V chunks fit the layers; one M each keeps planning 4096 ranks within its budget);
         dp × tp for transformers; and from 8 ranks, for a transformer whose sequence, width and
-        heads the profile names, the dp × pp × tp layouts of `estimate_3d` under 1F1B at M = P
+        heads the profile names, the dp × pp × tp layouts of `cost.mesh3d` under 1F1B at M = P
         and 2P."""
-        from polytrain.plan import estimate as est
-        from polytrain.plan.estimate_pipe import planned_partition
+        from polytrain.cost import estimate as est
+        from polytrain.cost.pipeline import planned_partition
 
         if est.counted(scene.profile):  # a meta-device profile: the 3-D layouts at scale
-            from polytrain.plan.estimate_3d import layouts
+            from polytrain.cost.mesh3d import layouts
 
             yield from ((scene.cluster.world, o) for o in layouts(scene))
             return
@@ -181,19 +181,19 @@ class Mesh(Strategy):
                 if tp < w and w % tp == 0 and heads % tp == 0 and b % (w // tp) == 0:
                     yield w, {"dp": w // tp, "tp": tp}
         if scene.transformer and w >= 8:  # dp × pp × tp, 1F1B, priced as at scale (needs T, D, H)
-            from polytrain.plan.estimate_3d import layouts
+            from polytrain.cost.mesh3d import layouts
 
             yield from ((w, o) for o in layouts(scene) if o["pp"] != 1 and o["tp"] != 1
                         and "schedule" not in o and o["microbatches"] in (o["pp"], 2 * o["pp"]))
 
     def price(self, scene: Scene, world: int) -> Estimate | str:
-        from polytrain.plan import estimate as est
-        from polytrain.plan.estimate_pipe import price_pipeline
+        from polytrain.cost import estimate as est
+        from polytrain.cost.pipeline import price_pipeline
 
         o: MeshOptions = self.options  # type: ignore[assignment]
         layout = o.layout.resolve(world)
         if est.counted(scene.profile) or (layout.tp > 1 and layout.pp > 1):
-            from polytrain.plan.estimate_3d import mesh3d
+            from polytrain.cost.mesh3d import mesh3d
 
             if not scene.transformer:
                 return ("dp × pp × tp is priced from the transformer's shape: profile with "

@@ -35,6 +35,7 @@ from polytrain.models.gpt import CausalSelfAttention, Mlp
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.layout import Layout
 from polytrain.runtime.loop import LoopSpec, run_loop
+from polytrain.schedules.registry import get_schedule
 from polytrain.strategies.model.layerwise import utilisation
 from polytrain.strategies.model.megatron import ShardDims, shard_transformer
 from polytrain.strategies.model.shard_collectives import Evaluating, Wire, gather_state
@@ -42,7 +43,6 @@ from polytrain.strategies.pipeline.activations_wire import gather_stages
 from polytrain.strategies.pipeline.chunks import ChunkPipeline
 from polytrain.strategies.pipeline.flush import FlushPipeline, Pipelined
 from polytrain.strategies.pipeline.options import meta_model
-from polytrain.strategies.pipeline.schedule import get_schedule
 
 
 def check_3d(cfg: JobConfig, layout: Layout, compression: str) -> None:

@@ -46,7 +46,7 @@ from polytrain.strategies.model.shard_collectives import (
 from polytrain.strategies.pipeline.options import meta_model
 
 if TYPE_CHECKING:
-    from polytrain.plan.estimate import Estimate, Scene
+    from polytrain.cost.estimate import Estimate, Scene
 
 
 def fc_start(model: nn.Module) -> int:
@@ -166,7 +166,7 @@ class Owt(Strategy):
             yield w, {}
 
     def price(self, scene: Scene, world: int) -> Estimate | str:
-        from polytrain.plan import estimate as est
+        from polytrain.cost import estimate as est
 
         return est.owt(scene, world)
 

@@ -30,7 +30,7 @@ from torch import nn
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.models import seq2seq as s2s
-from polytrain.plan.partition import Partition, cut
+from polytrain.models.partition import Partition, cut
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, StepFn, run_loop
 from polytrain.runtime.supports import Supports

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
-from polytrain.plan.partition import Partition, check_cuttable
+from polytrain.models.partition import Partition, check_cuttable
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop
 from polytrain.runtime.supports import Supports
@@ -29,7 +29,7 @@ from polytrain.strategies.pipeline.flush import PLANNERS, FlushPipeline, Pipelin
 from polytrain.strategies.pipeline.options import meta_model
 
 if TYPE_CHECKING:
-    from polytrain.plan.estimate import Estimate, Scene
+    from polytrain.cost.estimate import Estimate, Scene
 
 __all__ = ["PLANNERS", "Layerwise", "check_partition_text", "plan", "utilisation"]
 
@@ -65,14 +65,14 @@ class Layerwise(Strategy):
 
     @classmethod
     def offers(cls, scene: Scene) -> Iterator[Offer]:
-        from polytrain.plan.estimate_pipe import planned_partition
+        from polytrain.cost.pipeline import planned_partition
 
         w = scene.cluster.world
         if 2 <= w <= scene.layers:
             yield w, {"partition": planned_partition(scene, "gpipe", w, 1)}
 
     def price(self, scene: Scene, world: int) -> Estimate | str:
-        from polytrain.plan.estimate_pipe import price_pipeline
+        from polytrain.cost.pipeline import price_pipeline
 
         return price_pipeline(scene, "gpipe", world, 1, 1, self.options.partition)  # type: ignore[attr-defined]
 

@@ -36,7 +36,7 @@ from polytrain.strategies.model.tp_attention import local_comms
 from polytrain.strategies.model.tp_plan import apply_plan, derive_plan, parse_plan, unchunk
 
 if TYPE_CHECKING:
-    from polytrain.plan.estimate import Estimate, Scene
+    from polytrain.cost.estimate import Estimate, Scene
 
 
 class TensorOptions(BaseModel):
@@ -97,14 +97,14 @@ class Tensor(Strategy):
 
     @classmethod
     def offers(cls, scene: Scene) -> Iterator[Offer]:
-        from polytrain.plan import estimate as est
+        from polytrain.cost import estimate as est
 
         w, prof = scene.cluster.world, scene.profile
         if w in (2, 4) and est.tp_layers(prof) and int(prof.model_options.get("n_head", 4)) % w == 0:
             yield w, {}
 
     def price(self, scene: Scene, world: int) -> Estimate | str:
-        from polytrain.plan import estimate as est
+        from polytrain.cost import estimate as est
 
         return est.tensor(scene, world)
 

@@ -6,5 +6,5 @@ Runtime: ``activations_wire`` (stage messages through ctx.comm), ``executor`` (r
 one stage), ``weights`` (flush, weight stashing, weight prediction), ``shell`` (setup, segments, checkpoints,
 evaluation), ``planning`` (``--set partition=``), ``metrics`` (measured bubble, per-stage figures).
 Strategies: ``gpipe``, ``one_f_one_b`` (``1f1b``), ``pipedream``, ``spectrain``. Partitions, the cut
-and the planners live in ``polytrain.plan.partition``; the profiler in ``polytrain.plan.profile``.
+and the planners live in ``polytrain.models.partition``; the profiler in ``polytrain.cost.profile``.
 """

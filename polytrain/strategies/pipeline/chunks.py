@@ -37,18 +37,18 @@ from torch import nn
 
 from polytrain.comm import Comm, GroupComm
 from polytrain.config import JobConfig
+from polytrain.cost.profile import boundary_metas
 from polytrain.errors import ConfigError
-from polytrain.plan.partition import Partition, check_cuttable, cut, layers_of, uniform
-from polytrain.plan.profile import boundary_metas
+from polytrain.models.partition import Partition, check_cuttable, cut, layers_of, uniform
 from polytrain.runtime.job import Job, RankContext
 from polytrain.runtime.loop import StepFn
+from polytrain.schedules.registry import get_schedule
+from polytrain.schedules.virtual import chunk_rank
 from polytrain.strategies.pipeline.activations_wire import gather_stages
 from polytrain.strategies.pipeline.executor import StageExecutor, StageSpec
 from polytrain.strategies.pipeline.flush import StepFeed
 from polytrain.strategies.pipeline.meter import MemoryMeter, Window
 from polytrain.strategies.pipeline.options import meta_model
-from polytrain.strategies.pipeline.schedule import get_schedule
-from polytrain.strategies.pipeline.schedule_virtual import chunk_rank
 from polytrain.strategies.pipeline.ties import TiedGrads, find_ties
 from polytrain.strategies.pipeline.weights import FlushWeights
 

@@ -11,7 +11,7 @@ from itertools import groupby
 from pathlib import Path
 
 from polytrain.errors import ConfigError
-from polytrain.strategies.pipeline.schedule import (
+from polytrain.schedules.registry import (
     Action,
     Orders,
     bubble_fraction,

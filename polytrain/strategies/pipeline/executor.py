@@ -48,9 +48,9 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from polytrain.comm import Comm
-from polytrain.plan.profile import TensorMeta
+from polytrain.cost.profile import TensorMeta
 from polytrain.runtime.job import Job, RankContext
-from polytrain.strategies.pipeline.actions import Action
+from polytrain.schedules.actions import Action
 from polytrain.strategies.pipeline.activations_wire import AHEAD, STOP, Inbox, Outbox, StreamStop
 from polytrain.strategies.pipeline.meter import MemoryMeter, Window
 from polytrain.strategies.pipeline.split_backward import (

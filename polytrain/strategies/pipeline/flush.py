@@ -28,16 +28,16 @@ import torch
 from torch import nn
 
 from polytrain.comm import Comm
+from polytrain.cost.profile import boundary_metas
 from polytrain.errors import ConfigError
-from polytrain.plan.partition import Partition, balanced, check_cuttable, cut, uniform
-from polytrain.plan.profile import boundary_metas
+from polytrain.models.partition import Partition, balanced, check_cuttable, cut, uniform
 from polytrain.runtime.job import Job, RankContext
 from polytrain.runtime.loop import StepFn
 from polytrain.runtime.precision import SKIPPED, Precision
+from polytrain.schedules.checks import dry_run, validate
+from polytrain.schedules.registry import stage_orders
 from polytrain.strategies.pipeline.activations_wire import gather_stages
-from polytrain.strategies.pipeline.checks import dry_run, validate
 from polytrain.strategies.pipeline.executor import StageExecutor, StageSpec
-from polytrain.strategies.pipeline.schedule import stage_orders
 from polytrain.strategies.pipeline.ties import TiedGrads, find_ties
 from polytrain.strategies.pipeline.weights import FlushWeights
 

@@ -23,7 +23,7 @@ from polytrain.strategies.pipeline.shell import PipelineRun, RunPlan
 from polytrain.strategies.pipeline.weights import FlushWeights
 
 if TYPE_CHECKING:
-    from polytrain.plan.estimate import Estimate, Scene
+    from polytrain.cost.estimate import Estimate, Scene
 
 
 def flush_plan(strategy: str, opts: FlushOptions, accum: int = 1, recompute: bool = False) -> RunPlan:
@@ -60,7 +60,7 @@ class FlushStrategy(Strategy):
 
     @classmethod
     def offers(cls, scene: Scene) -> Iterator[Offer]:
-        from polytrain.plan.estimate_pipe import planned_partition
+        from polytrain.cost.pipeline import planned_partition
 
         w, b = scene.cluster.world, scene.batch
         if 2 <= w <= scene.layers:
@@ -69,7 +69,7 @@ class FlushStrategy(Strategy):
                     yield w, {"microbatches": m, "partition": planned_partition(scene, cls.name, w, m)}
 
     def price(self, scene: Scene, world: int) -> Estimate | str:
-        from polytrain.plan.estimate_pipe import price_pipeline
+        from polytrain.cost.pipeline import price_pipeline
 
         o: FlushOptions = self.options  # type: ignore[assignment]
         return price_pipeline(scene, self.name, world, o.microbatches, 1, o.partition, o.replicate,

@@ -27,8 +27,8 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from polytrain.strategies.pipeline.actions import Action
-from polytrain.strategies.pipeline.checks import simulate_times, timed_bubble
+from polytrain.schedules.actions import Action
+from polytrain.schedules.checks import simulate_times, timed_bubble
 
 
 def bubble_fraction(windows: list[list[list[float]]]) -> float:

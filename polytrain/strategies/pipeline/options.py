@@ -12,7 +12,7 @@ from polytrain.config import JobConfig
 from polytrain.data import dataset_spec
 from polytrain.errors import ConfigError
 from polytrain.models import resolve_model
-from polytrain.plan.partition import Partition, check_cuttable
+from polytrain.models.partition import Partition, check_cuttable
 from polytrain.strategies.pipeline.ties import refuse_ties
 
 PARTITION_MODES = ("auto", "uniform", "params", "time")

@@ -25,12 +25,12 @@ from polytrain.strategies.pipeline.shell import PipelineRun, RunPlan
 from polytrain.strategies.pipeline.weights import ASYNC_WHY, StashedWeights
 
 if TYPE_CHECKING:
-    from polytrain.plan.estimate import Estimate, Scene
+    from polytrain.cost.estimate import Estimate, Scene
 
 
 def stream_offers(scene: Scene) -> Iterator[Offer]:
     """A stream pipeline on the cluster's ranks, the planner's cut pinned in its options."""
-    from polytrain.plan.estimate_pipe import planned_partition
+    from polytrain.cost.pipeline import planned_partition
 
     w = scene.cluster.world
     if 2 <= w <= scene.layers:
@@ -39,7 +39,7 @@ def stream_offers(scene: Scene) -> Iterator[Offer]:
 
 def price_stream(opts: AsyncOptions, scene: Scene, world: int) -> Estimate:
     """A stream pipeline (pipedream's schedule, one mini-batch per step) priced."""
-    from polytrain.plan.estimate_pipe import price_pipeline
+    from polytrain.cost.pipeline import price_pipeline
 
     return price_pipeline(scene, "pipedream", world, 1, 1, opts.partition, opts.replicate, opts.link_gbps)
 

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from polytrain.plan.partition import (
+from polytrain.cost.profile import profile_layers
+from polytrain.models.partition import (
     Partition,
     balanced,
     check_cuttable,
@@ -25,7 +26,6 @@ from polytrain.plan.partition import (
     pipedream_plan,
     uniform,
 )
-from polytrain.plan.profile import profile_layers
 from polytrain.runtime.job import RankContext
 from polytrain.strategies.pipeline.options import PARTITION_MODES, PipelineOptions, check_replicas
 

@@ -53,24 +53,24 @@ import torch
 from torch import nn
 
 from polytrain.comm import GroupComm, new_groups
+from polytrain.cost.profile import boundary_metas
 from polytrain.errors import ConfigError
-from polytrain.plan.partition import Partition, cut
-from polytrain.plan.profile import boundary_metas
+from polytrain.models.partition import Partition, cut
 from polytrain.runtime import interrupt
 from polytrain.runtime.batches import GlobalBatches
 from polytrain.runtime.divergence import DivergenceWatch, check_finite, check_param_bound
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, restore_checkpoint, save_checkpoint
 from polytrain.runtime.precision import SKIPPED, Precision
-from polytrain.strategies.pipeline.actions import Action
+from polytrain.schedules.actions import Action
+from polytrain.schedules.checks import dry_run, validate
+from polytrain.schedules.registry import Orders, stage_orders
 from polytrain.strategies.pipeline.activations_wire import recv_state, send_state
-from polytrain.strategies.pipeline.checks import dry_run, validate
 from polytrain.strategies.pipeline.executor import StageExecutor, StageSpec, Window
 from polytrain.strategies.pipeline.heap import keep_heap
 from polytrain.strategies.pipeline.metrics import summarise
 from polytrain.strategies.pipeline.options import PipelineOptions
 from polytrain.strategies.pipeline.planning import resolve_partition
-from polytrain.strategies.pipeline.schedule import Orders, stage_orders
 from polytrain.strategies.pipeline.ties import TiedGrads, check_no_replicated_ties, find_ties
 from polytrain.strategies.pipeline.weights import FlushWeights
 

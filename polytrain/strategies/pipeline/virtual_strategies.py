@@ -24,15 +24,15 @@ from pydantic import Field
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
+from polytrain.schedules.registry import get_schedule
 from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.pipeline.chunks import check_chunks
 from polytrain.strategies.pipeline.options import FlushOptions, check_microbatches
-from polytrain.strategies.pipeline.schedule import get_schedule
 from polytrain.strategies.pipeline.virtual_run import VirtualRun
 from polytrain.strategies.pipeline.zb_h1 import check_split
 
 if TYPE_CHECKING:
-    from polytrain.plan.estimate import Estimate, Scene
+    from polytrain.cost.estimate import Estimate, Scene
 
 
 class VirtualOptions(FlushOptions):
@@ -73,8 +73,8 @@ class _Virtual(Strategy):
     def offers(cls, scene: Scene) -> Iterator[Offer]:
         """P = the cluster's world, the schedule's V, M in {P, 2P, 4P} (rounds of P), the
         planner's cut of the P·V chunks pinned."""
-        from polytrain.plan.estimate_pipe import planned_partition
-        from polytrain.strategies.pipeline.schedule import get_schedule
+        from polytrain.cost.pipeline import planned_partition
+        from polytrain.schedules.registry import get_schedule
 
         w, b = scene.cluster.world, scene.batch
         if w >= 2 and w * get_schedule(cls.name).default_virtual <= scene.layers:
@@ -84,7 +84,7 @@ class _Virtual(Strategy):
 
     def price(self, scene: Scene, world: int) -> Estimate | str:
         """The registered orders over P·V chunks, replayed by the planner (`estimate_pipe`)."""
-        from polytrain.plan.estimate_pipe import price_pipeline
+        from polytrain.cost.pipeline import price_pipeline
 
         o: VirtualOptions = self.options  # type: ignore[assignment]
         return price_pipeline(scene, self.name, world, o.microbatches, 1, o.partition,

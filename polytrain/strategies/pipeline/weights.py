@@ -30,7 +30,7 @@ from torch import nn
 from polytrain.comm import Comm, GroupComm
 from polytrain.runtime.clip import GradSplit, clip_grad_norm
 from polytrain.runtime.precision import Precision
-from polytrain.strategies.pipeline.actions import Action
+from polytrain.schedules.actions import Action
 from polytrain.strategies.pipeline.ties import TiedGrads
 
 Params = dict[str, torch.Tensor]

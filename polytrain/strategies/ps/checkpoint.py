@@ -33,9 +33,9 @@ from polytrain.errors import CheckpointError
 from polytrain.runtime.checkpoint import CheckpointStore
 from polytrain.runtime.job import Job, RankContext
 from polytrain.runtime.loop import commit_checkpoint, newest_checkpoint
+from polytrain.runtime.sharding import ShardPlan
 from polytrain.strategies.ps.client import PSClient
 from polytrain.strategies.ps.server import ParameterServer
-from polytrain.strategies.ps.sharding import ShardPlan
 
 
 def server_state(server: ParameterServer) -> dict[str, Any]:

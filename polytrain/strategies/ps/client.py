@@ -12,9 +12,9 @@ import torch
 
 from polytrain.comm import Comm
 from polytrain.comm.codecs.engine import Engine
+from polytrain.runtime.sharding import ShardPlan
 from polytrain.strategies.ps.pulls import PullDecoder
 from polytrain.strategies.ps.server import DONE, HEADER, PULL, PUSH, SAVE
-from polytrain.strategies.ps.sharding import ShardPlan
 
 
 def shard_name(s: int) -> str:

@@ -33,11 +33,11 @@ from polytrain.errors import ConfigError
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.layout import Layout
 from polytrain.runtime.loop import LoopSpec, run_loop
+from polytrain.runtime.sharding import flat_grads, flat_params, load_flat, make_plan, param_infos
 from polytrain.runtime.supports import Supports, refusing
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.ps.client import gather_shards
 from polytrain.strategies.ps.lbfgs import LbfgsShard
-from polytrain.strategies.ps.sharding import flat_grads, flat_params, load_flat, make_plan, param_infos
 from polytrain.strategies.ps.strategy import check_no_buffers, check_roles, model_plan
 from polytrain.strategies.ps.worker import work_seconds
 

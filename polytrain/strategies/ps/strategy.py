@@ -41,6 +41,13 @@ from polytrain.errors import ConfigError
 from polytrain.runtime import schedule
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop
+from polytrain.runtime.sharding import (
+    ShardPlan,
+    flat_params,
+    load_flat,
+    make_plan,
+    param_infos,
+)
 from polytrain.runtime.supports import Supports, refusing
 from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.data.allreduce import check_divisible
@@ -49,17 +56,10 @@ from polytrain.strategies.ps.client import PSClient, gather_shards, shard_name
 from polytrain.strategies.ps.consistency import histogram, make_consistency
 from polytrain.strategies.ps.pulls import PullDecoder, PullEncoder, pulls_compressible
 from polytrain.strategies.ps.server import ParameterServer
-from polytrain.strategies.ps.sharding import (
-    ShardPlan,
-    flat_params,
-    load_flat,
-    make_plan,
-    param_infos,
-)
 from polytrain.strategies.ps.worker import WorkerLoop
 
 if TYPE_CHECKING:
-    from polytrain.plan.estimate import Estimate, Scene
+    from polytrain.cost.estimate import Estimate, Scene
 
 
 class PsOptions(CodecOptions):
@@ -155,7 +155,7 @@ class Ps(Strategy):
                     yield w, {"servers": servers, "sharding": sharding, "consistency": consistency}
 
     def price(self, scene: Scene, world: int) -> Estimate | str:
-        from polytrain.plan import estimate as est
+        from polytrain.cost import estimate as est
 
         o: PsOptions = self.options  # type: ignore[assignment]
         return est.ps(scene, world, o.servers, o.sharding, o.consistency)

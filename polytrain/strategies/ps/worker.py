@@ -32,9 +32,9 @@ from polytrain.runtime import interrupt
 from polytrain.runtime.accumulate import accumulate
 from polytrain.runtime.clip import clip_flat
 from polytrain.runtime.job import Job, RankContext
+from polytrain.runtime.sharding import ShardPlan, flat_grads, load_flat
 from polytrain.strategies.ps.client import PSClient, shard_name
 from polytrain.strategies.ps.consistency import Consistency
-from polytrain.strategies.ps.sharding import ShardPlan, flat_grads, load_flat
 
 
 def work_seconds(wall0: float, cpu0: float) -> float:

@@ -21,8 +21,8 @@ forward to its backward (Ψ more). Activations are on top of each.
 
 from __future__ import annotations
 
-from polytrain.plan.cost import allreduce_s, ddp_overlap, group_allgather_s
-from polytrain.plan.estimate import Estimate, Scene, Span, ring_nic_bytes
+from polytrain.cost.estimate import Estimate, Scene, Span, ring_nic_bytes
+from polytrain.cost.network import allreduce_s, ddp_overlap, group_allgather_s
 
 
 def _gathered_compute(compute: list[float], gathers: list[float], prefetch: bool) -> float:

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import functools
 
-from polytrain.plan.cluster import Cluster
-from polytrain.plan.cost import allreduce_s, intra_link, nic_link
-from polytrain.plan.estimate import Estimate, Scene, Span, tp_layers
-from polytrain.plan.memory import element_bytes, transformer_activation_bytes
-from polytrain.plan.simulate import schedule_orders
-from polytrain.strategies.pipeline.schedule import in_flight
+from polytrain.cost.cluster import Cluster
+from polytrain.cost.estimate import Estimate, Scene, Span, tp_layers
+from polytrain.cost.memory import element_bytes, transformer_activation_bytes
+from polytrain.cost.network import allreduce_s, intra_link, nic_link
+from polytrain.cost.simulate import schedule_orders
+from polytrain.schedules.registry import in_flight
 
 
 @functools.lru_cache(maxsize=1024)

@@ -24,9 +24,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from polytrain.plan.devices import Device, get_device
-from polytrain.plan.partition import layers_of
-from polytrain.plan.profile import OPTIMIZER_STATE, LayerRecord, Profile, _fc_start, _layers_or_whole
+from polytrain.cost.devices import Device, get_device
+from polytrain.cost.profile import OPTIMIZER_STATE, LayerRecord, Profile, _fc_start, _layers_or_whole
+from polytrain.models.partition import layers_of
 
 #: the share of a device's peak FLOP/s dense matrix work reaches; a calibration replaces it
 DEFAULT_EFFICIENCY = 0.5

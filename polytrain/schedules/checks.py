@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 
 from polytrain.errors import ConfigError
-from polytrain.strategies.pipeline.actions import Action, Grid, check_cost, check_sizes, makespan
+from polytrain.schedules.actions import Action, Grid, check_cost, check_sizes, makespan
 
 _DEPS_RULE = (
     "Rule: a stage runs its list in order, one action at a time; F(s,m) waits for F(s-1,m); "

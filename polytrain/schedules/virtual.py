@@ -22,7 +22,7 @@ P = 4, M = 4, V = 2, interleaved (rank 0; chunks 0 and 4)::
 from __future__ import annotations
 
 from polytrain.errors import ConfigError
-from polytrain.strategies.pipeline.actions import Action, Op, Orders, check_sizes
+from polytrain.schedules.actions import Action, Op, Orders, check_sizes
 
 
 def chunk_rank(chunk: int, ranks: int, placement: str) -> int:

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from polytrain.errors import ConfigError
-from polytrain.plan.partition import LayerCost, layers_of
+from polytrain.models.partition import LayerCost, layers_of
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from polytrain.strategies.pipeline.actions import Action, Orders
-from polytrain.strategies.pipeline.checks import (
+from polytrain.schedules.actions import Action, Orders
+from polytrain.schedules.checks import (
     _deadlock,
     check_rows,
     chunk_count,
@@ -31,7 +31,7 @@ from polytrain.strategies.pipeline.checks import (
     simulate_times,
     timed_bubble,
 )
-from polytrain.strategies.pipeline.schedule import get_schedule
+from polytrain.schedules.registry import get_schedule
 
 Timeline = dict[int, list[tuple[Action, float, float]]]
 

@@ -30,8 +30,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from polytrain.cost.devices import Device, get_device
 from polytrain.errors import ConfigError
-from polytrain.plan.devices import Device, get_device
 
 _NUM = r"(\d+(?:\.\d*)?(?:e[+-]?\d+)?)"
 _RATE_RE = re.compile(rf"^{_NUM}\s*([kmgt]?)(bit|byte|b)?(?:/s|ps)?$", re.IGNORECASE)

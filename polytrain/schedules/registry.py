@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from polytrain.errors import ConfigError, unknown
-from polytrain.strategies.pipeline import schedule_virtual
-from polytrain.strategies.pipeline.actions import (
+from polytrain.schedules import virtual as schedule_virtual
+from polytrain.schedules.actions import (
     OPS,
     Action,
     Grid,
@@ -38,7 +38,7 @@ from polytrain.strategies.pipeline.actions import (
     check_sizes,
     makespan,
 )
-from polytrain.strategies.pipeline.checks import dry_run, simulate, validate
+from polytrain.schedules.checks import dry_run, simulate, validate
 
 __all__ = [
     "OPS",

@@ -12,9 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from polytrain.plan.cluster import Cluster
-from polytrain.plan.codecs import CodecPrice
-from polytrain.plan.cost import (
+from polytrain.cost.cluster import Cluster
+from polytrain.cost.codecs import CodecPrice
+from polytrain.cost.memory import element_bytes, state_bytes, transformer_activation_bytes
+from polytrain.cost.meta_profile import DEFAULT_EFFICIENCY, layer_seconds
+from polytrain.cost.network import (
     allreduce_s,
     buckets_of,
     ddp_overlap,
@@ -24,10 +26,8 @@ from polytrain.plan.cost import (
     refilled,
     tp_block_s,
 )
-from polytrain.plan.memory import element_bytes, state_bytes, transformer_activation_bytes
-from polytrain.plan.meta import DEFAULT_EFFICIENCY, layer_seconds
-from polytrain.plan.profile import OPTIMIZER_STATE, LayerRecord, Profile
-from polytrain.strategies.ps.sharding import ParamInfo, make_plan
+from polytrain.cost.profile import OPTIMIZER_STATE, LayerRecord, Profile
+from polytrain.runtime.sharding import ParamInfo, make_plan
 
 BYTES = 4  # float32 parameters, gradients and activations
 

@@ -80,7 +80,7 @@ def price(compression: str, options: dict[str, Any], params: tuple[tuple[str, tu
     from polytrain.comm.codecs.base import Key
     from polytrain.comm.codecs.payload import pack
     from polytrain.comm.options import CodecOptions
-    from polytrain.plan.cost import buckets_of
+    from polytrain.cost.network import buckets_of
 
     opts = CodecOptions(compression=compression, **options)
     codec = build(opts, world, torch.Generator().manual_seed(0))

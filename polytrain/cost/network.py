@@ -48,7 +48,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from polytrain.plan.cluster import Cluster
+from polytrain.cost.cluster import Cluster
 
 FIRST_BUCKET_BYTES = 1024 * 1024  # DDP's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 

@@ -12,12 +12,12 @@ Rank layout as `runtime.layout.Layout` numbers it: rank = d·pp + s.
 
 from __future__ import annotations
 
-from polytrain.plan.cost import allreduce_s, p2p_s, refilled, shared_cores
-from polytrain.plan.estimate import Estimate, Scene, Span
-from polytrain.plan.partition import LayerCost, Partition, balanced, pipedream_plan, uniform
-from polytrain.plan.simulate import StageTimes, pipeline_step, schedule_orders
-from polytrain.strategies.pipeline.schedule import get_schedule, in_flight
-from polytrain.strategies.pipeline.schedule_virtual import chunk_rank
+from polytrain.cost.estimate import Estimate, Scene, Span
+from polytrain.cost.network import allreduce_s, p2p_s, refilled, shared_cores
+from polytrain.cost.simulate import StageTimes, pipeline_step, schedule_orders
+from polytrain.models.partition import LayerCost, Partition, balanced, pipedream_plan, uniform
+from polytrain.schedules.registry import get_schedule, in_flight
+from polytrain.schedules.virtual import chunk_rank
 
 STASHING = {"pipedream": "stash", "spectrain": "predict"}
 

@@ -1,0 +1,1 @@
+"""Pipeline schedules as plain data: actions, orders of work, their registry and their checks."""
