@@ -1,9 +1,9 @@
 """``mesh``: hybrid parallelism on a process mesh (000 §V): ``dp × pp`` (replicated pipelines),
 ``dp × tp`` (replicated tensor-parallel groups) or ``dp × pp × tp`` (replicated pipelines whose
 stages are tensor-parallel, Megatron's PTD-P: :mod:`polytrain.strategies.hybrid.mesh3d`). Its
-data-parallel axis takes ``collective=ring``, ``compression=`` every gradient codec (not
-``powersgd``, a DDP hook) and ``compression=onebit-adam`` (1-bit Adam over each dp group; not with
-dp=1 or weights tied across stages) — in 2-D layouts; 3-D runs full precision.
+data-parallel axis takes ``collective=ring``, ``compression=`` every gradient codec
+(not ``powersgd``, a DDP hook) and ``compression=onebit-adam`` (1-bit Adam over each dp group;
+not with dp=1 or weights tied across stages) — in 2-D layouts; 3-D runs full precision.
 
     polytrain train --strategy mesh --procs 4 --set dp=2 --set pp=2   # 2 pipelines of 2 stages
     polytrain train --strategy mesh --procs 4 --set dp=2 --set tp=2 --model gpt-mini --dataset chars
