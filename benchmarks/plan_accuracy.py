@@ -10,7 +10,7 @@ prints (`plan_accuracy_model.price_row`: the row's calibration makes the scene,
 10 repeats, each layer's fastest) and the testbed's cluster (hosts, rate, ranks sharing the cores).
 Before each repeat round every model is profiled in a fresh process, under the same lock and load as
 the runs, and the profile stored in the raw file; the analysis prices with the median of each model's
-stored profiles (`plan.profile.median_of`; every pass before 2026-11-29 stored one profile per model,
+stored profiles (`cost.profile.median_of`; every pass before 2026-11-29 stored one profile per model,
 which the median leaves as it is), so ``--analyse`` recomputes from the file alone.
 
 Calibration (`plan_accuracy_model.fit`): the even-numbered scenarios (at most half) fit five

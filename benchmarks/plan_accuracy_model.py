@@ -294,7 +294,7 @@ def stats(errors: list[float]) -> dict[str, float]:
 
 
 def stored_profiles(raw: dict[str, Any]) -> dict[str, Any]:
-    """Per model, the median of its stored profiles (`plan.profile.median_of`): a pass profiles
+    """Per model, the median of its stored profiles (`cost.profile.median_of`): a pass profiles
     before each repeat round, so the median follows the machine over the pass (a file with one
     profile per model, as every pass before 2026-11-29 05:00, gives that profile unchanged)."""
     from polytrain.cost.profile import Profile, median_of

@@ -15,9 +15,9 @@ iteration (the typical one), the all-reduce call's mean, and the stalls (iterati
 all-reduce call took ≥ 50 ms longer than the case's median call on some rank); per case, the
 median over jobs with min–max.
 Priced: the planner's iteration with the calibration of ``--frozen`` (its cores per host, time per
-call and extra α): ``compute × contention(W)`` plus ``plan.cost.allreduce_s`` on the testbed's
-cluster with the shaper's bucket refilled for the compute's time (`plan.cost.refilled`), as
-`plan.estimate.tensor` prices a block's all-reduces.
+call and extra α): ``compute × contention(W)`` plus ``cost.network.allreduce_s`` on the testbed's
+cluster with the shaper's bucket refilled for the compute's time (`cost.network.refilled`), as
+`cost.estimate.tensor` prices a block's all-reduces.
 """
 
 from __future__ import annotations

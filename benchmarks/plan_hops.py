@@ -14,7 +14,7 @@ One process per emulated host (``polytrain.testbed.hosts``, one torch thread eac
 bytes) case back to back, interleaved in rounds of 5 (``plan_hops_rank.py``); the first of each round
 is left out. Per job and case the mean time of the operation (all-reduce, all-gather: the median over
 ranks; p2p, relay: rank 0's time for the ring of W sends); per case the median over jobs (min–max).
-hop = (measured − priced) / messages, priced by `plan.cost` on the testbed's links without shared
+hop = (measured − priced) / messages, priced by `cost.network` on the testbed's links without shared
 cores (``ring_allreduce_s``, ``allgather_s``, W × ``Link.p2p_s``, ``Link.p2p_s`` of (W−1)/W of the
 bytes, ``Link.p2p_s``, W × ``Link.p2p_s``, ``Link.p2p_s``), messages per rank in turn: 2(W−1), W−1, W,
 W−1, 1, W and 1; the message's bytes: bytes/W, bytes/W, bytes, bytes/W, bytes, bytes and bytes.

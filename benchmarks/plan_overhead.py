@@ -40,7 +40,8 @@ BATCH = {"cnn": 64, "vgg16": 64, "gpt-mini": 32}
 
 def predicted_without_overhead(model: str, hosts: int, profiles: dict[str, Any]) -> tuple[float, float]:
     """(the planner's step without per-pass overhead, the cores' contention) for ``hosts`` ranks."""
-    from polytrain.cost.estimate import Scene, local_sgd
+    from polytrain.cost.estimate import local_sgd
+    from polytrain.cost.scene import Scene
     from polytrain.plan.predict import run_cluster
 
     cluster = run_cluster(hosts, {"hosts": hosts, "rate_bits_per_s": 1e9})

@@ -14,7 +14,7 @@ virtual stages: the planner's fastest over its micro-batch sizes and schedules f
 its error against the reported TFLOP/s per GPU (FLOPs of the paper's eq. 3, recomputation
 included, which the profile's counted FLOPs equal), and where that layout ranks among every
 (t, p, d) the planner prices that fits 80 GB. The ZeRO paper's Table 1 (Rajbhandari et al. 2020)
-is compared with `plan.memory.zero_bytes`. The 1T row's full ranking (every strategy) is timed.
+is compared with `cost.memory.zero_bytes`. The 1T row's full ranking (every strategy) is timed.
 
     .venv/bin/python benchmarks/plan_published.py
 """
@@ -36,10 +36,10 @@ from harness import add_common_flags, hold_lock, write_results  # noqa: E402
 
 from polytrain.config import load_config  # noqa: E402
 from polytrain.cost.cluster import Cluster  # noqa: E402
-from polytrain.cost.estimate import Scene  # noqa: E402
 from polytrain.cost.memory import state_bytes, zero_bytes  # noqa: E402
 from polytrain.cost.meta_profile import meta_profile  # noqa: E402
 from polytrain.cost.profile import Profile  # noqa: E402
+from polytrain.cost.scene import Scene  # noqa: E402
 from polytrain.plan.recommend import Candidate, candidates, rank  # noqa: E402
 from polytrain.strategies import get_strategy_class, make_strategy  # noqa: E402
 

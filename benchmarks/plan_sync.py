@@ -38,7 +38,7 @@ CORES = float(os.cpu_count() or 1)
 
 def planner_allreduce_s(world: int) -> float:
     """The planner's price of this experiment's all-reduce on this machine: ``world`` processes on
-    one host sharing its cores (`plan.predict.run_cluster`, `plan.cost.allreduce_s`)."""
+    one host sharing its cores (`plan.predict.run_cluster`, `cost.network.allreduce_s`)."""
     from polytrain.cost.network import allreduce_s
     from polytrain.plan.predict import run_cluster
 
@@ -144,7 +144,8 @@ def main() -> None:
              "with no compute (the compute_ms 0 row); wait = measured − expected: what one blocking "
              "collective adds when its ranks time-share the cores. planner_ms: the planner's price of the "
              "same iteration on this machine (compute × contention, plus its all-reduce of 1 kB over W "
-             "processes on one host: `plan.cost.allreduce_s` on `plan.predict.run_cluster`), uncalibrated.")
+             "processes on one host: `cost.network.allreduce_s` on `plan.predict.run_cluster`), "
+             "uncalibrated.")
     write_results("plan_sync", rows, ["world", "compute_ms", "share", "measured_ms", "expected_ms",
                                       "wait_ms", "planner_ms", "repeats"], notes,
                   extra={"runs": runs, "plan": plan})

@@ -7,9 +7,9 @@ root): what one pipeline boundary message costs on the testbed.
 One process per emulated host (``polytrain.testbed.hosts``), ranks 0 and 1 on two hosts play
 ping-pong with gloo send/recv (``testbed_p2p_rank.py``); a message's time is half a round trip,
 median (min–max) of ``--repeats``. Beside it: the planner's price of the same message on the
-same cluster (`plan.cost.p2p_s` on `plan.predict.run_cluster`) with the shapers' bucket as
+same cluster (`cost.network.p2p_s` on `plan.predict.run_cluster`) with the shapers' bucket as
 ping-pong leaves it: each direction idles while the reply travels, so the bucket holds what
-refilled in one message time (`plan.cost.refilled`) — the fixed point t = p2p_s(S, refilled(t)).
+refilled in one message time (`cost.network.refilled`) — the fixed point t = p2p_s(S, refilled(t)).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def main() -> None:
     write_results(a.name, rows, cols, notes=(
         f"Ranks 0 and 1 on two of {a.hosts} emulated hosts, gloo send/recv ping-pong, one torch thread; a "
         f"message = half a round trip; {a.repeats} timed round trips after 3 warm-ups per size, median "
-        "(min–max). 'planner ms': `plan.cost.p2p_s` on the run's cluster (configured latency, shaped "
+        "(min–max). 'planner ms': `cost.network.p2p_s` on the run's cluster (configured latency, shaped "
         "rate) with each direction's bucket refilled for one message time, as ping-pong leaves it; "
         "without plan_accuracy's calibrated extra α."))
 

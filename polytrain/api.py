@@ -59,8 +59,18 @@ def train(*, config: str | Path | None = None, sets: Sequence[str] | None = None
         from polytrain.launch.local import launch  # torch: after the job's fields are checked
 
         summary = launch(cfg, console=console)
+    summary = _predicted(summary)
     _write_report(summary, report)
     return summary
+
+
+def _predicted(summary: dict[str, Any]) -> dict[str, Any]:
+    """The run's summary with the planner's prediction for it beside the measurement (the launcher
+    runs below the planner, so the prediction is added here, after the run)."""
+    from polytrain.plan.predict import record_prediction
+
+    out = (summary.get("config") or {}).get("out")
+    return record_prediction(Path(out)) if out else summary
 
 
 def _write_report(summary: dict[str, Any], report: bool | None) -> None:
@@ -114,7 +124,7 @@ def compare(strategies: Sequence[str], *, config: str | Path | None = None,
     summaries = []
     with _equal_threads(max(cfg.procs for cfg in jobs)) as threads:
         for cfg in jobs:
-            summary = launch(cfg, console=console)
+            summary = _predicted(launch(cfg, console=console))
             if target_accuracy is not None:
                 summary["time_to_accuracy_s"] = _time_to_accuracy(Path(cfg.out or ""), target_accuracy)
             summary["threads_per_process"] = _threads_run(Path(cfg.out or ""))

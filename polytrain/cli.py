@@ -48,14 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--virtual-stages", type=int, help="model chunks per rank V (interleaved, looped)")
     p.add_argument("--cost", help="slot cost per op, e.g. F=1,B=2,W=1 (default 1 each)")
     p.add_argument("--png", help="also draw it to this PNG file")
-    p = sub.add_parser("testbed", help="run a train/compare/aco job on an emulated cluster (root)",
-                       usage="polytrain testbed --hosts N --nic RATE [--latency T] [--loss P] "
-                             "-- train|compare|aco [options]")
-    p.add_argument("--hosts", type=int, required=True, help="emulated hosts (network namespaces)")
-    p.add_argument("--nic", required=True, help="link rate per host, e.g. 100mbit, 1gbit")
-    p.add_argument("--latency", help="one-way delay, e.g. 1ms (needs the kernel's sch_netem)")
-    p.add_argument("--loss", help="packet loss, e.g. 0.1%% (needs sch_netem)")
-    p.add_argument("--procs-per-host", type=int, help="processes per host (default --procs / hosts)")
+    from polytrain.testbed.job import add_testbed_parser
+
+    add_testbed_parser(sub)
     from polytrain.plan.cli import add_plan_parsers
 
     add_plan_parsers(sub)
@@ -146,8 +141,10 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
         from polytrain.launch.worker import exit_now
 
         # a torchrun rank of the CLI ends as the local launcher's ranks do (see exit_now)
+        from polytrain.plan.predict import record_prediction
+
         exit_now(train_under_torchrun(args.config, overrides(args), args.sets, args.resume,
-                                      no_report=args.no_report))
+                                      no_report=args.no_report, finished=record_prediction))
     from rich.console import Console
 
     summary = api.train(config=args.config, sets=args.sets, resume=args.resume, report=False,
@@ -215,6 +212,7 @@ def cmd_testbed(args: argparse.Namespace, job: list[str], console: Console) -> i
     ``prepare()`` applies), before any emulated host starts, then run it."""
     import time
 
+    from polytrain.plan.calibrate import checked_calibration
     from polytrain.testbed.job import Bed, TestbedJob, per_host, run_testbed
 
     if not job or job[0] not in ("train", "compare", "aco"):
@@ -222,6 +220,7 @@ def cmd_testbed(args: argparse.Namespace, job: list[str], console: Console) -> i
             "polytrain testbed runs a train, compare or aco job after '--', e.g. "
             "polytrain testbed --hosts 4 --nic 1gbit -- train --strategy allreduce --procs 4")
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    cal = checked_calibration(getattr(args, "calibration", None))
     if job[0] == "aco":
         from polytrain.aco.cli import parse_aco_job
 
@@ -235,6 +234,11 @@ def cmd_testbed(args: argparse.Namespace, job: list[str], console: Console) -> i
 
         ns = build_parser().parse_args(job)
         nper = per_host(args.hosts, ns.procs, args.procs_per_host)
+        if job[0] == "train" and ns.strategy == "auto":  # the planner's choice, before any host starts
+            from polytrain.plan.calibrate import resolve_auto
+
+            bed = Bed(args.hosts, args.nic, args.latency, args.loss)
+            console.print(resolve_auto(ns, bed, nper, cal), highlight=False)
         names = [ns.strategy or "allreduce"] if job[0] == "train" else \
             [s.strip() for s in ns.strategies.split(",") if s.strip()]
         for name in names:  # a bad job is one error line here, not a failure inside N agents
@@ -243,7 +247,7 @@ def cmd_testbed(args: argparse.Namespace, job: list[str], console: Console) -> i
             prepare(cfg, hosts=args.hosts, testbed=True)
         spec = TestbedJob(job[0], Path(ns.out or f"runs/{stamp}-testbed-{job[0]}"), nper,
                           tuple(job_argv(ns, drop=("procs", "out", "strategy"))), tuple(names),
-                          report=not ns.no_report)
+                          report=not ns.no_report, calibration=cal)
     return run_testbed(Bed(args.hosts, args.nic, args.latency, args.loss), spec, console)
 
 
@@ -329,7 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "testbed" and "--" in argv:
         cut = argv.index("--")
         argv, job = argv[:cut], argv[cut + 1 :]
-    args = parser.parse_args(argv or ["train"])
+    calibrate = argv[:2] == ["testbed", "calibrate"]  # its own parser (`plan.calibrate`)
+    args = argparse.Namespace(command="calibrate") if calibrate else parser.parse_args(argv or ["train"])
     from rich.console import Console
     from rich.markup import escape
 
@@ -343,6 +348,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_compare(args, console)
         if args.command == "testbed":
             return cmd_testbed(args, job, console)
+        if calibrate:
+            from polytrain.plan.calibrate import cmd_calibrate
+
+            return cmd_calibrate(argv[2:], console)
         if args.command == "rl":
             from polytrain.rl.cli import run_rl
 

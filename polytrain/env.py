@@ -49,6 +49,9 @@ TESTBED_ID = _var("POLYTRAIN_TESTBED_ID", "the testbed a host belongs to", "test
                   "each host's torchrun starts the ranks")
 TESTBED_HOST = _var("POLYTRAIN_TESTBED_HOST", "the emulated host a rank runs on", "testbed.torchrun",
                     "each host's torchrun starts the ranks")
+CALIBRATION = _var("POLYTRAIN_CALIBRATION", "the calibration file a testbed job's prediction is priced "
+                   "with (polytrain testbed --calibration)", "testbed.job",
+                   "each host's torchrun starts the ranks")
 # a user's (or the test suite's) settings
 CACHE = _var("POLYTRAIN_CACHE", "where measured profiles are cached (default ~/.cache/polytrain)", "user",
              "a setting")

@@ -65,8 +65,12 @@ BAD = [
     (["plan", "--cluster", "hosts=2,hosts=3"], "gives 'hosts' twice"),
     (["plan", "--cluster", "nic=1e400gbit"], "not a finite rate"),
     (["plan", "--cluster", "hosts=1000000000"], "the planner models at most 131,072"),
+    (["testbed", "calibrate", "--model", "mlp", "--steps", "2", "--out", "c.json"], "--steps 2: a probe"),
+    (["testbed", "calibrate", "--model", "resnet999", "--out", "c.json"], "Unknown model 'resnet999'"),
+    (["testbed", "--hosts", "2", "--nic", "1gbit", "--calibration", "nope.json", "--", "train"],
+     "--calibration nope.json: no such file"),
 ]
-COMMANDS = ("plan",)
+COMMANDS = ("plan", "testbed")
 
 
 @pytest.mark.parametrize("args,message", BAD, ids=[" ".join(a) for a, _ in BAD])

@@ -1,4 +1,6 @@
-"""Tier 1: the package's files import each other one way (no import loops between files).
+"""Tier 1: the package's files import each other one way (no import loops between files), and so
+do its top-level packages, in the order of the layer table in docs/architecture.md (the one place
+it is written: each row imports only from its own row and the rows above it).
 
 Every ``import`` of a ``polytrain`` module counts, at module level or inside a function (a lazy
 import is still a dependency); imports under ``if TYPE_CHECKING:`` do not (annotations only)."""
@@ -99,6 +101,51 @@ def test_no_import_loops_between_files() -> None:
     found = loops(import_graph())
     new = [sorted(group) for group in found if group not in KNOWN]
     assert not new, f"import loops between files: {new}"
+
+
+def package_of(module: str) -> str:
+    """``polytrain.cost.scene`` -> ``cost``, ``polytrain.api`` -> ``api``, ``polytrain`` -> itself."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """top-level package -> the other top-level packages its files import."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for a, bs in edges.items():
+        out[package_of(a)] |= {package_of(b) for b in bs} - {package_of(a)}
+    return out
+
+
+def layer_rows() -> list[set[str]]:
+    """The layer table of docs/architecture.md, lowest row first: each row's top-level packages."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        first = line.split("|")[1] if line.startswith("| `") else ""
+        names = [n.removeprefix("polytrain/") for n in first.split("`")[1::2]]
+        if names:
+            rows.append({"polytrain" if n == "__init__.py" else n.removesuffix(".py").rstrip("/")
+                         for n in names})
+    return rows
+
+
+def test_no_import_loops_between_packages() -> None:
+    found = loops(package_graph(import_graph()))
+    assert not found, f"import loops between packages: {[sorted(group) for group in found]}"
+
+
+def test_packages_import_down_the_layer_table_only() -> None:
+    rows = layer_rows()
+    row = {name: i for i, names in enumerate(rows) for name in names}
+    packages = {package_of(m) for m in _modules()}
+    assert sum(map(len, rows)) == len(row), "a package is in two rows of the layer table"
+    assert set(row) == packages, f"place in the layer table: {sorted(packages - set(row))}; " \
+                                 f"gone: {sorted(set(row) - packages)}"
+    up = sorted(f"{a} -> {b}" for a, bs in package_graph(import_graph()).items() for b in bs
+                if row[b] > row[a])
+    assert not up, f"imports up the layer table (docs/architecture.md): {up}"
 
 
 def test_the_loop_finder_finds_a_loop() -> None:

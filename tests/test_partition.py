@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from polytrain.cost.profile import boundary_metas, format_profile, profile_layers
+from polytrain.cost.layer_profile import format_profile, profile_layers
 from polytrain.errors import ConfigError
+from polytrain.models.boundaries import boundary_metas
 from polytrain.models.partition import (
     LayerCost,
     Partition,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from polytrain.cost.profile import TensorMeta
 from polytrain.metrics.recorder import Recorder
+from polytrain.models.boundaries import TensorMeta
 from polytrain.strategies.pipeline.activations_wire import HEADER, Frame, Inbox, Outbox, pack, unpack
 from polytrain.strategies.pipeline.heap import keep_heap
 

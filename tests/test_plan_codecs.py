@@ -15,7 +15,8 @@ from polytrain.comm.options import CodecOptions
 from polytrain.config import load_config
 from polytrain.cost.cluster import Cluster
 from polytrain.cost.codecs import DEFAULT_CODECS, price
-from polytrain.cost.estimate import Scene, allreduce
+from polytrain.cost.estimate import allreduce
+from polytrain.cost.scene import Scene
 from polytrain.plan.commands import first_choice
 from polytrain.plan.recommend import candidates, rank
 from tests.test_plan_recommend import vgg_like

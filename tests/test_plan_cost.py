@@ -212,7 +212,8 @@ def test_direct_exchange_by_hand() -> None:
 def test_owt_scatters_all_gathers_but_the_last() -> None:
     """owt's backward, as its runtime: the last gather (every rank computes the same loss from it)
     sends nothing back; the others are reduce-scattered directly."""
-    from polytrain.cost.estimate import Scene, owt
+    from polytrain.cost.estimate import owt
+    from polytrain.cost.scene import Scene
     from tests.test_plan_recommend import vgg_like
 
     cl = emulate(Cluster(hosts=4, procs_per_host=1, nic_bps=1e9, intra_bps=1e12, latency_s=1e-3), hop_s=2e-3)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from polytrain.cli import main
 from polytrain.cost.cluster import Cluster
-from polytrain.cost.estimate import Scene
 from polytrain.cost.profile import LayerRecord, Profile
+from polytrain.cost.scene import Scene
 from polytrain.errors import ConfigError
 from polytrain.models.partition import LayerCost
 from polytrain.plan.commands import sweep
@@ -214,7 +215,7 @@ def test_plan_cli_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[
 )
 def test_every_run_is_priced_with_its_own_options(strategy: str, sets: list[str]) -> None:
     from polytrain.config import load_config
-    from polytrain.cost.estimate import Estimate
+    from polytrain.cost.scene import Estimate
     from polytrain.plan.predict import estimate_for
 
     cfg = load_config(
@@ -457,6 +458,40 @@ def test_sharding_priced_and_chosen_when_replicas_do_not_fit() -> None:
     assert fitting and fitting[0].strategy in ("zero", "fsdp", "tensor", "gpipe", "1f1b", "zb-h1", "mesh")
     assert not any(c.fits for c in ranked if c.strategy == "allreduce")
     assert any(c.fits for c in ranked if c.strategy == "zero" and c.options["stage"] == 3)
+
+
+def test_zero3_gathers_16_bit_parameters_every_micro_step_on_one_link() -> None:
+    """Stage 3's collectives from first principles. Under bf16 the runtimes gather 16-bit
+    parameters and reduce-scatter 16-bit gradients: Ψ/2 bytes per fp32 Ψ each. They gather every
+    layer before its forward and its backward in every micro-step of --grad-accum k; zero stages
+    2-3 reduce-scatter every micro-step, stage 1 and fsdp (sync off) once a step. All of them
+    cross the same NIC, so on a link-bound cluster a step lasts at least the sum of their times
+    on it. fsdp's no-sync micro-steps accumulate the full 16-bit gradient."""
+    from polytrain.cost.network import group_allgather_s
+    from polytrain.strategies import make_strategy
+
+    prof, cl, w, k = gpt_like(), Cluster.parse("hosts=4,nic=1gbit"), 4, 4
+    psi = prof.param_bytes
+
+    def price(name: str, opts: dict[str, int], accum: int) -> Any:
+        e = make_strategy(name, opts).price(Scene(prof, cl, 32, precision="bf16", grad_accum=accum), w)
+        assert not isinstance(e, str)
+        return e
+
+    z3 = price("zero", {"stage": 3, "prefetch": 1}, 1)
+    assert z3.bytes_per_step == pytest.approx(3 * (w - 1) * psi / 2)
+    z3k = price("zero", {"stage": 3, "prefetch": 1}, k)
+    assert z3k.bytes_per_step == pytest.approx(k * z3.bytes_per_step)
+    assert price("fsdp", {}, k).bytes_per_step == pytest.approx((w - 1) * (2 * k + 1) * psi / 2)
+    assert price("zero", {"stage": 2}, k).bytes_per_step == pytest.approx((w - 1) * (1 + k) * psi / 2)
+    assert price("zero", {"stage": 1}, k).bytes_per_step == pytest.approx((w - 1) * 2 * psi / 2)
+    # one link: every gather (twice per layer) and every reduce-scatter, one after another
+    per_micro = sum(3 * group_allgather_s(r.param_bytes / 2, range(w), cl) for r in prof.layers)
+    for accum in (1, k):
+        e = price("zero", {"stage": 3, "prefetch": 1}, accum)
+        assert accum * per_micro <= e.step_s <= accum * per_micro + e.detail["compute_s"] + prof.optimizer_s
+    fsdp, zero = price("fsdp", {}, k), price("zero", {"stage": 3, "prefetch": 1}, k)
+    assert fsdp.peak_memory_bytes - zero.peak_memory_bytes == pytest.approx(psi / 2, abs=2)
 
 
 def test_mesh_offers_dp_pp_layouts_with_the_new_schedules() -> None:

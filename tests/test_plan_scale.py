@@ -87,6 +87,29 @@ def test_zero_memory_formulas_reproduce_the_zero_papers_table() -> None:
     assert state_bytes("fp32", 2).total == 16 and state_bytes("fp32", 0).total == 8
 
 
+def test_megatron_table2_transcription_agrees_with_the_papers_equations() -> None:
+    """Narayanan et al. 2021, Table 2 (benchmarks/plan_published_data.json "zero3"): eq. (2) gives
+    each model's parameter count from its shape, the days for 300B tokens follow eq. (4) (8TP/(nX),
+    an approximation the paper's own days exceed by a few per cent), every ZeRO-3 row runs one
+    micro-batch per step on data parallelism alone, and PTD-P's t·p divides the GPUs."""
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" /
+                       "plan_published_data.json").read_text())["zero3"]
+    rows = [dict(zip(data["columns"], r, strict=True)) for r in data["rows"]]
+    assert len(rows) == 12
+    for r in rows:
+        n, h = r["layers"], r["hidden"]
+        params = 12 * n * h * h * (1 + 13 / (12 * h) + (51200 + 2048) / (12 * n * h))
+        assert abs(params / 1e9 - r["params_b"]) < 0.05, r
+        days = 8 * 300e9 * params / (r["gpus"] * r["tflops_per_gpu"] * 1e12) / 86400
+        assert 0 < r["days_300b_tokens"] / days - 1 < 0.04, r
+        if r["scheme"] == "zero3":
+            assert r["model_parallel"] == 1 and r["batch"] == r["gpus"] * r["micro_batch"], r
+        else:
+            assert r["gpus"] % r["model_parallel"] == 0 and r["model_parallel"] % 8 == 0, r
+
+
 def test_transformer_activations_follow_korthikanti() -> None:
     from polytrain.cost.memory import transformer_activation_bytes as act
 
@@ -100,8 +123,8 @@ def test_transformer_activations_follow_korthikanti() -> None:
 @pytest.mark.slow  # a meta profile of a 175B GPT: ~15-30 s
 def test_a_175b_gpt_plans_on_an_a100_cluster_and_ranks_3d_layouts(tmp_path: Any) -> None:
     from polytrain.cli import main
-    from polytrain.cost.estimate import Scene
     from polytrain.cost.meta_profile import meta_profile
+    from polytrain.cost.scene import Scene
     from polytrain.plan.recommend import candidates, rank
 
     prof = meta_profile(_gpt(96, 12288, 96, 2048, 51200, 1))

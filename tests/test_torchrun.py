@@ -40,6 +40,7 @@ def test_torchrun_entry_point_runs_a_two_process_job(tmp_path: Path) -> None:
     assert_emptied(tmp)
     s = read_summary(out)
     assert s["world_size"] == 2 and s["steps_run"] == 10 and s["bytes_sent"] > 0
+    assert s["prediction"]["modelled"] and s["prediction"]["step_s"] > 0  # added by rank 0's CLI
     assert "throughput" in stdout.lower()
 
 

@@ -10,7 +10,7 @@
 - ``latency``: α, the fixed cost of one message between hosts (``5us``, ``1ms``);
   ``intra_latency`` the same inside a host (default: a tenth of ``latency``);
 - ``device``: the accelerator each process drives, a name from the device catalogue
-  (`plan.devices`, ``device=a100-80gb``): its peak FLOP/s and memory bandwidth price a meta-device
+  (`cost.devices`, ``device=a100-80gb``): its peak FLOP/s and memory bandwidth price a meta-device
   profile, and its intra-host link (NVLink) is ``intra`` unless that is given;
 - ``collectives``: the all-reduce algorithms the collective library chooses among: ``auto`` (default:
   the fastest of ring, tree and two-level, as NCCL picks) or ``ring`` (gloo, whose all-reduce is
@@ -95,7 +95,7 @@ class Cluster:
     latency_s: float = 5e-6
     intra_latency_s: float | None = None
     collectives: str = "auto"  # all-reduce algorithms: "auto" (NCCL's choice) or "ring" (gloo's only)
-    device: str = ""  # a name from the device catalogue (`plan.devices`); "": unnamed (profiled times)
+    device: str = ""  # a name from the device catalogue (`cost.devices`); "": unnamed (profiled times)
 
     def __post_init__(self) -> None:
         if self.device:
@@ -132,12 +132,12 @@ class Cluster:
 
     @property
     def call_s(self) -> float:
-        """A rank's own time per collective call beyond its messages (see plan.cost)."""
+        """A rank's own time per collective call beyond its messages (see cost.network)."""
         return 0.0
 
     @property
     def hop_s(self) -> float:
-        """A rank's own time per step of a collective beyond α (see plan.cost)."""
+        """A rank's own time per step of a collective beyond α (see cost.network)."""
         return 0.0
 
     @property
@@ -147,7 +147,7 @@ class Cluster:
 
     @property
     def wake_s(self) -> float:
-        """On shared cores, how late a blocked receiver is woken (see plan.simulate)."""
+        """On shared cores, how late a blocked receiver is woken (see cost.simulate)."""
         return 0.0
 
     def refilled(self, burst_bytes: float) -> Cluster:

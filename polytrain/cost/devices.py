@@ -2,7 +2,7 @@
 
 Each entry: peak dense FLOP/s per precision, memory capacity and bandwidth, the intra-host link,
 and the vendor datasheet every figure comes from. ``--cluster ...,device=a100-80gb`` selects one;
-the cost model then prices a meta-device profile's FLOPs and bytes on it (`plan.estimate.Scene`).
+the cost model then prices a meta-device profile's FLOPs and bytes on it (`cost.estimate.Scene`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@
   tensor-parallel ranks, s·b·h·(10 + 24/t + 5·a·s/(h·t)); with full recomputation only its input,
   2·s·b·h (one layer's full set exists again while it is recomputed).
 - **Pipeline micro-batches in flight**: each rank holds, at its peak, the (chunk, micro-batch)
-  activations the registered schedule's own orders leave in flight (`plan.estimate_3d`; GPipe m,
+  activations the registered schedule's own orders leave in flight (`cost.mesh3d`; GPipe m,
   1F1B min(m, p) on the first stage, the interleaved schedule p·v + p − 1 chunk-sets there:
   Korthikanti §4.2.3's p·(1 + (p−1)/(p·v)) stages' worth).
 """

@@ -13,9 +13,9 @@ Megatron-LM's cost (Narayanan et al., SC'21, §3), priced from the profile's lay
 - a step: m + (p − 1)/v micro-batches' time of the slowest rank (the bubble (p − 1)/(v·m)), then
   each rank's gradients all-reduced over its d replicas (all t·p groups of a host share its NIC),
   then the optimizer on the rank's parameters;
-- memory per rank: the model state of its chunks (`plan.memory.state_bytes`, 1/t of each layer)
+- memory per rank: the model state of its chunks (`cost.memory.state_bytes`, 1/t of each layer)
   and, per (chunk, micro-batch) the schedule's own orders keep in flight at the rank's peak, that
-  chunk's activations (`plan.memory.transformer_activation_bytes`); with recomputation one block's
+  chunk's activations (`cost.memory.transformer_activation_bytes`); with recomputation one block's
   full set on top while it is recomputed.
 """
 
@@ -24,9 +24,10 @@ from __future__ import annotations
 import functools
 
 from polytrain.cost.cluster import Cluster
-from polytrain.cost.estimate import Estimate, Scene, Span, tp_layers
+from polytrain.cost.estimate import tp_layers
 from polytrain.cost.memory import element_bytes, transformer_activation_bytes
 from polytrain.cost.network import allreduce_s, intra_link, nic_link
+from polytrain.cost.scene import Estimate, Scene, Span
 from polytrain.cost.simulate import schedule_orders
 from polytrain.schedules.registry import in_flight
 

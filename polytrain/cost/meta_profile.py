@@ -6,7 +6,7 @@ meta tensors under `torch.utils.flop_counter.FlopCounterMode` (the FLOPs of matr
 bmm, addmm, convolution, attention) and a dispatch mode that adds up the bytes every other
 operator reads and writes (layer norms, activations, softmax, adds: memory-bound work). The
 record keeps both, per layer, at the profile's batch; the cost model prices them on the
-cluster's device as ``FLOPs / (peak × efficiency) + bytes / memory bandwidth`` (`plan.estimate.Scene`),
+cluster's device as ``FLOPs / (peak × efficiency) + bytes / memory bandwidth`` (`cost.estimate.Scene`),
 and the profile's own times are that price on ``device`` (default a100-80gb) at fp32.
 
 A language model profiled this way runs on ``model.seq_len`` positions and scores ``model.vocab``
@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from polytrain.cost.devices import Device, get_device
-from polytrain.cost.profile import OPTIMIZER_STATE, LayerRecord, Profile, _fc_start, _layers_or_whole
+from polytrain.cost.profile import OPTIMIZER_STATE, LayerRecord, Profile, fc_start, layers_or_whole
 from polytrain.models.partition import layers_of
 
 #: the share of a device's peak FLOP/s dense matrix work reaches; a calibration replaces it
@@ -91,7 +91,7 @@ def meta_profile(cfg: Any, device: str = "a100-80gb", efficiency: float = DEFAUL
     dev = get_device(device)
     spec = meta_spec(dataset_spec(cfg.dataset, cfg.data_options), dict(cfg.model_options))
     with torch.device("meta"):
-        model = _layers_or_whole(resolve_model(cfg.model, spec, cfg.model_options))
+        model = layers_or_whole(resolve_model(cfg.model, spec, cfg.model_options))
         shape = (cfg.batch_size, *spec.input_shape)
         x = (torch.empty(shape, dtype=torch.long) if spec.input_dtype == "long" else torch.empty(shape))
     state = OPTIMIZER_STATE.get(cfg.optimizer, 2)
@@ -127,6 +127,6 @@ def meta_profile(cfg: Any, device: str = "a100-80gb", efficiency: float = DEFAUL
         cfg.model, cfg.dataset, cfg.batch_size, cfg.optimizer, tuple(records),
         tuple((n, tuple(p.shape)) for n, p in model.named_parameters()),
         int(torch.Size(shape).numel() * (8 if spec.input_dtype == "long" else 4)),
-        optimizer_s, 0, _fc_start(model), dict(cfg.model_options), dict(cfg.data_options),
+        optimizer_s, 0, fc_start(model), dict(cfg.model_options), dict(cfg.data_options),
         device="meta", threads=0, task=spec.task,
     )

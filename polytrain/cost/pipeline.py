@@ -1,9 +1,9 @@
 """Estimates of the stage-cutting strategies: gpipe, 1f1b, zb-h1, the virtual-stage schedules
 (interleaved-1f1b, looped-bfs, zbv, dualpipev), pipedream, spectrain, layerwise, mesh dp×pp.
 
-The partition is PipeDream's planner's (`plan.partition.pipedream_plan`, one replica per stage) on
+The partition is PipeDream's planner's (`models.partition.pipedream_plan`, one replica per stage) on
 the profile's per-layer costs at the micro-batch size; the step is the registered schedule's own
-orders replayed on a model clock (`plan.simulate.pipeline_step`; with V chunks per rank the
+orders replayed on a model clock (`cost.simulate.pipeline_step`; with V chunks per rank the
 profile is cut into P·V chunks placed as the runtime places them, `schedule_virtual.chunk_rank`),
 then — for mesh dp×pp — each rank's gradients all-reduced over its dp replicas, then the slowest
 rank's optimizer step.
@@ -12,8 +12,8 @@ Rank layout as `runtime.layout.Layout` numbers it: rank = d·pp + s.
 
 from __future__ import annotations
 
-from polytrain.cost.estimate import Estimate, Scene, Span
 from polytrain.cost.network import allreduce_s, p2p_s, refilled, shared_cores
+from polytrain.cost.scene import Estimate, Scene, Span
 from polytrain.cost.simulate import StageTimes, pipeline_step, schedule_orders
 from polytrain.models.partition import LayerCost, Partition, balanced, pipedream_plan, uniform
 from polytrain.schedules.registry import get_schedule, in_flight

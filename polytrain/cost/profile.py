@@ -1,17 +1,9 @@
-"""Per-layer profile of a model on this machine: what PipeDream's planner needs (seed 003 §3.2).
+"""The model profile the planner reads (`polytrain profile`): per layer its times, activation
+and parameter bytes at the profiled batch, plus the optimizer step, the process's memory and the
+measured α–β of the links (`Profile`, saved as JSON); `measure_profile` measures one on this
+machine, `median_of` combines repeated measurements.
 
-For each child layer of an ``nn.Sequential``: forward time, backward time (input and weight
-gradients), the bytes of its output (the activation a stage boundary after it would send) and
-of its parameters. Times are the fastest of ``repeats`` runs after ``warmup`` runs, on one batch
-of the size the pipeline will process (a micro-batch for gpipe/1f1b, a mini-batch for pipedream).
-
-Profiling leaves the model as it found it: each layer is profiled on a deep copy (batch-norm
-statistics and gradients untouched) inside ``torch.random.fork_rng`` (dropout draws do not shift
-the training run's random stream).
-
-`boundary_metas` is the cheap sibling every rank runs: one no-grad forward in eval mode that
-gives the shape and dtype of every layer's output, so each stage knows the size of what it will
-receive without exchanging shapes.
+The per-layer timing itself is `cost.layer_profile` (what PipeDream's planner reads).
 """
 
 from __future__ import annotations
@@ -20,7 +12,6 @@ import copy
 import json
 import os
 import statistics
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -30,151 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from polytrain.cost.layer_profile import fastest_s, profile_layers
 from polytrain.errors import ConfigError
-from polytrain.models.partition import LayerCost, layers_of
-
-
-@dataclass(frozen=True)
-class TensorMeta:
-    """Shape and dtype of one tensor crossing a stage boundary."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * torch.empty((), dtype=self.dtype).element_size()
-
-    @classmethod
-    def of(cls, t: torch.Tensor) -> TensorMeta:
-        return cls(tuple(t.shape), t.dtype)
-
-
-@dataclass(frozen=True)
-class LayerProfile:
-    """One layer measured on one batch: seconds, output and parameter bytes."""
-
-    index: int
-    name: str
-    forward_s: float
-    backward_s: float
-    activation_bytes: int
-    param_bytes: int
-    output: TensorMeta
-
-    @property
-    def compute_s(self) -> float:
-        return self.forward_s + self.backward_s
-
-    def cost(self) -> LayerCost:
-        return LayerCost(self.name, self.compute_s, self.activation_bytes, self.param_bytes)
-
-
-def _one_tensor(name: str, index: int, out: object) -> torch.Tensor:
-    if not isinstance(out, torch.Tensor):
-        raise ConfigError(
-            f"Layer {index} ('{name}') returns a {type(out).__name__}, not one tensor. Rule: a "
-            "pipeline cuts between layers and sends one tensor across, so each layer must map one "
-            "tensor to one tensor. Fix: wrap the layers that pass tuples into one module."
-        )
-    return out
-
-
-@torch.no_grad()
-def boundary_metas(model: nn.Module, sample: torch.Tensor) -> list[TensorMeta]:
-    """Output shape and dtype of every layer for the batch ``sample`` (one dry forward).
-
-    Eval mode and no grad: no batch-norm statistics move, no dropout draws, nothing is stored.
-    """
-    was = model.training
-    model.eval()
-    try:
-        out, metas = sample, []
-        for i, (name, layer) in enumerate(layers_of(model)):
-            out = _one_tensor(name, i, layer(out))
-            metas.append(TensorMeta.of(out))
-        return metas
-    finally:
-        model.train(was)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _median_s(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
-    """The fastest of ``repeats`` runs: on a machine shared with other work the minimum is the
-    stable figure (other processes only ever add time); the planner scales it by contention."""
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def _profile_layer(
-    index: int, name: str, layer: nn.Module, inp: torch.Tensor, repeats: int, warmup: int
-) -> tuple[LayerProfile, torch.Tensor]:
-    layer = copy.deepcopy(layer)  # why: forward/backward here must not touch the real layer
-    x = inp.detach().requires_grad_(inp.is_floating_point())
-    out = _one_tensor(name, index, layer(x))
-    grad = torch.randn_like(out) if out.is_floating_point() and out.requires_grad else None
-
-    def forward() -> None:
-        layer(x)
-
-    def forward_backward() -> None:
-        y = layer(x)
-        if grad is not None:
-            y.backward(grad)
-
-    _median_s(forward_backward, inp.device, warmup)
-    fwd = _median_s(forward, inp.device, repeats)
-    both = _median_s(forward_backward, inp.device, repeats)
-    params = sum(p.numel() * p.element_size() for p in layer.parameters())
-    meta = TensorMeta.of(out)
-    prof = LayerProfile(index, name, fwd, max(0.0, both - fwd), meta.nbytes, params, meta)
-    return prof, out.detach()
-
-
-def profile_layers(
-    model: nn.Module, sample: torch.Tensor, repeats: int = 3, warmup: int = 1
-) -> list[LayerProfile]:
-    """Measure every layer of ``model`` on the batch ``sample`` (see the module docstring)."""
-    if repeats < 1 or warmup < 0:
-        raise ConfigError(f"profile repeats={repeats}, warmup={warmup}: need repeats >= 1, warmup >= 0.")
-    out = sample
-    profiles = []
-    with torch.random.fork_rng(devices=[sample.device] if sample.device.type == "cuda" else []):
-        for i, (name, layer) in enumerate(layers_of(model)):
-            prof, out = _profile_layer(i, name, layer, out, repeats, warmup)
-            profiles.append(prof)
-    return profiles
-
-
-def format_profile(profiles: list[LayerProfile]) -> str:
-    """A table: layer, forward/backward ms, activation and parameter KiB."""
-    lines = [f"{'layer':<16} {'fwd ms':>8} {'bwd ms':>8} {'act KiB':>9} {'param KiB':>10}  output"]
-    for p in profiles:
-        lines.append(
-            f"{p.index:>2} {p.name:<13} {p.forward_s * 1e3:>8.3f} {p.backward_s * 1e3:>8.3f} "
-            f"{p.activation_bytes / 1024:>9.1f} {p.param_bytes / 1024:>10.1f}  {list(p.output.shape)}"
-        )
-    return "\n".join(lines) + "\n"
-
-
-# --- the model profile the planner reads (`polytrain profile`) ---------------------------------------
+from polytrain.models.partition import layers_of
 
 OPTIMIZER_STATE = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}  # state tensors per parameter
 
@@ -196,7 +45,7 @@ class LayerRecord:
     activation_bytes: int  # output at batch B
     param_bytes: int
     optimizer_bytes: int
-    # a meta-device profile (`plan.meta`): matrix FLOPs and the bytes the other operators move
+    # a meta-device profile (`cost.meta_profile`): matrix FLOPs and the bytes the other operators move
     # (fp32 elements), forward and backward, at batch B; the cost model prices them on the
     # cluster's device (0: a measured profile, priced from its times)
     forward_flops: float = 0.0
@@ -302,11 +151,11 @@ def _peak_rss_bytes() -> int:
         return _rss_bytes()
 
 
-def _layers_or_whole(model: nn.Module) -> nn.Sequential:
+def layers_or_whole(model: nn.Module) -> nn.Sequential:
     return model if isinstance(model, nn.Sequential) else nn.Sequential(OrderedDict(model=model))
 
 
-def _fc_start(model: nn.Sequential) -> int | None:
+def fc_start(model: nn.Sequential) -> int | None:
     """Where the trailing fully connected children begin (what owt cuts), None: no such run or
     nothing before it."""
     from polytrain.models.layers import trailing_fc_start
@@ -321,7 +170,7 @@ def _optimizer_s(model: nn.Module, make: Callable[[Any], torch.optim.Optimizer],
         p.grad = torch.zeros_like(p)
     opt = make(model.parameters())
     opt.step()  # creates the state
-    return _median_s(opt.step, next(model.parameters()).device, repeats)
+    return fastest_s(opt.step, next(model.parameters()).device, repeats)
 
 
 def measure_profile(cfg: Any, repeats: int = 5, threads: int = 1) -> Profile:
@@ -332,7 +181,7 @@ def measure_profile(cfg: Any, repeats: int = 5, threads: int = 1) -> Profile:
     _reset_peak_rss()
     base = _rss_bytes()
     job = Job.from_config(cfg)
-    model = _layers_or_whole(job.build_model())
+    model = layers_or_whole(job.build_model())
     x = job.dataset.x_train
     big = x[: cfg.batch_size]
     if big.shape[0] < cfg.batch_size:  # a batch larger than the data: repeat rows
@@ -368,7 +217,7 @@ def measure_profile(cfg: Any, repeats: int = 5, threads: int = 1) -> Profile:
         int(big.numel() * big.element_size()),
         _optimizer_s(model, job.make_optimizer, repeats),
         base,
-        _fc_start(model),
+        fc_start(model),
         dict(cfg.model_options),
         dict(cfg.data_options),
         device=str(big.device),

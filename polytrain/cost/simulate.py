@@ -1,11 +1,11 @@
 """Pipeline step time by simulation: the runtime's own schedule objects on a model clock.
 
 Nothing here describes a schedule. `pipeline_timeline` asks the schedule registry
-(`strategies.pipeline.schedule.get_schedule`) for the very ``Orders`` the executor runs, gives each
+(`schedules.registry.get_schedule`) for the very ``Orders`` the executor runs, gives each
 action the duration the profile predicts for its stage (forward or backward of one micro-batch),
 each message between neighbouring stages its α + S/β (a boundary's messages in one direction
 queue on its link: one leaves when the previous has arrived), and replays them with
-`strategies.pipeline.checks.simulate_times` — the continuous-time clock the pipeline metrics use to
+`schedules.checks.simulate_times` — the continuous-time clock the pipeline metrics use to
 replay measured runs. So a new registered schedule is priced without a line of planner code, and
 what the planner prices is, action for action, what the runtime will execute.
 

@@ -132,7 +132,6 @@ def build_summary(job: Job, ctx: RankContext, records: list[dict[str, Any]],
         "config": job.config.model_dump(),
         "model_call": job.model_call or None,
         "testbed": json.loads(testbed) if testbed else None,
-        "prediction": _prediction(job, ctx, json.loads(testbed) if testbed else None),
         "backend": ctx.backend,
         "precision": job.config.precision,
         "device": str(ctx.device),
@@ -222,13 +221,6 @@ def record_failure(run_dir: Path, cfg: JobConfig, rank: int,
 def _warned(events: list[dict[str, Any]]) -> list[int]:
     """Steps where --on-divergence warn noted a loss over its bound (any rank)."""
     return sorted({int(e["step"]) for e in events if e.get("event") == "divergence"})
-
-
-def _prediction(job: Job, ctx: RankContext, testbed: dict[str, Any] | None) -> dict[str, Any]:
-    """The planner's prediction for this very job, recorded beside the measurement."""
-    from polytrain.plan.predict import predict_run
-
-    return predict_run(job.config, ctx.world, testbed)
 
 
 def write_results(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from polytrain.runtime.live_log import LiveLog, make_sinks
 
 def train_under_torchrun(
     config: str | None, overrides: dict[str, Any], sets: list[str], resume: str | None,
-    no_report: bool = False,
+    no_report: bool = False, finished: Callable[[Path], object] | None = None,
 ) -> int:
     world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
@@ -75,6 +76,8 @@ def train_under_torchrun(
     if rank == 0:
         from polytrain.report import format_summary, write_report
 
+        if finished is not None:  # e.g. the planner's prediction, added to summary.json
+            finished(run_dir)
         Console().print(format_summary(read_summary(run_dir), run_dir))
         if not no_report:
             write_report(run_dir)

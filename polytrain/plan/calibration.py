@@ -30,8 +30,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from polytrain.cost.cluster import Cluster
-from polytrain.cost.estimate import Scene
 from polytrain.cost.profile import Profile
+from polytrain.cost.scene import Scene
 from polytrain.errors import ConfigError, validation_parts
 
 SCHEMA = "polytrain.calibration/1"
@@ -43,10 +43,10 @@ class Emulation:
 
     cores: float | None = None  # cores ALL ranks share
     burst_bytes: float = 0.0  # a shaped NIC's bucket: payload bytes at line speed after an idle spell
-    call_s: float = 0.0  # a rank's own time per collective call, beyond its messages (plan.cost)
-    hop_s: float = 0.0  # a rank's own time per step of a collective, beyond α (plan.cost)
+    call_s: float = 0.0  # a rank's own time per collective call, beyond its messages (cost.network)
+    hop_s: float = 0.0  # a rank's own time per step of a collective, beyond α (cost.network)
     direct_hop_s: float | None = None  # the same per message of a direct exchange; None: hop_s
-    wake_s: float = 0.0  # on shared cores, a blocked receiver's late wake-up (plan.simulate)
+    wake_s: float = 0.0  # on shared cores, a blocked receiver's late wake-up (cost.simulate)
 
     def __post_init__(self) -> None:
         if self.wake_s and self.cores is None:
@@ -139,7 +139,7 @@ class EmulationFile(_Strict):
 
 
 class ModelTerms(_Strict):
-    """What one model's steps cost beyond its profile on the calibrated machine (`plan.estimate.Scene`)."""
+    """What one model's steps cost beyond its profile on the calibrated machine (`cost.estimate.Scene`)."""
 
     compute_scale: float = Field(default=1.0, gt=0)  # measured compute over the profile's
     forward_scale: float | None = Field(default=None, gt=0)  # the forward's own, where it differs

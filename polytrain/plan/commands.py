@@ -19,8 +19,8 @@ from rich.console import Console
 
 from polytrain.config import JobConfig
 from polytrain.cost.cluster import MAX_WORLD, Cluster, parse_bytes
-from polytrain.cost.estimate import Scene
 from polytrain.cost.profile import Profile, measure_profile, median_of
+from polytrain.cost.scene import Scene
 from polytrain.errors import ConfigError
 from polytrain.plan import show
 from polytrain.plan.calibration import PHYSICAL, Calibration, emulate
@@ -377,12 +377,15 @@ def run_sweep(prof: Profile, cluster: Cluster, batch: int, a: PlanArgs, console:
 
 
 def auto_strategy(cfg: JobConfig, cluster_text: str | None, testbed: dict[str, Any] | None,
-                  inexact: bool = False) -> Candidate:
+                  inexact: bool = False, cal: Calibration | None = None) -> Candidate:
     """The planner's first choice for ``cfg`` (``--strategy auto``): on ``--cluster`` when given (its
-    world size), else on the testbed this runs on or this machine with ``cfg.procs`` processes."""
-    from polytrain.plan.predict import cached_profile, run_cluster
+    world size), else on the testbed this runs on or this machine with ``cfg.procs`` processes;
+    ``cal``: the calibration it is priced with (`plan.predict.run_scene`)."""
+    from polytrain.plan.predict import cached_profile, run_scene
 
-    cluster = Cluster.parse(cluster_text) if cluster_text is not None else run_cluster(cfg.procs, testbed)
+    cluster = Cluster.parse(cluster_text) if cluster_text is not None else None
     prof = cached_profile(cfg)  # after the cheap checks: it measures the model
-    ranked = plan_candidates(prof, cluster, cfg.batch_size, 1.0, None)
-    return first_choice(ranked, cfg, procs=cluster.world if cluster_text else cfg.procs, inexact=inexact)
+    scene = ((cal or PHYSICAL).scene(prof, cluster, cfg.batch_size) if cluster is not None
+             else run_scene(prof, cfg.batch_size, cfg.procs, testbed, cal))
+    ranked = plan_candidates(prof, scene.cluster, cfg.batch_size, 1.0, None, scene)
+    return first_choice(ranked, cfg, procs=cluster.world if cluster else cfg.procs, inexact=inexact)

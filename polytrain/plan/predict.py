@@ -23,8 +23,8 @@ import torch
 import polytrain.env as env
 from polytrain.config import JobConfig
 from polytrain.cost.cluster import Cluster
-from polytrain.cost.estimate import Estimate, Scene
 from polytrain.cost.profile import Profile, measure_profile
+from polytrain.cost.scene import Estimate, Scene
 from polytrain.plan.calibration import SCHEMA, Calibration, EmulationFile, emulate
 
 
@@ -129,6 +129,22 @@ def run_cluster(world: int, testbed: dict[str, Any] | None) -> Cluster:
                    cores=os.cpu_count() or 1)
 
 
+def run_calibration() -> Calibration:
+    """The calibration a testbed job is priced with: the file ``polytrain testbed --calibration``
+    gave its hosts, else the testbed's construction (`testbed_calibration`)."""
+    path = os.environ.get(env.CALIBRATION)
+    return Calibration.load(Path(path)) if path else testbed_calibration()
+
+
+def run_scene(prof: Profile, batch: int, world: int, testbed: dict[str, Any] | None,
+              cal: Calibration | None = None) -> Scene:
+    """What a run of ``world`` ranks is priced as: on the testbed's hardware with ``cal`` (default:
+    `run_calibration`), or on this machine (`run_cluster`)."""
+    if not testbed:
+        return Scene(prof, run_cluster(world, None), batch)
+    return (cal or run_calibration()).scene(prof, testbed_hardware(world, testbed), batch)
+
+
 def estimate_for(cfg: JobConfig, world: int, scene: Scene) -> Estimate | str:
     """The estimate of ``cfg``'s strategy with its options on ``world`` ranks (the strategy prices
     itself: `Strategy.price`), or why it has none."""
@@ -144,7 +160,7 @@ def predict_run(cfg: JobConfig, world: int, testbed: dict[str, Any] | None = Non
     if not get_strategy_class(cfg.strategy).priced():  # before profiling: nothing to measure for it
         return {"modelled": False, "why": f"the planner does not model '{cfg.strategy}' yet"}
     try:
-        scene = Scene(cached_profile(cfg), run_cluster(world, testbed), cfg.batch_size)
+        scene = run_scene(cached_profile(cfg), cfg.batch_size, world, testbed)
         e = estimate_for(cfg, world, scene)
     except Exception as err:  # why: a prediction must never fail the run it describes
         return {"modelled": False, "why": f"{type(err).__name__}: {err}"}
@@ -157,4 +173,20 @@ def predict_run(cfg: JobConfig, world: int, testbed: dict[str, Any] | None = Non
         "peak_memory_bytes": e.peak_memory_bytes,
         "bytes_per_step": e.bytes_per_step,
         "cluster": scene.cluster.to_json(),
+        "calibration": os.environ.get(env.CALIBRATION) if testbed else None,
     }
+
+
+def record_prediction(run_dir: Path) -> dict[str, Any]:
+    """Add the planner's prediction for the job that ran in ``run_dir`` to its summary.json,
+    beside the measurement, and return the summary. Only a summary the ranks wrote (a run that
+    completed or was interrupted) gets one; a launcher's summary of a failed run does not."""
+    from polytrain.launch.records import atomic_json
+    from polytrain.launch.rundir import read_summary
+
+    summary = read_summary(run_dir)
+    if "per_rank" in summary and "prediction" not in summary:
+        cfg = JobConfig.model_validate(summary["config"])
+        summary["prediction"] = predict_run(cfg, int(summary["world_size"]), summary.get("testbed"))
+        atomic_json(run_dir / "summary.json", summary)
+    return summary

@@ -3,7 +3,7 @@
 `candidates` asks every registered strategy what it offers on the cluster's world size W
 (`Strategy.offers`: PS servers × sharding × consistency, pipeline schedules × micro-batches with
 the planner's cut pinned, mesh dp×pp and dp×tp layouts, gradient codecs, ...) and has each price
-itself (`Strategy.price`, on the shared cost model of `plan.estimate` / `plan.estimate_pipe`).
+itself (`Strategy.price`, on the shared cost model of `cost.estimate` / `cost.pipeline`).
 `rank` orders them by predicted samples/s, those that fit the memory limit first.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from polytrain.cost.estimate import Estimate, Scene
+from polytrain.cost.scene import Estimate, Scene
 from polytrain.errors import ConfigError
 from polytrain.report.units import human_bytes
 
@@ -55,7 +55,7 @@ def candidates(scene: Scene, memory_limit: int | None = None,
     """Every applicable (strategy, options) on the cluster's world size, priced by the strategy.
     On a meta-device profile, an offer whose price needs this machine to hold the model (a codec
     encodes every gradient) is left out and named in ``unpriced``."""
-    from polytrain.cost.estimate import counted
+    from polytrain.cost.scene import counted
     from polytrain.strategies import make_strategy, registry
 
     out = []

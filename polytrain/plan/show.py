@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from polytrain.cost.estimate import Span
+from polytrain.cost.scene import Span
 from polytrain.plan.recommend import Candidate
 from polytrain.report.timeline import LANES, Box, RankRow
 from polytrain.report.units import human_bytes, human_seconds

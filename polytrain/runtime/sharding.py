@@ -32,9 +32,6 @@ import torch
 from torch import nn
 
 from polytrain.errors import ConfigError
-from polytrain.runtime.flat import flat_grads as flat_grads  # re-exported: the PS modules' vectors
-from polytrain.runtime.flat import flat_params as flat_params
-from polytrain.runtime.flat import load_flat as load_flat
 
 SHARDINGS = ("layer", "size")
 Sharding = Literal["layer", "size"]

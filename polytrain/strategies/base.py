@@ -21,7 +21,7 @@ from polytrain.runtime.job import Job, RankContext, RankResult, fingerprint
 from polytrain.runtime.supports import Supports
 
 if TYPE_CHECKING:
-    from polytrain.cost.estimate import Estimate, Scene
+    from polytrain.cost.scene import Estimate, Scene
 
 #: What a strategy offers the planner on a cluster: (processes, options) to price.
 Offer = tuple[int, dict[str, Any]]

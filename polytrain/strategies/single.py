@@ -14,7 +14,7 @@ from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Offer, Strategy
 
 if TYPE_CHECKING:
-    from polytrain.cost.estimate import Estimate, Scene
+    from polytrain.cost.scene import Estimate, Scene
 
 
 class Single(Strategy):

@@ -14,10 +14,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
+from polytrain.env import CALIBRATION
 from polytrain.errors import ConfigError
+
+if TYPE_CHECKING:  # `polytrain --help` builds this parser: rich loads only when something prints
+    from rich.console import Console
 
 HOST_LOGS = "testbed-hosts"  # in the run directory: host i > 0's output (host 0's is the terminal's)
 PER_HOST_HELP = "processes per host (default: --procs / hosts, else 1)"
@@ -45,6 +48,24 @@ class TestbedJob:
     host_args: tuple[str, ...]
     strategies: tuple[str, ...] = ()  # train: one; compare: each in turn; aco: none
     report: bool = True  # compare: write report.md
+    calibration: Path | None = None  # the runs' predictions are priced with it (`plan.calibration`)
+
+
+def add_testbed_parser(sub: Any) -> None:
+    """``polytrain testbed``'s flags (its job after ``--`` is parsed by the job's own command;
+    ``polytrain testbed calibrate`` has its own parser: `plan.calibrate`)."""
+    p = sub.add_parser("testbed", help="run a train/compare/aco job on an emulated cluster (root)",
+                       usage="polytrain testbed --hosts N --nic RATE [--latency T] [--loss P] "
+                             "[--calibration FILE] -- train|compare|aco [options]\n"
+                             "       polytrain testbed calibrate --model M [--nic RATE] --out FILE")
+    p.add_argument("--hosts", type=int, required=True, help="emulated hosts (network namespaces)")
+    p.add_argument("--nic", required=True, help="link rate per host, e.g. 100mbit, 1gbit")
+    p.add_argument("--latency", help="one-way delay, e.g. 1ms (needs the kernel's sch_netem)")
+    p.add_argument("--loss", help="packet loss, e.g. 0.1%% (needs sch_netem)")
+    p.add_argument("--procs-per-host", type=int, help="processes per host (default --procs / hosts)")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="price the runs (their recorded prediction, --strategy auto) with this file from "
+                        "`polytrain testbed calibrate`; default: the testbed's construction only")
 
 
 def per_host(hosts: int, procs: int | None, procs_per_host: int | None) -> int:
@@ -83,18 +104,19 @@ def run_testbed(bed: Bed, job: TestbedJob, console: Console) -> int:
     from polytrain.testbed.torchrun import run_torchrun
 
     code = 0
+    priced = {CALIBRATION: str(job.calibration)} if job.calibration else None
     with Testbed(bed.hosts, bed.nic, latency=bed.latency, loss=bed.loss) as tb:
         if job.command == "aco":
             before = tb.interface_bytes()
             code = run_torchrun(tb, ["-m", "polytrain", "aco", *job.host_args, "--out", str(job.root)],
-                                job.per_host, log_dir=job.root / HOST_LOGS)
+                                job.per_host, priced, log_dir=job.root / HOST_LOGS)
             _annotate(job.root, before, tb.interface_bytes())
             return code
         for name in job.strategies:
             out = job.root if job.command == "train" else job.root / name
             before = tb.interface_bytes()
             code = run_torchrun(tb, ["-m", "polytrain", "train", "--strategy", name, *job.host_args,
-                                     "--out", str(out)], job.per_host, log_dir=out / HOST_LOGS)
+                                     "--out", str(out)], job.per_host, priced, log_dir=out / HOST_LOGS)
             _annotate(out, before, tb.interface_bytes())
             if code:
                 break

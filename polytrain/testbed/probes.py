@@ -88,7 +88,9 @@ def probe_scales(raw: dict[str, Any], profiles: dict[str, Any], split: bool = Fa
     (forward, backward) pair, each over the profile's own. Empty for a pass without probes."""
     taken: dict[str, list[tuple[float, float]]] = {}
     for probe in raw.get("probes", []):
-        if probe.get("strategy", "ps") != "ps":  # the compute probe only (`plan_accuracy_runs.PROBES`)
+        # the compute probe only: a ps worker beside its server (`plan_accuracy_runs.PROBE`) or a
+        # single rank (`plan.calibrate.probes_for`)
+        if probe.get("strategy", "ps") not in ("ps", "single"):
             continue
         worker = computing_ranks(probe)
         if worker:  # the one rank that computes: the server only applies

@@ -61,7 +61,7 @@ from polytrain.strategies.data.zero import optimizer_state_bytes, peak_memory
 from polytrain.strategies.data.zero_units import layers_of
 
 if TYPE_CHECKING:
-    from polytrain.cost.estimate import Estimate, Scene
+    from polytrain.cost.scene import Estimate, Scene
 
 
 class FsdpOptions(BaseModel):
@@ -202,7 +202,8 @@ class Fsdp(Strategy):
         o: FsdpOptions = self.options  # type: ignore[assignment]
         if o.wrap == "model":
             return "the planner prices fsdp per layer (wrap=layer) only"
-        return sharded(scene, world, 3, prefetch=True, keep_gathered=not o.reshard_after_forward)
+        return sharded(scene, world, 3, prefetch=True, keep_gathered=not o.reshard_after_forward,
+                       reduce_each_micro=False)  # gradient sync off but the last micro-step
 
     def check(self, cfg: JobConfig, world: int) -> None:
         check_divisible(cfg, world, self.name)

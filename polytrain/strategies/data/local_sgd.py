@@ -50,7 +50,7 @@ from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.data.allreduce import check_divisible, codec_engine
 
 if TYPE_CHECKING:
-    from polytrain.cost.estimate import Estimate, Scene
+    from polytrain.cost.scene import Estimate, Scene
 
 
 class LocalSgdOptions(CollectiveOptions, CodecOptions):

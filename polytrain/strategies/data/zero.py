@@ -54,7 +54,7 @@ from polytrain.strategies.data.zero_shard import ShardedModel
 from polytrain.strategies.data.zero_units import bucket_units, layer_units
 
 if TYPE_CHECKING:
-    from polytrain.cost.estimate import Estimate, Scene
+    from polytrain.cost.scene import Estimate, Scene
 
 DEFAULT_BUCKET_MB = 25.0
 NO_CODEC = ("zero's reduce-scatter and all-gather carry dense shards, and no codec is wired into "
@@ -122,7 +122,8 @@ class Zero(Strategy):
         from polytrain.cost.sharded import sharded
 
         o: ZeroOptions = self.options  # type: ignore[assignment]
-        return sharded(scene, world, o.stage, o.bucket_mb or DEFAULT_BUCKET_MB, bool(o.prefetch))
+        return sharded(scene, world, o.stage, o.bucket_mb or DEFAULT_BUCKET_MB, bool(o.prefetch),
+                       reduce_each_micro=o.stage >= 2)
 
     def check(self, cfg: JobConfig, world: int) -> None:
         opts: ZeroOptions = self.options  # type: ignore[assignment]

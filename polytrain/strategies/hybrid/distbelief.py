@@ -27,16 +27,10 @@ from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.models.partition import cut
 from polytrain.runtime import interrupt
+from polytrain.runtime.flat import flat_grads, flat_params, load_flat
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.layout import Layout
-from polytrain.runtime.sharding import (
-    ShardPlan,
-    flat_grads,
-    flat_params,
-    load_flat,
-    make_plan,
-    param_infos,
-)
+from polytrain.runtime.sharding import ShardPlan, make_plan, param_infos
 from polytrain.runtime.supports import Supports
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.data.allreduce import check_divisible

@@ -83,7 +83,7 @@ from polytrain.strategies.pipeline.options import meta_model
 from polytrain.strategies.pipeline.ties import find_ties
 
 if TYPE_CHECKING:
-    from polytrain.cost.estimate import Estimate, Scene
+    from polytrain.cost.scene import Estimate, Scene
 
 PIPELINE_OPTIONS = {"schedule", "microbatches", "partition", "virtual_stages"}
 Schedule = Literal["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "looped-bfs", "zbv", "dualpipev"]
@@ -157,8 +157,9 @@ class Mesh(Strategy):
         and 2P."""
         from polytrain.cost import estimate as est
         from polytrain.cost.pipeline import planned_partition
+        from polytrain.cost.scene import counted
 
-        if est.counted(scene.profile):  # a meta-device profile: the 3-D layouts at scale
+        if counted(scene.profile):  # a meta-device profile: the 3-D layouts at scale
             from polytrain.cost.mesh3d import layouts
 
             yield from ((scene.cluster.world, o) for o in layouts(scene))
@@ -189,10 +190,11 @@ class Mesh(Strategy):
     def price(self, scene: Scene, world: int) -> Estimate | str:
         from polytrain.cost import estimate as est
         from polytrain.cost.pipeline import price_pipeline
+        from polytrain.cost.scene import counted
 
         o: MeshOptions = self.options  # type: ignore[assignment]
         layout = o.layout.resolve(world)
-        if est.counted(scene.profile) or (layout.tp > 1 and layout.pp > 1):
+        if counted(scene.profile) or (layout.tp > 1 and layout.pp > 1):
             from polytrain.cost.mesh3d import mesh3d
 
             if not scene.transformer:

@@ -46,7 +46,7 @@ from polytrain.strategies.model.shard_collectives import (
 from polytrain.strategies.pipeline.options import meta_model
 
 if TYPE_CHECKING:
-    from polytrain.cost.estimate import Estimate, Scene
+    from polytrain.cost.scene import Estimate, Scene
 
 
 def fc_start(model: nn.Module) -> int:

@@ -29,7 +29,7 @@ from polytrain.strategies.pipeline.flush import PLANNERS, FlushPipeline, Pipelin
 from polytrain.strategies.pipeline.options import meta_model
 
 if TYPE_CHECKING:
-    from polytrain.cost.estimate import Estimate, Scene
+    from polytrain.cost.scene import Estimate, Scene
 
 __all__ = ["PLANNERS", "Layerwise", "check_partition_text", "plan", "utilisation"]
 

@@ -36,7 +36,7 @@ from polytrain.strategies.model.tp_attention import local_comms
 from polytrain.strategies.model.tp_plan import apply_plan, derive_plan, parse_plan, unchunk
 
 if TYPE_CHECKING:
-    from polytrain.cost.estimate import Estimate, Scene
+    from polytrain.cost.scene import Estimate, Scene
 
 
 class TensorOptions(BaseModel):

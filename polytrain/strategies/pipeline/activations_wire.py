@@ -28,7 +28,7 @@ flushed, 100–180 µs per pack or unpack inside a pipeline (2 ranks on 2 cores,
 critical path of every action.
 
 Shapes are never exchanged: every rank derives them from one dry forward on a sample
-(`polytrain.cost.profile.boundary_metas`), so both ends of a channel agree by construction.
+(`polytrain.models.boundaries.boundary_metas`), so both ends of a channel agree by construction.
 
 Overlap. An `Inbox` keeps several ``irecv`` posted ahead on its channel, so the next message lands
 while the stage computes; an `Outbox` sends with ``isend`` and only waits at the end of a segment.
@@ -55,8 +55,8 @@ import numpy as np
 import torch
 
 from polytrain.comm import Comm
-from polytrain.cost.profile import TensorMeta
 from polytrain.metrics.recorder import Recorder
+from polytrain.models.boundaries import TensorMeta
 
 HEADER = 24  # bytes of the trailer: float64 tag, micro-batch index, ack
 POOL = 16  # buffers an outbox keeps per size, and an inbox tracks for reuse

@@ -37,8 +37,8 @@ from torch import nn
 
 from polytrain.comm import Comm, GroupComm
 from polytrain.config import JobConfig
-from polytrain.cost.profile import boundary_metas
 from polytrain.errors import ConfigError
+from polytrain.models.boundaries import boundary_metas
 from polytrain.models.partition import Partition, check_cuttable, cut, layers_of, uniform
 from polytrain.runtime.job import Job, RankContext
 from polytrain.runtime.loop import StepFn

@@ -48,7 +48,7 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from polytrain.comm import Comm
-from polytrain.cost.profile import TensorMeta
+from polytrain.models.boundaries import TensorMeta
 from polytrain.runtime.job import Job, RankContext
 from polytrain.schedules.actions import Action
 from polytrain.strategies.pipeline.activations_wire import AHEAD, STOP, Inbox, Outbox, StreamStop

@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from polytrain.comm import Comm
-from polytrain.cost.profile import boundary_metas
 from polytrain.errors import ConfigError
+from polytrain.models.boundaries import boundary_metas
 from polytrain.models.partition import Partition, balanced, check_cuttable, cut, uniform
 from polytrain.runtime.job import Job, RankContext
 from polytrain.runtime.loop import StepFn

@@ -23,7 +23,7 @@ from polytrain.strategies.pipeline.shell import PipelineRun, RunPlan
 from polytrain.strategies.pipeline.weights import FlushWeights
 
 if TYPE_CHECKING:
-    from polytrain.cost.estimate import Estimate, Scene
+    from polytrain.cost.scene import Estimate, Scene
 
 
 def flush_plan(strategy: str, opts: FlushOptions, accum: int = 1, recompute: bool = False) -> RunPlan:

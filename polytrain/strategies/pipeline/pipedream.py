@@ -25,7 +25,7 @@ from polytrain.strategies.pipeline.shell import PipelineRun, RunPlan
 from polytrain.strategies.pipeline.weights import ASYNC_WHY, StashedWeights
 
 if TYPE_CHECKING:
-    from polytrain.cost.estimate import Estimate, Scene
+    from polytrain.cost.scene import Estimate, Scene
 
 
 def stream_offers(scene: Scene) -> Iterator[Offer]:

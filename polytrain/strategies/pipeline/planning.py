@@ -1,7 +1,7 @@
 """From ``--set partition=...`` to the Partition every rank of a pipeline job uses.
 
 ``uniform``, ``params`` and explicit counts are computed on every rank (deterministic). ``time`` and
-``auto`` need a profile measured on this machine: rank 0 measures it (`plan.profile`), plans, and
+``auto`` need a profile measured on this machine: rank 0 measures it (`cost.profile`), plans, and
 broadcasts the plan, because timings differ from rank to rank and all stages must agree.
 ``auto`` runs PipeDream's planner: one replica per stage, or (``replicate=true``, gpipe/1f1b) any
 number of data-parallel replicas per stage, as the planner finds fastest for the link.
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from polytrain.cost.profile import profile_layers
+from polytrain.cost.layer_profile import profile_layers
 from polytrain.models.partition import (
     Partition,
     balanced,

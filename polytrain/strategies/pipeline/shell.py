@@ -53,8 +53,8 @@ import torch
 from torch import nn
 
 from polytrain.comm import GroupComm, new_groups
-from polytrain.cost.profile import boundary_metas
 from polytrain.errors import ConfigError
+from polytrain.models.boundaries import boundary_metas
 from polytrain.models.partition import Partition, cut
 from polytrain.runtime import interrupt
 from polytrain.runtime.batches import GlobalBatches

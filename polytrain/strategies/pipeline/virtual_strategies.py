@@ -32,7 +32,7 @@ from polytrain.strategies.pipeline.virtual_run import VirtualRun
 from polytrain.strategies.pipeline.zb_h1 import check_split
 
 if TYPE_CHECKING:
-    from polytrain.cost.estimate import Estimate, Scene
+    from polytrain.cost.scene import Estimate, Scene
 
 
 class VirtualOptions(FlushOptions):
@@ -83,7 +83,7 @@ class _Virtual(Strategy):
                     yield w, {"microbatches": m, "partition": planned_partition(scene, cls.name, w, m)}
 
     def price(self, scene: Scene, world: int) -> Estimate | str:
-        """The registered orders over P·V chunks, replayed by the planner (`estimate_pipe`)."""
+        """The registered orders over P·V chunks, replayed by the planner (`cost.pipeline`)."""
         from polytrain.cost.pipeline import price_pipeline
 
         o: VirtualOptions = self.options  # type: ignore[assignment]

@@ -30,10 +30,11 @@ from torch import nn
 
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
+from polytrain.runtime.flat import flat_grads, flat_params, load_flat
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.layout import Layout
 from polytrain.runtime.loop import LoopSpec, run_loop
-from polytrain.runtime.sharding import flat_grads, flat_params, load_flat, make_plan, param_infos
+from polytrain.runtime.sharding import make_plan, param_infos
 from polytrain.runtime.supports import Supports, refusing
 from polytrain.strategies.base import Strategy
 from polytrain.strategies.ps.client import gather_shards

@@ -39,15 +39,10 @@ from polytrain.comm.options import CodecOptions, check_codec
 from polytrain.config import JobConfig
 from polytrain.errors import ConfigError
 from polytrain.runtime import schedule
+from polytrain.runtime.flat import flat_params, load_flat
 from polytrain.runtime.job import Job, RankContext, RankResult
 from polytrain.runtime.loop import LoopSpec, run_loop
-from polytrain.runtime.sharding import (
-    ShardPlan,
-    flat_params,
-    load_flat,
-    make_plan,
-    param_infos,
-)
+from polytrain.runtime.sharding import ShardPlan, make_plan, param_infos
 from polytrain.runtime.supports import Supports, refusing
 from polytrain.strategies.base import Offer, Strategy
 from polytrain.strategies.data.allreduce import check_divisible
@@ -59,7 +54,7 @@ from polytrain.strategies.ps.server import ParameterServer
 from polytrain.strategies.ps.worker import WorkerLoop
 
 if TYPE_CHECKING:
-    from polytrain.cost.estimate import Estimate, Scene
+    from polytrain.cost.scene import Estimate, Scene
 
 
 class PsOptions(CodecOptions):

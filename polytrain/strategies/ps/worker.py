@@ -31,8 +31,9 @@ from polytrain.comm.codecs.engine import Engine
 from polytrain.runtime import interrupt
 from polytrain.runtime.accumulate import accumulate
 from polytrain.runtime.clip import clip_flat
+from polytrain.runtime.flat import flat_grads, load_flat
 from polytrain.runtime.job import Job, RankContext
-from polytrain.runtime.sharding import ShardPlan, flat_grads, load_flat
+from polytrain.runtime.sharding import ShardPlan
 from polytrain.strategies.ps.client import PSClient, shard_name
 from polytrain.strategies.ps.consistency import Consistency
 
