@@ -152,7 +152,8 @@ def layouts(scene: Scene) -> list[dict[str, int | str]]:
     """Mesh options of every (t, p, d) on the cluster's world: t a divisor of the heads within a
     host, p a divisor of the blocks, d the rest dividing the batch; per layout each micro-batch
     size of `MICRO_SIZES` that divides the replica's batch, 1F1B and the interleaved schedule
-    (v chunks per rank where the blocks split p·v ways and m is a multiple of p)."""
+    (v chunks per rank where the blocks split p·v ways and m is a multiple of p), the layers
+    per chunk of `chunks_of` pinned as ``partition`` so that ``mesh`` runs the cut priced."""
     cl, prof = scene.cluster, scene.profile
     shape = scene.transformer
     heads = shape[2] if shape else 1
@@ -176,6 +177,9 @@ def layouts(scene: Scene) -> list[dict[str, int | str]]:
                     if v > 1 and (p == 1 or blocks % (p * v) or m % p):
                         continue
                     opts: dict[str, int | str] = {"dp": d, "pp": p, "tp": t, "microbatches": m}
+                    cut = chunks_of(scene, p * v)
+                    if p > 1 and not isinstance(cut, str):  # the cut priced is the cut run
+                        opts["partition"] = ",".join(str(hi - lo) for lo, hi in cut)
                     if v > 1:
                         opts.update(schedule="interleaved-1f1b", virtual_stages=v)
                     out.append(opts)

@@ -1,11 +1,14 @@
-"""``mesh``: 2-D hybrid parallelism on a process mesh (000 §V): ``dp × pp`` (replicated
-pipelines) or ``dp × tp`` (replicated tensor-parallel groups). Its data-parallel axis takes
-``collective=ring``, ``compression=`` every gradient codec (not ``powersgd``, a DDP hook) and
-``compression=onebit-adam`` (1-bit Adam over each dp group; not with dp=1 or weights tied across
-stages).
+"""``mesh``: hybrid parallelism on a process mesh (000 §V): ``dp × pp`` (replicated pipelines),
+``dp × tp`` (replicated tensor-parallel groups) or ``dp × pp × tp`` (replicated pipelines whose
+stages are tensor-parallel, Megatron's PTD-P: :mod:`polytrain.strategies.hybrid.mesh3d`). Its
+data-parallel axis takes ``collective=ring``, ``compression=`` every gradient codec
+(not ``powersgd``, a DDP hook) and ``compression=onebit-adam`` (1-bit Adam over each dp group;
+not with dp=1 or weights tied across stages) — in 2-D layouts; 3-D runs full precision.
 
     polytrain train --strategy mesh --procs 4 --set dp=2 --set pp=2   # 2 pipelines of 2 stages
     polytrain train --strategy mesh --procs 4 --set dp=2 --set tp=2 --model gpt-mini --dataset chars
+    polytrain train --strategy mesh --procs 8 --set dp=2 --set pp=2 --set tp=2 --model gpt-mini \
+        --dataset chars --set model.n_layer=2                           # 2 × 2 × 2
 
 Replica d trains on part d of D of every global batch. Inside a replica the model is cut into
 consecutive stages run with a flush schedule (``schedule``, ``microbatches``, ``partition``)
@@ -13,7 +16,8 @@ through the pipeline executor (`polytrain.strategies.pipeline.flush`, as ``layer
 ``gpipe``/``1f1b``/``zb-h1`` strategies) — or, for ``interleaved-1f1b``, ``looped-bfs``, ``zbv``
 and ``dualpipev``, V chunks per rank (``virtual_stages``; `polytrain.strategies.pipeline.chunks`,
 as those strategies) — or split Megatron-style over a tensor group (that of ``tensor``;
-the pipeline options do not apply there and are refused). At the flush the ranks holding the
+the pipeline options do not apply there and are refused) — or both, any of those schedules
+with each stage (chunk) split over its tensor group. At the flush the ranks holding the
 same piece in every replica all-reduce its gradients (mean over D) — ``dp_allreduce`` bytes — so
 every replica applies the update single-process training applies to the whole batch. The rank
 layout is :class:`~polytrain.runtime.layout.Layout`. That data-parallel all-reduce takes
@@ -63,6 +67,7 @@ from polytrain.strategies.data.allreduce import (
     onebit_adam,
     onebit_loop_fields,
 )
+from polytrain.strategies.hybrid.mesh3d import check_3d, run_3d
 from polytrain.strategies.model.layerwise import check_partition_text, utilisation
 from polytrain.strategies.model.shard_collectives import (
     Evaluating,
@@ -137,7 +142,7 @@ class Mesh(Strategy):
     name = "mesh"
     family = "hybrid"
     exact = True
-    summary = "2-D hybrid: dp × pp (replicated pipelines) or dp × tp (replicated tensor groups)"
+    summary = "hybrid mesh: dp × pp, dp × tp or dp × pp × tp (replicated tensor-parallel pipelines)"
     Options = MeshOptions
     supports = Supports(compression=True, lr_schedule=True, clip=True, grad_accum=True,
                         precision=True)
@@ -146,8 +151,10 @@ class Mesh(Strategy):
     def offers(cls, scene: Scene) -> Iterator[Offer]:
         """dp × pp layouts, the planner's cut pinned: 1F1B at M = P and 2P, and at M = 2P each
         other schedule the pipe can run (`OFFERED`: ZB-H1 and the virtual-stage schedules where
-        P·V chunks fit the layers; one M each keeps planning 4096 ranks within its budget); and
-        dp × tp for transformers."""
+        P·V chunks fit the layers; one M each keeps planning 4096 ranks within its budget);
+        dp × tp for transformers; and from 8 ranks, for a transformer whose sequence, width and
+        heads the profile names, the dp × pp × tp layouts of `cost.mesh3d` under 1F1B at M = P
+        and 2P."""
         from polytrain.cost import estimate as est
         from polytrain.cost.pipeline import planned_partition
         from polytrain.cost.scene import counted
@@ -174,6 +181,11 @@ class Mesh(Strategy):
             for tp in (2, 4):
                 if tp < w and w % tp == 0 and heads % tp == 0 and b % (w // tp) == 0:
                     yield w, {"dp": w // tp, "tp": tp}
+        if scene.transformer and w >= 8:  # dp × pp × tp, 1F1B, priced as at scale (needs T, D, H)
+            from polytrain.cost.mesh3d import layouts
+
+            yield from ((w, o) for o in layouts(scene) if o["pp"] != 1 and o["tp"] != 1
+                        and "schedule" not in o and o["microbatches"] in (o["pp"], 2 * o["pp"]))
 
     def price(self, scene: Scene, world: int) -> Estimate | str:
         from polytrain.cost import estimate as est
@@ -182,8 +194,12 @@ class Mesh(Strategy):
 
         o: MeshOptions = self.options  # type: ignore[assignment]
         layout = o.layout.resolve(world)
-        if counted(scene.profile):
+        if counted(scene.profile) or (layout.tp > 1 and layout.pp > 1):
             from polytrain.cost.mesh3d import mesh3d
+
+            if not scene.transformer:
+                return ("dp × pp × tp is priced from the transformer's shape: profile with "
+                        "--set model.seq_len=… --set model.d_model=… --set model.n_head=…")
 
             return mesh3d(scene, layout.tp, layout.pp, layout.dp, o.microbatches or layout.pp, o.schedule,
                           o.virtual_stages or get_schedule(o.schedule).default_virtual)
@@ -199,11 +215,6 @@ class Mesh(Strategy):
 
     def check(self, cfg: JobConfig, world: int) -> None:
         layout = self.opts.layout.resolve(world)
-        if layout.pp != 1 and layout.tp != 1:  # the planner prices 3-D layouts; the runtime runs 2-D
-            raise ConfigError(
-                f"Strategy 'mesh' runs 2-D layouts (dp × pp or dp × tp), not {layout}. "
-                "Fix: set pp=1 or tp=1."
-            )
         check_divisible(cfg, layout.dp, self.name)
         check_codec(self.name, self.opts, world, hooks=False, optimizer=cfg.optimizer)
         if self.opts.compression == "onebit-adam":
@@ -214,6 +225,9 @@ class Mesh(Strategy):
                               "collective=builtin (valid: builtin, ring).")
         if layout.tp > 1:
             check_transformer(cfg, layout.tp, self.name)
+        if layout.tp > 1 and layout.pp > 1:  # dp × pp × tp: then the pipeline's checks below
+            check_3d(cfg, layout, self.opts.compression)
+        elif layout.tp > 1:
             check_plan(cfg, layout.tp, "auto")
             given = sorted(set(self.opts.model_fields_set) & PIPELINE_OPTIONS)
             if given:
@@ -243,7 +257,11 @@ class Mesh(Strategy):
         d, _, _ = layout.coords(ctx.rank)
         dp = Wire(groups["dp"], ctx.recorder)
         engine = codec_engine(self.opts, job, ctx)
-        if layout.tp > 1:
+        if layout.tp > 1 and layout.pp > 1:
+            sync = lambda m: _sync(m, dp, engine, self.opts.collective, ctx)  # noqa: E731
+            result, onebit = run_3d(job, ctx, layout, groups, d, self.opts, sync,
+                                    _codec_fields(engine, None, ctx)), None
+        elif layout.tp > 1:
             result, onebit = self._tensor(job, ctx, groups["tp"], dp, d, engine)
         else:
             ranks = layout.pp_groups()[d]

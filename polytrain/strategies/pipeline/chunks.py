@@ -163,11 +163,13 @@ class ChunkPipeline:
     """This rank's chunks of the pipeline over ``ranks`` (global ranks, pipeline order), one of
     ``pipelines`` (default: that one alone). ``group``: the communicator of exactly ``ranks``
     (group rank = pipeline index), for the evaluation logits and the final gather; ``rows``: the
-    rows of one step's batch on this pipeline."""
+    rows of one step's batch on this pipeline; ``shard``: splits each of this rank's chunks in
+    place before the optimizer is made (as `flush.FlushPipeline`'s)."""
 
     def __init__(self, job: Job, ctx: RankContext, ranks: Sequence[int], group: Comm, partition: str,
                  schedule: str, microbatches: int, rows: int, virtual: int | None = None,
-                 pipelines: Sequence[Sequence[int]] | None = None) -> None:
+                 pipelines: Sequence[Sequence[int]] | None = None,
+                 shard: Callable[[nn.Module], None] | None = None) -> None:
         spec = get_schedule(schedule)
         count, index = len(ranks), list(ranks).index(ctx.rank)
         self.orders = spec.build(count, microbatches, virtual or None)
@@ -181,6 +183,12 @@ class ChunkPipeline:
         pipes = pipelines or [ranks]
         comms = boundary_comms(ctx, self.homes, pipes, [list(p) for p in pipes].index(list(ranks)))
         self.mine = [c for c in range(self.chunks) if self.homes[c] == index]
+        state = full.state_dict()  # the model's shapes, before any shard
+        self.shapes = {k: v.shape for k, v in state.items()}
+        self.dtypes = {k: v.dtype for k, v in state.items()}
+        if shard is not None:  # mesh 3-D: each of this rank's chunks over its tensor group
+            for c in self.mine:
+                shard(self.pieces[c])
         # this rank's layers under the user's names (a container, never called: its chunks are not
         # consecutive), so a checkpoint and the dp all-reduce see the model's own keys
         self.module = nn.Sequential(OrderedDict(
@@ -209,9 +217,6 @@ class ChunkPipeline:
         self.logits_shape, self.logits_dtype = tuple(metas[-1].shape[1:]), metas[-1].dtype
         self.keys_by_rank = [[k for c in range(self.chunks) if self.homes[c] == r
                               for k in self.pieces[c].state_dict()] for r in range(count)]
-        state = full.state_dict()
-        self.shapes = {k: v.shape for k, v in state.items()}
-        self.dtypes = {k: v.dtype for k, v in state.items()}
         self.recorder = ctx.recorder
 
     def run_feed(self, feed: Any) -> tuple[float, Window]:

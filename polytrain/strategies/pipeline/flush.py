@@ -79,11 +79,14 @@ class FlushPipeline:
 
     ``group``: the communicator of exactly those ranks (group rank = stage), for the evaluation
     logits and the final gather. ``rows``: the rows of one step's batch on this pipeline.
+    ``shard``: splits this rank's stage in place before its optimizer is made (tensor parallelism
+    inside the stage; the boundary activations stay whole).
     """
 
     def __init__(self, job: Job, ctx: RankContext, ranks: Sequence[int], group: Comm,
                  partition: str, schedule: str, microbatches: int, rows: int,
-                 optimizer: bool = True, pipelines: Sequence[Sequence[int]] | None = None) -> None:
+                 optimizer: bool = True, pipelines: Sequence[Sequence[int]] | None = None,
+                 shard: Callable[[nn.Module], None] | None = None) -> None:
         full = job.build_model().to(ctx.device)
         state = full.state_dict()
         count, index = len(ranks), list(ranks).index(ctx.rank)
@@ -91,6 +94,8 @@ class FlushPipeline:
         sample = job.dataset.x_train[: rows // microbatches].to(ctx.device)
         metas = boundary_metas(full, sample)
         pieces = cut(full, self.partition)
+        if shard is not None:  # mesh dp × pp × tp: this stage's layers split over its tensor group
+            shard(pieces[index])
         a, b = self.partition.bounds[index]
         self.module, self.index, self.count, self.group = pieces[index], index, count, group
         self.microbatches, self.schedule = microbatches, schedule
