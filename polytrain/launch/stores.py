@@ -86,8 +86,8 @@ def rank_store_env(private: Path) -> dict[str, str]:
     keys, dead ranks' addresses, to the next). Gloo then listens on the loopback interface
     instead of the hostname's address (unless ``GLOO_SOCKET_IFNAME`` says otherwise)."""
     shutil.rmtree(private, ignore_errors=True)
-    private.mkdir(parents=True)
-    os.chmod(private, 0o700)
+    private.mkdir(parents=True, mode=0o700)  # why: created private, no window at the umask's mode
+    os.chmod(private, 0o700)  # a umask can only narrow mkdir's mode: this makes it exactly 0700
     env = {STORE_FILE_ENV: str(private / "ranks.store")}
     loopback = loopback_interface()
     if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
