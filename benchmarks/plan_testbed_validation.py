@@ -7,6 +7,7 @@ from a config), on host counts and link rates no earlier planner set used — an
 
     python benchmarks/plan_testbed_validation.py --plan            # the pre-registration (no testbed)
     sudo .venv/bin/python benchmarks/plan_testbed_validation.py --run --lock LOCKFILE
+    sudo .venv/bin/python benchmarks/plan_testbed_validation.py --run --continue --lock LOCKFILE
     sudo .venv/bin/python benchmarks/plan_testbed_validation.py --smoke --lock LOCKFILE
 
 ``--plan`` writes results/plan_testbed_validation_plan.{json,md}: scenarios, repeats, the rule that
@@ -281,21 +282,40 @@ def write_plan() -> None:
     write_results(f"{NAME}_plan", rows, list(rows[0]), notes="\n".join(lines), extra=plan)
 
 
-def run(out_dir: Path, scenarios: list[tuple[str, int, str]], repeats: int, steps: int, smoke: bool) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
+def freeze(out_dir: Path, scenarios: list[tuple[str, int, str]], smoke: bool) -> dict[str, Any]:
+    """Calibrate each model once and fix the measured strategies from the planner's ranking, written
+    to ``frozen.json`` before the first measured run."""
     cals = {m: calibrate(m, out_dir / f"cal_{m}.json", smoke) for m in sorted({s[0] for s in scenarios})}
-    frozen = {"calibrations": {m: {k: v for k, v in c.items() if k != "content"} for m, c in cals.items()},
-              "scenarios": []}
+    frozen: dict[str, Any] = {
+        "calibrations": {m: {k: v for k, v in c.items() if k != "content"} for m, c in cals.items()},
+        "scenarios": []}
     for model, hosts, nic in scenarios:
         ranked = ranking(model, hosts, nic, Path(cals[model]["file"]))
         frozen["scenarios"].append({"model": model, "hosts": hosts, "nic": nic, "candidates": len(ranked),
                                     "exact_candidates": sum(c["exact"] for c in ranked),
                                     "measured": measured_strategies(model, hosts, ranked)})
-    (out_dir / "frozen.json").write_text(json.dumps(frozen, indent=1))  # before the first measured run
-    runs = []
+    (out_dir / "frozen.json").write_text(json.dumps(frozen, indent=1))
+    return frozen
+
+
+def run(out_dir: Path, scenarios: list[tuple[str, int, str]], repeats: int, steps: int, smoke: bool,
+        resume: bool = False) -> None:
+    """Freeze, then measure every (scenario, strategy) pair ``repeats`` times. ``resume``: keep
+    ``out_dir``'s frozen file, calibrations (their sha256 checked) and finished runs, and run only
+    the (repeat, scenario, strategy) runs it lacks, in the same order (a run in more than one sitting)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if resume:
+        frozen = json.loads((out_dir / "frozen.json").read_text())
+        runs = json.loads((out_dir / "runs.json").read_text()) if (out_dir / "runs.json").exists() else []
+    else:
+        frozen, runs = freeze(out_dir, scenarios, smoke), []
+    cals = frozen["calibrations"]
+    done = {(r["repeat"], r["scenario"], r["cand"]) for r in runs}
     pairs = [(s, k) for s, scn in enumerate(frozen["scenarios"]) for k in range(len(scn["measured"]))]
     for rep in range(repeats):
         for s, k in pairs if rep % 2 == 0 else pairs[::-1]:
+            if (rep, s, k) in done:
+                continue
             scn = frozen["scenarios"][s]
             cal = Path(cals[scn["model"]]["file"])
             assert hashlib.sha256(cal.read_bytes()).hexdigest() == cals[scn["model"]]["sha256"]
@@ -324,6 +344,9 @@ def main() -> None:
     mode.add_argument("--smoke", action="store_true",
                       help="the first scenario, 1 repeat, to a temporary folder")
     p.add_argument("--out-dir", help="where calibrations and raw runs go (default: a new folder)")
+    p.add_argument("--continue", dest="resume", action="store_true",
+                   help="with --run: keep the out dir's frozen strategies, calibrations and finished "
+                        "runs; run only the missing ones")
     add_common_flags(p)
     a = p.parse_args()
     if a.plan:
@@ -336,7 +359,7 @@ def main() -> None:
         run(out, SCENARIOS[:1], 1, 8, smoke=True)
     else:
         out = Path(a.out_dir or RESULTS / f"{NAME}_raw")
-        run(out, SCENARIOS, REPEATS, STEPS, smoke=False)
+        run(out, SCENARIOS, REPEATS, STEPS, smoke=False, resume=a.resume)
 
 
 if __name__ == "__main__":
