@@ -9,6 +9,7 @@ from a config), on host counts and link rates no earlier planner set used — an
     sudo .venv/bin/python benchmarks/plan_testbed_validation.py --run --lock LOCKFILE
     sudo .venv/bin/python benchmarks/plan_testbed_validation.py --run --continue --lock LOCKFILE
     sudo .venv/bin/python benchmarks/plan_testbed_validation.py --smoke --lock LOCKFILE
+    sudo .venv/bin/python benchmarks/plan_testbed_validation.py --diagnose --lock LOCKFILE  # after --run
 
 ``--plan`` writes results/plan_testbed_validation_plan.{json,md}: scenarios, repeats, the rule that
 picks the strategies, the goals. ``--run`` (root, a quiet machine): per model one calibration
@@ -176,9 +177,11 @@ def measured_strategies(model: str, hosts: int, ranked: list[dict[str, Any]]) ->
     return chosen + ([dict(alt, role="alternative")] if alt else [])
 
 
-def measure(model: str, hosts: int, nic: str, cand: dict[str, Any], cal: Path, steps: int) -> dict[str, Any]:
-    """One testbed run of ``cand`` priced with ``cal``: its steady mean step and its own prediction."""
-    from polytrain.testbed.probes import step_times
+def measure(model: str, hosts: int, nic: str, cand: dict[str, Any], cal: Path, steps: int,
+            spans: bool = False) -> dict[str, Any]:
+    """One testbed run of ``cand`` priced with ``cal``: its steady mean step and its own prediction
+    (``spans``: also where each rank's step went, `span_stats` and `cpu_per_step`)."""
+    from polytrain.testbed.probes import cpu_per_step, span_stats, step_times
 
     flags, batch = MODELS[model]
     out = Path(tempfile.mkdtemp()) / "run"
@@ -196,6 +199,8 @@ def measure(model: str, hosts: int, nic: str, cand: dict[str, Any], cal: Path, s
             return {**row, "error": [first, *lines[-5:]]}
         times = step_times(out, SKIP)
         summary = json.loads((out / "summary.json").read_text())
+        if spans:
+            row |= {"spans": span_stats(out, SKIP), "cpu": cpu_per_step(out, SKIP)}
         return {**row, "mean_step_s": statistics.mean(times), "step_times": times,
                 "in_run_prediction": summary.get("prediction")}
     finally:
@@ -336,6 +341,64 @@ def run(out_dir: Path, scenarios: list[tuple[str, int, str]], repeats: int, step
                         "before any scenario ran (sha256 in the JSON).")
 
 
+COMPUTE = ("forward", "backward", "optimizer")
+
+
+def where_it_went(got: dict[str, Any]) -> dict[str, float | None]:
+    """Per step, the median over the ranks that computed: forward + backward + optimizer spans,
+    the communication spans (time waited), and the process's CPU seconds; in ms."""
+    ranks = [s for s in got.get("spans", {}).values() if "forward" in s]
+
+    def med(values: list[float]) -> float | None:
+        return round(statistics.median(values) * 1e3, 2) if values else None
+
+    cpu = [v for k, v in got.get("cpu", {}).items() if k in got.get("spans", {})
+           and "forward" in got["spans"][k]]
+    return {"compute_ms": med([sum(s.get(n, 0.0) for n in COMPUTE) for s in ranks]),
+            "comm_wait_ms": med([sum(v for n, v in s.items() if n.startswith("comm:")) for s in ranks]),
+            "cpu_ms": med(cpu)}
+
+
+def diagnose(out_dir: Path, steps: int) -> None:
+    """After the scored run, the cause of its errors: per scenario, the recommendation and the
+    alternative run once more with the frozen calibration, and each step split into the ranks'
+    own compute, their waits on communication and their CPU time, beside the planner's price of
+    the same parts (its ``detail``: ``compute_s``, the gathers and reduce-scatters). A diagnosis,
+    not a score: these runs never enter the figures, and nothing is refitted to them."""
+    frozen = json.loads((out_dir / "frozen.json").read_text())
+    rows, raw = [], []
+    for scn in frozen["scenarios"]:
+        for cand in scn["measured"]:
+            if cand["role"] not in ("planner #1", "alternative"):
+                continue
+            cal = Path(frozen["calibrations"][scn["model"]]["file"])
+            got = measure(scn["model"], scn["hosts"], scn["nic"], cand, cal, steps, spans=True)
+            raw.append({"model": scn["model"], "hosts": scn["hosts"], "nic": scn["nic"],
+                        "role": cand["role"], "strategy": cand["strategy"], **got})
+            detail = cand.get("detail") or {}
+            priced = detail.get("compute_s")
+            split = where_it_went(got) if "mean_step_s" in got else {}
+            rows.append({
+                "model": scn["model"], "hosts": scn["hosts"], "nic": scn["nic"], "role": cand["role"],
+                "strategy": cand["strategy"],
+                "options": " ".join(f"{a}={b}" for a, b in cand["options"].items()),
+                "predicted_ms": round(cand["predicted_step_s"] * 1e3, 2),
+                "predicted_compute_ms": round(priced * 1e3, 2) if priced is not None else None,
+                "predicted_comm_ms": round(sum(v for k, v in detail.items() if k in
+                                               ("gathers_s", "reduce_scatters_s")) * 1e3, 2)
+                if priced is not None else None,
+                "measured_ms": round(got["mean_step_s"] * 1e3, 2) if "mean_step_s" in got else None,
+                **split, "error": None if "mean_step_s" in got else got.get("error")})
+            print(rows[-1], flush=True)
+    write_results(f"{NAME}_cause", rows, list(rows[0]), extra={"runs": raw, "frozen": frozen},
+                  notes="One run per pair after the scored measurement, with the frozen calibration: "
+                        "where each step went (median over the computing ranks of the per-step "
+                        "forward + backward + optimizer spans, of the communication spans waited, "
+                        "and of the process's CPU seconds) beside the planner's price of the parts "
+                        "(allreduce's price has no compute/communication split in its detail). A "
+                        "diagnosis of the errors, not a score: nothing was refitted to these runs.")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group(required=True)
@@ -343,6 +406,9 @@ def main() -> None:
     mode.add_argument("--run", action="store_true", help="calibrate, freeze, measure (root, a quiet machine)")
     mode.add_argument("--smoke", action="store_true",
                       help="the first scenario, 1 repeat, to a temporary folder")
+    mode.add_argument("--diagnose", action="store_true",
+                      help="after --run: the recommendation and the alternative once more, each step "
+                           "split into compute, communication waits and CPU (never scored)")
     p.add_argument("--out-dir", help="where calibrations and raw runs go (default: a new folder)")
     p.add_argument("--continue", dest="resume", action="store_true",
                    help="with --run: keep the out dir's frozen strategies, calibrations and finished "
@@ -353,6 +419,9 @@ def main() -> None:
         write_plan()
         return
     hold_lock(a.lock)
+    if a.diagnose:
+        diagnose(Path(a.out_dir or RESULTS / f"{NAME}_raw"), STEPS)
+        return
     check_new(*used_settings())
     if a.smoke:
         out = Path(a.out_dir or tempfile.mkdtemp(prefix=f"{NAME}-smoke-"))
