@@ -98,6 +98,26 @@ def test_bf16_tensor_parallel_close_to_single(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_bf16_mesh_3d_close_to_single(tmp_path: Path) -> None:
+    """mesh dp 2 x pp 2 x tp 2 on 8 processes: the pipeline's boundaries in bf16 between the
+    stages' tensor groups, the row-parallel sums rounded per shard (as `tensor`'s), the fp32 dp
+    all-reduce. Four micro-batches of two rows in all, as ``single --grad-accum 4`` computes."""
+    job = GPT | {"model_options": {"n_layer": 2, "n_head": 2, "d_model": 16}}
+    ref, init, losses = single_in_process(job, k=4)
+    run = _train(tmp_path, "mesh3d", job, strategy="mesh", procs=8,
+                 sets=["dp=2", "pp=2", "tp=2", "microbatches=2"])
+    got = load_model(run)
+    assert all(v.dtype == torch.float32 for v in got.values())  # the fp32 masters, gathered
+    err = sum(float((got[k] - ref[k]).norm() ** 2) for k in ref) ** 0.5
+    update = sum(float((ref[k] - init[k]).norm() ** 2) for k in ref) ** 0.5
+    assert 0 < err < 0.01 * update  # bf16 really ran (the shards' sums round apart), and stayed close
+    assert step_losses(run) == pytest.approx(losses, rel=1e-2)
+    summary = read_summary(run)
+    assert summary["strategy_metrics"]["precision"] == "bf16"
+    assert summary["strategy_metrics"]["layout"]["text"] == "dp=2 × pp=2 × tp=2"
+
+
+@pytest.mark.slow
 def test_fp16_overflow_on_one_stage_skips_the_step_on_every_stage(tmp_path: Path) -> None:
     """The inf appears in stage 0's backward only (partition 3,2: the injecting layer is the
     third); stage 1's gradient is finite, but both skip step 2 and halve their scale alike, and
