@@ -57,7 +57,7 @@ def test_gorila_checkpoint_is_a_consistent_cut_and_resumes(tmp_path: Path) -> No
     assert replay["version"] == meta["params_version"] == lead["published"][0]
     assert len(parts) == 4  # both learners, the replay and the shard
     kept = sorted(p.name for p in (run / ROOT).iterdir())  # the older ones pruned, none half-written
-    assert kept == [f"step-{meta['save'] - 1:08d}", f"step-{meta['save']:08d}", "LATEST"]
+    assert kept == ["LATEST", f"step-{meta['save'] - 1:08d}", f"step-{meta['save']:08d}"]
     assert first["resumes"] == []
 
     resumed = _run({"algo": "gorila", "max_env_steps": meta["env_steps"] + 200}, run, resume=True)
