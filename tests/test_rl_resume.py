@@ -8,6 +8,7 @@ fast tests; ``test_cli_resume_continues_the_run`` resumes through ``polytrain rl
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -95,7 +96,7 @@ def test_resume_refuses_changed_settings_and_nothing_to_do(tmp_path: Path) -> No
     cfg = resume_config(str(run), {"algo": "dqn", "max_env_steps": 200, "hidden": 16})  # same: fine
     assert cfg.max_env_steps == 200 and cfg.hidden == 16 and cfg.lr == 0.001
     assert make_rl_config({"algo": "apex", "checkpoint_every": 100}).checkpoint_every == 100  # all do
-    (run / checkpoint.FILE).unlink()
+    shutil.rmtree(run / checkpoint.ROOT)
     with pytest.raises(ConfigError, match="no checkpoint"):
         resume_config(str(run), {"algo": "dqn", "max_env_steps": 200})
 

@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from polytrain.rl.api import resume_config, run_config
+from polytrain.rl.checkpoint import ROOT, latest
 from polytrain.rl.config import make_rl_config
-from polytrain.rl.snapshot import DIR, load_meta
+from polytrain.runtime.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.slow  # starts processes
 
@@ -30,9 +31,10 @@ SMALL = {"hidden": 16, "depth": 1, "batch_size": 16, "learning_starts": 100, "ta
 
 
 def _parts(run: Path) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
-    meta = load_meta(run)
-    files = meta["files"].items()
-    return meta, {int(r): torch.load(run / DIR / name, weights_only=True) for r, name in files}
+    """The newest checkpoint's figures (meta.json's ``info``) and every process's part by rank."""
+    ckpt = latest(run)
+    parts = {int(p.stem[len("rank"):]): torch.load(p, weights_only=True) for p in ckpt.glob("rank*.pt")}
+    return CheckpointStore.info_of(ckpt), parts
 
 
 def _run(options: dict[str, Any], run: Path, resume: bool = False) -> dict[str, Any]:
@@ -53,7 +55,9 @@ def test_gorila_checkpoint_is_a_consistent_cut_and_resumes(tmp_path: Path) -> No
     assert shard["policy"]["clocks"].tolist() == [lead["updates"], other["updates"]]  # the ps cut
     assert int(shard["version"]) == lead["updates"] + other["updates"]
     assert replay["version"] == meta["params_version"] == lead["published"][0]
-    assert len(list((run / DIR).iterdir())) == 4  # older checkpoints' files removed
+    assert len(parts) == 4  # both learners, the replay and the shard
+    kept = sorted(p.name for p in (run / ROOT).iterdir())  # the older ones pruned, none half-written
+    assert kept == ["LATEST", f"step-{meta['save'] - 1:08d}", f"step-{meta['save']:08d}"]
     assert first["resumes"] == []
 
     resumed = _run({"algo": "gorila", "max_env_steps": meta["env_steps"] + 200}, run, resume=True)

@@ -3,12 +3,13 @@
 * a run's summary.json is a typed model: written and read through it, every key kept, a
   malformed one (or one of another schema version) refused with one line naming file and field;
 * ``polytrain rl`` and ``polytrain aco`` parse their jobs through one config base (one error
-  style), and every checkpoint file — training's rank files, rl's ``dqn.pt``, an apex/gorila
-  snapshot part — is written and read by the same code, so a crafted file is refused alike.
+  style), and every checkpoint — training's, rl's dqn and an apex/gorila cut — is one
+  CheckpointStore's, written and verified by the same code, so a crafted file is refused alike.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 from pathlib import Path
@@ -108,21 +109,39 @@ class _Code:
         return (print, ("unpickled",))
 
 
-def test_every_checkpoint_file_is_written_and_refused_by_the_same_code(tmp_path: Path) -> None:
+def _plant(ckpt: Path) -> None:
+    """A crafted rank0.pt in ``ckpt``, with the SHA-256 its manifest lists made to match."""
+    torch.save({"net": _Code()}, ckpt / "rank0.pt")  # torch's own file format, a call inside
+    manifest = json.loads((ckpt / "MANIFEST.json").read_text())
+    manifest["files"]["rank0.pt"] = hashlib.sha256((ckpt / "rank0.pt").read_bytes()).hexdigest()
+    (ckpt / "MANIFEST.json").write_text(json.dumps(manifest))
+
+
+def test_every_checkpoint_is_written_and_refused_by_the_same_store(tmp_path: Path) -> None:
+    """dqn's checkpoint and an apex/gorila cut live in training's CheckpointStore layout: the
+    same commit (manifest, LATEST), the same verification, the same refusal of a crafted file."""
     state = {"updates": 3, "net": {"w": torch.ones(2)}}
-    dqn = tmp_path / "dqn"
-    dqn_checkpoint.save(dqn, {**state, "env_steps": 10, "t": 1.0})
-    apex = tmp_path / "apex"
-    snapshot.write_part(apex, 0, 1, state)
-    snapshot.seal(apex, {"save": 1, "env_steps": 10, "t": 1.0, "updates": 3}, [0])
-    assert resume_point(dqn, "dqn")["env_steps"] == resume_point(apex, "apex")["env_steps"] == 10
-    assert torch.equal(snapshot.load_part(apex, 0)["net"]["w"], torch.ones(2))
+    dqn, apex = tmp_path / "dqn", tmp_path / "apex"
+    cfgs = {dqn: make_rl_config({"algo": "dqn", "out": str(dqn)}),
+            apex: make_rl_config({"algo": "apex", "out": str(apex)})}
+    dqn_checkpoint.save(dqn, cfgs[dqn], {**state, "env_steps": 10, "t": 1.0})
+    snapshot.write_part(apex, cfgs[apex], 0, 1, state)
+    snapshot.seal(apex, cfgs[apex], {"save": 1, "env_steps": 10, "t": 1.0, "updates": 3})
+    assert resume_point(dqn, cfgs[dqn])["env_steps"] == resume_point(apex, cfgs[apex])["env_steps"] == 10
+    assert torch.equal(dqn_checkpoint.load_part(apex, cfgs[apex], 0)["net"]["w"], torch.ones(2))
+    for run in (dqn, apex):
+        assert (run / "checkpoints" / "LATEST").read_text() in {"step-00000010", "step-00000001"}
     assert not list(tmp_path.rglob("*.part"))  # written whole, by rename
-    # the same crafted file planted in each: refused by the same line before anything runs
-    (dqn / dqn_checkpoint.FILE).write_bytes(pickle.dumps(_Code(), protocol=2))
-    snapshot.part_path(apex, 0, 1).write_bytes(pickle.dumps(_Code(), protocol=2))
+    # another run's settings: its checkpoint is not this run's
+    with pytest.raises(ConfigError, match="belongs to a different job"):
+        dqn_checkpoint.load(dqn, make_rl_config({"algo": "dqn", "lr": 0.5}))
+    # the same crafted file planted in each, its manifest made to match: refused by the same
+    # line before anything runs (loaded as tensors only, never unpickled in full)
+    _plant(dqn / "checkpoints" / "step-00000010")
+    _plant(apex / "checkpoints" / "step-00000001")
     refusals = []
-    for load in (lambda: dqn_checkpoint.load(dqn), lambda: snapshot.load_part(apex, 0)):
+    for load in (lambda: dqn_checkpoint.load(dqn, cfgs[dqn]),
+                 lambda: dqn_checkpoint.load_part(apex, cfgs[apex], 0)):
         with pytest.raises(ConfigError) as err:
             load()
         refusals.append(str(err.value))

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from polytrain.rl.checkpoint import load_part
 from polytrain.rl.dqn import make_learner
 from polytrain.rl.learner import Publisher, ReplayClient, batch_tensors, learn_loop
 from polytrain.rl.monitor import Counters, Monitor
 from polytrain.rl.protocol import wind_down
 from polytrain.rl.replay import Batch
 from polytrain.rl.roles import RoleContext
-from polytrain.rl.snapshot import Saver, learner_state, load_part, restore_learner
+from polytrain.rl.snapshot import Saver, learner_state, restore_learner
 
 
 def run_apex_learner(ctx: RoleContext) -> dict[str, Any]:
@@ -31,7 +32,7 @@ def run_apex_learner(ctx: RoleContext) -> dict[str, Any]:
     c = Counters()
     publisher = Publisher(learner.net, cfg.publish_every)
     if ctx.extra.get("resume"):
-        state = load_part(ctx.run_dir, ctx.rank)
+        state = load_part(ctx.run_dir, ctx.cfg, ctx.rank)
         c.updates = restore_learner(learner, state, publisher)
         monitor.eval_index = state["eval_index"]
     saver = Saver(ctx, True, lambda k: learner_state(learner, c.updates, k, True, publisher,

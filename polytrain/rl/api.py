@@ -66,10 +66,9 @@ def _interrupted(cfg: RLConfig, run_dir: Path, sup: Any) -> Interrupted:
     steps = summary.get("env_steps")
     summary.update(run_dir=str(run_dir), interrupted={"signal": sup.stop_signal, "env_steps": steps})
     write_summary(run_dir, summary)
-    from polytrain.rl.checkpoint import FILE
-    from polytrain.rl.snapshot import MANIFEST
+    from polytrain.rl.checkpoint import has_checkpoint
 
-    saved = (run_dir / (FILE if cfg.algo == "dqn" else MANIFEST)).exists()
+    saved = has_checkpoint(run_dir)
     then = (f"continue with: polytrain rl {cfg.algo} --resume {run_dir} --max-env-steps N" if saved
             else "no checkpoint (--checkpoint-every N writes one at the stop)")
     where = f"after {steps} env steps" if steps is not None else "before the learner reported"

@@ -1,7 +1,15 @@
-"""``dqn`` checkpoints and resume: everything its loop carries, so a resumed run continues exactly.
+"""RL checkpoints in the run's :class:`~polytrain.runtime.checkpoint.CheckpointStore` (training's
+layout: ``RUN/checkpoints/step-K/rank{R}.pt``, a manifest of SHA-256s, ``LATEST`` moved last,
+verified on resume, a refused newest one falling back to the one before), and ``dqn``'s state:
+everything its loop carries, so a resumed run continues exactly.
 
-A checkpoint (``RUN/checkpoints/dqn.pt``, written by rename every ``checkpoint_every`` env steps)
-holds the online and target networks, the optimizer, the update and episode counters, the whole
+The store's fingerprint is the run's options but those a resume may change (:data:`RESUMABLE`), so
+a checkpoint is refused by a run with other settings. Each checkpoint's ``meta.json`` keeps the
+cut's figures (``info``: env steps, learner updates, the run's clock ``t``; apex and gorila also
+the checkpoint's number ``save``), which resume reads without loading a tensor.
+
+A ``dqn`` checkpoint (step K = its env steps, written every ``checkpoint_every`` env steps and at a
+stop) holds the online and target networks, the optimizer, the update and episode counters, the whole
 prioritized replay (rows, ids, both trees, the next id, the largest priority, its sampling RNG),
 the acting side (the environment's own state and RNG, the current observation, the n-step
 transitions still pending, the ε-greedy RNG, the episode in progress), the return window and
@@ -17,21 +25,87 @@ through the same :func:`polytrain.rl.resume.resume_options`.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sys
+import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from polytrain.errors import ConfigError
-from polytrain.runtime.checkpoint import load_tensors, save_tensors
+from polytrain.errors import CheckpointError, ConfigError
+from polytrain.runtime.checkpoint import CheckpointStore
 
-FILE = Path("checkpoints") / "dqn.pt"
+if TYPE_CHECKING:
+    from polytrain.rl.config import RLConfig
+
+ROOT = Path("checkpoints")
+KEEP = 2  # the newest and the one before it: a refused newest one falls back
 # settings a resumed run may change: when to stop and how to evaluate, not what it learns
 RESUMABLE = frozenset({"max_env_steps", "max_seconds", "target_return", "eval_every_s",
                        "eval_episodes", "screen_episodes", "out", "debug"})
 _PLAIN = (bool, int, float, str, type(None))
+
+
+def fingerprint(cfg: RLConfig) -> str:
+    """The run's options but the resumable ones: what a checkpoint must have been written with."""
+    kept = {k: v for k, v in cfg.model_dump(mode="json").items() if k not in RESUMABLE}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def saved_options(run_dir: Path) -> dict[str, Any]:
+    """The options the run in ``run_dir`` was started with (its ``config.toml``)."""
+    try:
+        return tomllib.loads((run_dir / "config.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        raise ConfigError(f"--resume {run_dir}: no polytrain rl run there (no readable config.toml)."
+                          ) from None
+
+
+def run_config(run_dir: Path) -> RLConfig:
+    """The config the run in ``run_dir`` was started with."""
+    from polytrain.rl.config import make_rl_config
+
+    return make_rl_config({**saved_options(run_dir), "out": str(run_dir)})
+
+
+def store(run_dir: Path, cfg: RLConfig) -> CheckpointStore:
+    """The run's checkpoint store (every RL algorithm's, as training's)."""
+    return CheckpointStore(run_dir / ROOT, fingerprint(cfg))
+
+
+def latest(run_dir: Path, cfg: RLConfig | None = None) -> Path:
+    """The newest intact checkpoint of the run (``cfg``: the run's own config by default; each
+    newer checkpoint refused is named on stderr); ConfigError, before anything starts, when
+    there is none."""
+    try:
+        ckpt, refused = store(run_dir, cfg or run_config(run_dir)).find_good()
+    except CheckpointError as e:  # names the directory, what is wrong and the fix
+        raise ConfigError(str(e)) from None
+    for why in refused:
+        print(f"warning: {why}; resuming from {ckpt.name} instead", file=sys.stderr, flush=True)
+    return ckpt
+
+
+def saved_info(run_dir: Path, cfg: RLConfig | None = None) -> dict[str, Any]:
+    """The newest checkpoint's figures (``info``: env steps, updates, ``t``; apex/gorila ``save``)."""
+    return CheckpointStore.info_of(latest(run_dir, cfg))
+
+
+def load_part(run_dir: Path, cfg: RLConfig | None, rank: int) -> dict[str, Any]:
+    """Rank ``rank``'s file of the newest checkpoint (dqn: rank 0), read as tensors, numbers and
+    strings only (never unpickling more); refused before the run starts."""
+    try:
+        return CheckpointStore.load_rank(latest(run_dir, cfg), rank)
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether the run has committed a checkpoint (its ``LATEST`` pointer exists)."""
+    return (run_dir / ROOT / "LATEST").is_file()
 
 
 def _rng_state(gen: np.random.Generator) -> str:
@@ -114,27 +188,18 @@ def dqn_state(learner: Any, replay: Any, runner: Any, window: Any, episodes: int
     }
 
 
-def save(run_dir: Path, state: dict[str, Any]) -> None:
-    """Write ``RUN/checkpoints/dqn.pt`` whole (:func:`polytrain.runtime.checkpoint.save_tensors`)."""
-    save_tensors(run_dir / FILE, state)
+def save(run_dir: Path, cfg: RLConfig, state: dict[str, Any]) -> Path:
+    """Commit ``state`` (:func:`dqn_state`) as checkpoint step-(its env steps)."""
+    steps = int(state["env_steps"])
+    st = store(run_dir, cfg)
+    st.write_rank(steps, 0, state)
+    info = {"env_steps": steps, "updates": int(state["updates"]), "t": float(state["t"])}
+    return st.commit(steps, keep=KEEP, info=info)
 
 
-def load(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / FILE
-    if not path.exists():
-        raise ConfigError(f"--resume {run_dir}: no checkpoint ({FILE}); the run was started without "
-                          "--checkpoint-every N. Start a new run with it.")
-    return load_part_file(run_dir, path)
-
-
-def load_part_file(run_dir: Path, path: Path) -> dict[str, Any]:
-    """One checkpoint file of an RL run (dqn's, or a part of an apex/gorila snapshot), read as
-    tensors, numbers and strings only (never unpickling more); refused before the run starts."""
-    state, problem = load_tensors(path)
-    if problem is not None or not isinstance(state, dict):
-        raise ConfigError(f"--resume {run_dir}: {path} cannot be loaded ({problem or 'not a state'}); "
-                          "start a new run.")
-    return state
+def load(run_dir: Path, cfg: RLConfig | None = None) -> dict[str, Any]:
+    """The newest dqn checkpoint's state (ConfigError when there is none, or none is intact)."""
+    return load_part(run_dir, cfg, 0)
 
 
 def restore(state: dict[str, Any], learner: Any, replay: Any, runner: Any, window: Any) -> None:

@@ -39,7 +39,7 @@ def run_dqn(ctx: RoleContext) -> dict[str, Any]:
     window = ReturnWindow()
     c = Counters(alive_actors=1)
     if ctx.extra.get("resume"):  # continue exactly where the checkpoint left off
-        state = checkpoint.load(ctx.run_dir)
+        state = checkpoint.load(ctx.run_dir, cfg)
         checkpoint.restore(state, learner, replay, episodes, window)
         c.episodes, monitor.eval_index = state["episodes"], state["eval_index"]
     start = time.perf_counter()
@@ -47,8 +47,8 @@ def run_dqn(ctx: RoleContext) -> dict[str, Any]:
     learn_s = 0.0
 
     def save() -> None:
-        checkpoint.save(ctx.run_dir, checkpoint.dqn_state(learner, replay, episodes, window, c.episodes,
-                                                          monitor.eval_index, ctx.recorder.now()))
+        checkpoint.save(ctx.run_dir, cfg, checkpoint.dqn_state(learner, replay, episodes, window, c.episodes,
+                                                               monitor.eval_index, ctx.recorder.now()))
 
     while True:
         eps = linear_epsilon(episodes.steps, cfg.eps_start, cfg.eps_end, cfg.eps_decay_steps)

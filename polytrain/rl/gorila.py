@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from polytrain.rl.checkpoint import load_part
 from polytrain.rl.core import build_qnet
 from polytrain.rl.dqn import make_learner
 from polytrain.rl.learner import Publisher, ReplayClient, batch_tensors, learn_loop
@@ -34,7 +35,7 @@ from polytrain.rl.monitor import Counters, Monitor
 from polytrain.rl.protocol import Kind, Msg, send_msg, wind_down
 from polytrain.rl.replay import Batch
 from polytrain.rl.roles import RoleContext
-from polytrain.rl.snapshot import Saver, learner_state, load_part, restore_learner, write_part
+from polytrain.rl.snapshot import Saver, learner_state, restore_learner, write_part
 from polytrain.runtime.flat import flat_params, load_flat
 
 
@@ -56,9 +57,10 @@ def run_shard(ctx: RoleContext, index: int) -> dict[str, Any]:
     server = ParameterServer(ctx.net_comm, learners, plan.gather(flat, index), ctx.cfg.optimizer,
                              make_consistency("async", len(learners)), lr=ctx.cfg.lr)
     if ctx.extra.get("resume"):
-        load_server_state(server, load_part(ctx.run_dir, ctx.rank))
+        load_server_state(server, load_part(ctx.run_dir, ctx.cfg, ctx.rank))
     # a checkpoint: once every learner has sent SAVE(k) (each after its last push before it)
-    server.on_save = lambda k: write_part(ctx.run_dir, ctx.rank, k, {"save": k, **server_state(server)})
+    server.on_save = lambda k: write_part(ctx.run_dir, ctx.cfg, ctx.rank, k,
+                                          {"save": k, **server_state(server)})
     server.serve()  # until every learner has sent DONE
     return {"shard": index, **server.stats()}
 
@@ -76,7 +78,7 @@ def run_gorila_learner(ctx: RoleContext, index: int) -> dict[str, Any]:
     publisher = Publisher(learner.net, cfg.publish_every) if lead else None
     c = Counters()
     if ctx.extra.get("resume"):
-        state = load_part(ctx.run_dir, ctx.rank)
+        state = load_part(ctx.run_dir, ctx.cfg, ctx.rank)
         c.updates = restore_learner(learner, state, publisher)
         if monitor is not None:
             monitor.eval_index = state["eval_index"]

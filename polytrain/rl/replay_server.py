@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from polytrain.rl.checkpoint import load_part
 from polytrain.rl.monitor import ReturnWindow
 from polytrain.rl.protocol import Hub, Kind, Msg
 from polytrain.rl.replay import PrioritizedReplay
 from polytrain.rl.roles import RoleContext
-from polytrain.rl.snapshot import load_part, replay_state, restore_replay, write_part
+from polytrain.rl.snapshot import replay_state, restore_replay, write_part
 
 
 class ReplayServer:
@@ -57,7 +58,7 @@ class ReplayServer:
                                                               self.width))
         self.hub = Hub(ctx.links, ctx.recorder, clients, ctx.ranks.lead, cfg.actor_timeout_s, depth, pad)
         if ctx.extra.get("resume"):
-            restore_replay(self, load_part(ctx.run_dir, ctx.rank))
+            restore_replay(self, load_part(ctx.run_dir, ctx.cfg, ctx.rank))
 
     # ---- handlers ---------------------------------------------------------------------------
     def add(self, peer: int, msg: Msg) -> Msg | None:
@@ -130,7 +131,7 @@ class ReplayServer:
         """fields = (checkpoint k, the lead's updates U, its clock): write this process's part of
         checkpoint k — it follows the SAMPLE that carried the priorities of all U updates."""
         k, updates = int(msg.field(0)), int(msg.field(1))
-        write_part(self.ctx.run_dir, self.ctx.rank, k, replay_state(self, updates, k))
+        write_part(self.ctx.run_dir, self.ctx.cfg, self.ctx.rank, k, replay_state(self, updates, k))
         self.saved = k
         return Msg(Kind.OK, [self.env_steps, self.episodes, self.replay.next_id, self.version, k])
 

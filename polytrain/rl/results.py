@@ -5,8 +5,7 @@
     RUN/summary.json     the figures below
     RUN/model.pt         the learner's final Q-network (state_dict)
     RUN/return_vs_time.png, RUN/return_vs_steps.png
-    RUN/checkpoints/dqn.pt                  dqn's checkpoint (--checkpoint-every)
-    RUN/checkpoints/rl.json, rl/rank{R}-{k}.pt   apex/gorila: manifest and each process's part
+    RUN/checkpoints/step-K/rank{R}.pt, LATEST   --checkpoint-every: training's store (rl/checkpoint.py)
     RUN/ranks/rank{R}.jsonl | .log | .result.json | .error.json
 """
 

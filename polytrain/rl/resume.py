@@ -1,27 +1,28 @@
-"""Resuming an RL run: where it continues and with which options, for every algorithm (``dqn``
-from its one checkpoint file, apex and gorila from their snapshot's manifest)."""
+"""Resuming an RL run: where it continues and with which options, for every algorithm (from the
+newest intact checkpoint of the run's store, :mod:`polytrain.rl.checkpoint`)."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from polytrain.errors import ConfigError
-from polytrain.rl.checkpoint import RESUMABLE, load
-from polytrain.rl.snapshot import load_meta
+from polytrain.rl.checkpoint import RESUMABLE, saved_info, saved_options
+
+if TYPE_CHECKING:
+    from polytrain.rl.config import RLConfig
 
 
-def resume_point(run_dir: Path, algo: str) -> dict[str, Any]:
+def resume_point(run_dir: Path, cfg: RLConfig) -> dict[str, Any]:
     """Where a resumed run continues: env steps, learner updates, the run's clock ``t`` and (apex,
-    gorila) the checkpoint's number ``save``."""
-    if algo == "dqn":
-        state = load(run_dir)
-        return {"env_steps": state["env_steps"], "updates": state["updates"], "t": state.get("t"),
-                "save": 0}
-    meta = load_meta(run_dir)
-    return {"env_steps": int(meta["env_steps"]), "updates": int(meta["updates"]), "t": float(meta["t"]),
-            "save": int(meta["save"])}
+    gorila) the checkpoint's number ``save`` (dqn: 0)."""
+    info = saved_info(run_dir, cfg)
+    try:
+        return {"env_steps": int(info["env_steps"]), "updates": int(info["updates"]),
+                "t": float(info["t"]), "save": int(info.get("save", 0))}
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"--resume {run_dir}: its newest checkpoint's meta.json lacks the figures "
+                          "of the cut (env_steps, updates, t); start a new run.") from None
 
 
 def resume_options(run_dir: Path, given: dict[str, Any]) -> dict[str, Any]:
@@ -30,16 +31,12 @@ def resume_options(run_dir: Path, given: dict[str, Any]) -> dict[str, Any]:
     Refused (ConfigError, before anything starts): no run or no checkpoint at ``run_dir``, another
     algorithm, a differing option outside :data:`RESUMABLE`, or a step or time limit the
     checkpoint has already reached."""
-    try:
-        saved = tomllib.loads((run_dir / "config.toml").read_text())
-    except (OSError, tomllib.TOMLDecodeError):
-        raise ConfigError(f"--resume {run_dir}: no polytrain rl run there (no readable config.toml)."
-                          ) from None
+    saved = saved_options(run_dir)
     algo = saved.get("algo")
     if given.get("algo", algo) != algo:
         raise ConfigError(f"--resume {run_dir}: this run is {algo}, asked: {given.get('algo')}; a run "
                           f"resumes with its own algorithm. Fix: polytrain rl {algo} --resume {run_dir}.")
-    from polytrain.rl.config import RLConfig
+    from polytrain.rl.config import RLConfig, make_rl_config
 
     fields = RLConfig.model_fields  # the run's config.toml leaves out options that were None
     changed = sorted(k for k, v in given.items() if k not in RESUMABLE and k != "algo"
@@ -50,7 +47,7 @@ def resume_options(run_dir: Path, given: dict[str, Any]) -> dict[str, Any]:
                           f"Only {', '.join(sorted(RESUMABLE - {'out', 'debug'}))} may change. Fix: "
                           "drop them, or start a new run.")
     options = {**saved, **given, "out": str(run_dir)}
-    point = resume_point(run_dir, str(algo))
+    point = resume_point(run_dir, make_rl_config(options))
     at, t = point["env_steps"], point["t"] or 0.0
     limit = options.get("max_env_steps", 0)
     if limit and limit <= at:

@@ -92,7 +92,7 @@ def run_role(payload: dict[str, Any], rank: int, recorder: Recorder) -> dict[str
     if extra["resume"]:  # as the training loop does: the record and the clock go on from the checkpoint
         from polytrain.rl.resume import resume_point
 
-        point = resume_point(Path(payload["run_dir"]), cfg.algo)
+        point = resume_point(Path(payload["run_dir"]), cfg)
         recorder.start_clock()  # (again below, after the barrier): the resume event at the cut's time
         recorder.rewind(point["env_steps"], point["t"], env_steps=point["env_steps"],
                         updates=point["updates"])

@@ -16,9 +16,10 @@ of ``checkpoint_every``, and at the end of the run (any stop but a failure)::
                      Adam state, async clocks, version: the `ps` server's cut, each push in it
                      or not) and acks. So when the lead's PSClient.save returns, every learner
                      and shard has written.
-    4. lead learner  when the replay's answer arrives: writes ``RUN/checkpoints/rl.json`` (the
-                     manifest, by rename: the checkpoint exists from then on) and removes the
-                     files of older checkpoints.
+    4. lead learner  when the replay's answer arrives: commits checkpoint k in the run's store
+                     (:func:`polytrain.rl.checkpoint.store`: every process wrote its
+                     ``step-k.tmp/rank{R}.pt``; the manifest and ``LATEST`` make it exist from
+                     then on) with the cut's figures, and prunes the older ones.
 
 Every process's part was taken after every message it holds was sent from the sender's part
 (a cut). Left out, by design: batches sampled but not yet learned (the resumed learner samples
@@ -31,62 +32,31 @@ the uninterrupted run bit for bit (``dqn`` is: :mod:`polytrain.rl.checkpoint`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from polytrain.errors import ConfigError
-from polytrain.metrics.jsonsafe import atomic_json
-from polytrain.runtime.checkpoint import save_tensors
+from polytrain.rl.checkpoint import KEEP, replay_buffer_state, restore_replay_buffer, saved_info, store
 
-DIR = Path("checkpoints") / "rl"
-MANIFEST = Path("checkpoints") / "rl.json"
+if TYPE_CHECKING:
+    from polytrain.rl.config import RLConfig
+
 SAVE_FIELD = 5  # SAMPLE replies: the newest checkpoint the replay has written its part of
 
 
-def part_path(run_dir: Path, rank: int, k: int) -> Path:
-    return run_dir / DIR / f"rank{rank}-{k}.pt"
+def write_part(run_dir: Path, cfg: RLConfig, rank: int, k: int, state: dict[str, Any]) -> None:
+    """This rank's file of checkpoint ``k`` (staged in the run's store), complete on disk before
+    anyone is told."""
+    store(run_dir, cfg).write_rank(k, rank, state)
 
 
-def write_part(run_dir: Path, rank: int, k: int, state: dict[str, Any]) -> None:
-    """This rank's file of checkpoint ``k``, complete on disk before anyone is told."""
-    save_tensors(part_path(run_dir, rank, k), state)
-
-
-def seal(run_dir: Path, meta: dict[str, Any], ranks: Sequence[int]) -> None:
-    """Write the manifest of checkpoint ``meta['save']`` (by rename), then drop older files."""
-    k = int(meta["save"])
-    atomic_json(run_dir / MANIFEST, {**meta, "files": {str(r): part_path(run_dir, r, k).name for r in ranks}})
-    for old in (run_dir / DIR).glob("rank*-*.*"):  # older checkpoints' files (a newer one may be
-        if int(old.name.split("-")[1].split(".")[0]) < k:  # on its way already: keep that)
-            old.unlink(missing_ok=True)
-
-
-def load_meta(run_dir: Path) -> dict[str, Any]:
-    """The newest sealed checkpoint's manifest (ConfigError when there is none or it is garbled)."""
-    path = run_dir / MANIFEST
-    try:
-        meta: dict[str, Any] = json.loads(path.read_text())
-        int(meta["save"]), int(meta["env_steps"]), float(meta["t"]), dict(meta["files"])
-    except FileNotFoundError:
-        raise ConfigError(f"--resume {run_dir}: no checkpoint ({MANIFEST}); the run was started "
-                          "without --checkpoint-every N, or stopped before its first one. Start a "
-                          "new run with it.") from None
-    except (OSError, ValueError, KeyError, TypeError):
-        raise ConfigError(f"--resume {run_dir}: {path} is unreadable or incomplete; start a new run."
-                          ) from None
-    return meta
-
-
-def load_part(run_dir: Path, rank: int) -> dict[str, Any]:
-    """Rank ``rank``'s file of the sealed checkpoint (tensors, numbers and strings only)."""
-    from polytrain.rl.checkpoint import load_part_file
-
-    meta = load_meta(run_dir)
-    return load_part_file(run_dir, run_dir / DIR / meta["files"][str(rank)])
+def seal(run_dir: Path, cfg: RLConfig, meta: dict[str, Any]) -> Path:
+    """Commit checkpoint ``meta['save']`` (every part written) with ``meta`` as its figures; the
+    older ones beyond :data:`~polytrain.rl.checkpoint.KEEP` are pruned (a newer one on its way,
+    still staged, is kept)."""
+    return store(run_dir, cfg).commit(int(meta["save"]), keep=KEEP, info=meta)
 
 
 # ---- what each role keeps ----------------------------------------------------------------------
@@ -94,8 +64,6 @@ def load_part(run_dir: Path, rank: int) -> dict[str, Any]:
 
 def replay_state(server: Any, updates: int, k: int) -> dict[str, Any]:
     """The replay process's part (``server``: a ReplayServer)."""
-    from polytrain.rl.checkpoint import replay_buffer_state
-
     return {
         "save": k, "learner_updates": updates, "buffer": replay_buffer_state(server.replay),
         "window": list(server.window.values), "env_steps": server.env_steps, "episodes": server.episodes,
@@ -107,8 +75,6 @@ def replay_state(server: Any, updates: int, k: int) -> dict[str, Any]:
 
 
 def restore_replay(server: Any, state: dict[str, Any]) -> None:
-    from polytrain.rl.checkpoint import restore_replay_buffer
-
     restore_replay_buffer(server.replay, state["buffer"])
     server.window.values.clear()
     server.window.values.extend(state["window"])
@@ -163,7 +129,7 @@ class Saver:
         self.mark = 0  # env steps // every at that checkpoint
         self.taken: dict[int, dict[str, Any]] = {}  # lead: checkpoints written, not yet sealed
         if ctx.extra.get("resume"):
-            meta = load_meta(ctx.run_dir)
+            meta = saved_info(ctx.run_dir, ctx.cfg)
             self.k, self.mark = int(meta["save"]), int(meta["env_steps"]) // max(1, self.every)
 
     def due(self, env_steps: int, fields: Sequence[float]) -> int | None:
@@ -180,7 +146,7 @@ class Saver:
         gorila, SAVE to the shards and wait for every learner and shard."""
         t = self.ctx.recorder.now()
         self.k, self.mark = k, env_steps // max(1, self.every)
-        write_part(self.ctx.run_dir, self.ctx.rank, k, self.state(k))
+        write_part(self.ctx.run_dir, self.ctx.cfg, self.ctx.rank, k, self.state(k))
         if self.ps is not None:
             self.ps.save(k)
         if self.lead:
@@ -189,9 +155,7 @@ class Saver:
     def acked(self, k: int, fields: Sequence[float]) -> None:
         """The replay has written its part of ``k``: the lead seals the checkpoint."""
         meta = self.taken.pop(k)
-        ranks = self.ctx.ranks
-        parts = [*ranks.replica_ranks, ranks.replay_rank, *ranks.server_ranks]
         meta.update(algo=self.ctx.cfg.algo, env_steps=int(fields[0]), episodes=int(fields[1]),
                     transitions=int(fields[2]), params_version=int(fields[3]))
-        seal(self.ctx.run_dir, meta, parts)
+        seal(self.ctx.run_dir, self.ctx.cfg, meta)
         self.ctx.recorder.emit("checkpoint", save=k, env_steps=meta["env_steps"], updates=meta["updates"])

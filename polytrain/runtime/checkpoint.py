@@ -1,6 +1,7 @@
 """Checkpoints that survive crashes and never run code when loaded.
 
-Layout (one directory per checkpoint, the pointer moves last)::
+Layout (one directory per checkpoint, the pointer moves last; training, the parameter server and
+``polytrain rl`` alike)::
 
     checkpoints/
       step-00000100/
@@ -181,17 +182,19 @@ class CheckpointStore:
                 path.unlink(missing_ok=True)
         return str(e).splitlines()[0] if str(e) else type(e).__name__
 
-    def commit(self, step: int, keep: int, window: int = 0) -> Path:
-        """Seal the staged directory: manifest, rename into place, move LATEST, prune old ones."""
+    def commit(self, step: int, keep: int, window: int = 0, info: dict[str, Any] | None = None) -> Path:
+        """Seal the staged directory: manifest, rename into place, move LATEST, prune old ones.
+        ``info``: the app's own figures of the cut (rl: env steps, updates, clock), kept in meta.json
+        (:meth:`info_of`)."""
         try:
-            return self._commit(step, keep, window)
+            return self._commit(step, keep, window, info)
         except OSError as e:
             raise CheckpointError(
                 f"rank 0 could not write {step_dir_name(step)}: {self._write_problem(e)} "
                 f"({self.root}). The previous checkpoint is kept; free space or fix the "
                 "permissions, then --resume the run") from None
 
-    def _commit(self, step: int, keep: int, window: int) -> Path:
+    def _commit(self, step: int, keep: int, window: int, info: dict[str, Any] | None) -> Path:
         tmp = self.stage(step)
         # rank files, and any other tensor file a strategy staged (e.g. zero's consolidated model.pt)
         files = {p.name: _sha256(p) for p in sorted(tmp.glob("*.pt"))}
@@ -202,6 +205,8 @@ class CheckpointStore:
             meta["t"] = round(self.clock(), 6)
         if self.plans:
             meta["plans"] = self.plans
+        if info is not None:
+            meta["info"] = info
         _fsync_write(tmp / "meta.json", json.dumps(meta).encode())
         files["meta.json"] = _sha256(tmp / "meta.json")
         _fsync_write(tmp / MANIFEST, json.dumps({"files": files}, indent=1).encode())
@@ -363,6 +368,12 @@ class CheckpointStore:
     @staticmethod
     def step_of(ckpt: Path) -> int:
         return int(json.loads((ckpt / "meta.json").read_text())["step"])
+
+    @staticmethod
+    def info_of(ckpt: Path) -> dict[str, Any]:
+        """The figures the app committed with ``ckpt`` (``commit(info=...)``; {} when none)."""
+        info = json.loads((ckpt / "meta.json").read_text()).get("info")
+        return info if isinstance(info, dict) else {}
 
     @staticmethod
     def time_of(ckpt: Path) -> float | None:

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
+from polytrain.rl import checkpoint
 from tests.conftest import ROOT
 from tests.faults.test_launcher_signals import wait_gone
 
@@ -60,7 +60,7 @@ def test_stop_request_checkpoints_dqn_and_marks_the_summary(tmp_path: Path, how:
     wait_gone([pid], within=30)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted" and summary["interrupted"]["signal"] == how
-    saved = torch.load(run / "checkpoints" / "dqn.pt", weights_only=True)
+    saved = checkpoint.load(run)
     assert saved["env_steps"] == summary["env_steps"] == summary["interrupted"]["env_steps"] > 0
 
 
