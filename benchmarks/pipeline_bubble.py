@@ -87,7 +87,7 @@ def one_run(model: str, strategy: str, microbatches: int, steps: int, batch: int
         out=str(out),
         sets=[*sets, f"microbatches={microbatches}"],
     )
-    return summary
+    return summary.to_dict()
 
 
 def measure(model: str, strategy: str, microbatches: int, args: argparse.Namespace,

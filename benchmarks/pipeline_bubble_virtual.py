@@ -54,7 +54,7 @@ def one_run(schedule: str, args: argparse.Namespace, out: Path) -> dict[str, Any
         lr=0.01, timeout_s=float(os.environ.get("BUBBLE_TIMEOUT_S", "120")), out=str(out),
         sets=[f"model.stages={chunks}", "partition=" + ",".join(["6"] * chunks),
               f"microbatches={args.microbatches}"],
-    )
+    ).to_dict()
 
 
 def figures(schedule: str, microbatches: int, summary: dict[str, Any]) -> dict[str, float]:

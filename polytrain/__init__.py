@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from polytrain.version import __version__
 
+if TYPE_CHECKING:
+    from polytrain.metrics.summary import TrainSummary
 
-def train(**kwargs: Any) -> dict[str, Any]:
+
+def train(**kwargs: Any) -> TrainSummary:
     """Run one training job; see :func:`polytrain.api.train`."""
     from polytrain.api import train as _train
 

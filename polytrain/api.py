@@ -3,7 +3,7 @@
     import polytrain
     summary = polytrain.train(strategy="allreduce", procs=2, model="my_pkg.nets:make_model",
                               dataset="digits", steps=200)
-    print(summary["eval"]["accuracy"], summary["throughput_samples_per_s"])
+    print(summary.eval["accuracy"], summary.throughput_samples_per_s)
 
 ``model``, ``dataset`` and ``loss`` may also be objects: a factory function or class, an
 ``nn.Module`` instance, an in-memory dataset (a torch ``Dataset``, tensors ``(x, y)``), a loss
@@ -26,6 +26,7 @@ import polytrain.env as env
 from polytrain.config import JobConfig, load_config
 from polytrain.errors import ConfigError
 from polytrain.launch.precheck import precheck
+from polytrain.metrics.summary import TrainSummary
 
 REPORT_ENV = env.REPORT  # "0": the API writes no plots/report.md (the test suite's default)
 
@@ -41,8 +42,10 @@ def _config(config: str | Path | None, sets: Sequence[str] | None, kw: dict[str,
 
 def train(*, config: str | Path | None = None, sets: Sequence[str] | None = None,
           resume: str | Path | None = None, console: Console | None = None,
-          report: bool | None = None, **options: Any) -> dict[str, Any]:
-    """Run one job (keyword arguments are JobConfig fields) and return its summary.json.
+          report: bool | None = None, **options: Any) -> TrainSummary:
+    """Run one job (keyword arguments are JobConfig fields) and return its summary.json, typed
+    (:class:`~polytrain.metrics.summary.TrainSummary`: ``s.eval``, ``s.strategy_metrics``; read by
+    key too, ``s["eval"]``; ``s.to_dict()`` is the JSON object).
 
     The run directory is the CLI's, report included (plots, timeline, report.md) unless
     ``report=False`` (default: on, or the environment's ``POLYTRAIN_REPORT=0``)."""
@@ -61,7 +64,7 @@ def train(*, config: str | Path | None = None, sets: Sequence[str] | None = None
         summary = launch(cfg, console=console)
     summary = _predicted(summary)
     _write_report(summary, report)
-    return summary
+    return TrainSummary.of(summary, f"{(summary.get('config') or {}).get('out', 'the run')}/summary.json")
 
 
 def _predicted(summary: dict[str, Any]) -> dict[str, Any]:

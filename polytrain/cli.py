@@ -148,7 +148,7 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
     from rich.console import Console
 
     summary = api.train(config=args.config, sets=args.sets, resume=args.resume, report=False,
-                        console=Console(stderr=True), **overrides(args))
+                        console=Console(stderr=True), **overrides(args)).to_dict()
     from polytrain.report import format_summary
 
     run_dir = summary["config"]["out"]

@@ -4,8 +4,9 @@ Every app (``polytrain train``, ``rl``, ``aco``) ends by writing ``RUN/summary.j
 (``report``, ``export``, ``merge``, the launchers, benchmarks) load it back through
 :func:`read_summary`, which validates it and gives attribute access::
 
-    s = read_summary(run_dir, TrainSummary)
+    s = read_summary(run_dir, TrainSummary)      # what polytrain.train returns
     s.throughput_samples_per_s, s.eval, s.to_dict()["per_rank"]
+    s["throughput_samples_per_s"]                   # reading by key works too (read-only)
 
 The JSON keys and values are those of the plain dicts the apps wrote before the models existed;
 each model declares the keys it knows (typed) and keeps any other key a caller adds (the compare's
@@ -20,6 +21,7 @@ is refused with one line naming the file and the field.
 from __future__ import annotations
 
 import json
+from collections.abc import ItemsView, KeysView, ValuesView
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -79,6 +81,27 @@ class RunSummary(BaseModel):
     def write(self, run_dir: Path) -> None:
         """``RUN/summary.json``, by rename (a reader sees the old file or the new one)."""
         atomic_json(run_dir / FILE, self.to_dict())
+
+    # Reading by key, as the JSON object (``s["eval"]["accuracy"]``, ``s.get("eval")``, ``"eval"
+    # in s``, ``dict(s)``): code written when ``polytrain.train`` returned the plain dict keeps
+    # working. Read-only: ``to_dict()`` gives a dict to edit.
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_dict().get(key, default)
+
+    def keys(self) -> KeysView[str]:
+        return self.to_dict().keys()
+
+    def items(self) -> ItemsView[str, Any]:
+        return self.to_dict().items()
+
+    def values(self) -> ValuesView[Any]:
+        return self.to_dict().values()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.to_dict()
 
 
 class TrainSummary(RunSummary):
