@@ -35,7 +35,7 @@ SMALL = {"algo": "dqn", "hidden": 16, "depth": 1, "batch_size": 16, "learning_st
 
 @pytest.fixture(autouse=True)
 def _one_thread() -> Any:
-    """As in an RL process (rl/launcher.py): one intra-op thread (5x faster on a busy 2-core box)."""
+    """As in an RL process (rl/ranks.py): one intra-op thread (5x faster on a busy 2-core box)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -82,32 +80,17 @@ def run_aco(cfg: ACOConfig, console: Console | None = None, plots: bool = True,
 
 def _launch_ranks(cfg: ACOConfig, run_dir: Path, plots: bool) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
 
-    from polytrain.launch.local import (
-        agent_config,
-        describe_failure,
-        local_rendezvous,
-        quiet_elastic,
-        rank_environment,
-    )
-    from polytrain.launch.stores import stores_bound_to
+    from polytrain.launch.local import describe_failure, run_agent
 
     payload = run_dir / "ranks" / "launch.json"
     payload.parent.mkdir(parents=True, exist_ok=True)
     payload.write_text(json.dumps({"config": cfg.to_dict(), "run_dir": str(run_dir), "plots": plots,
                                    "rank_logs": True}))
-    quiet_elastic(False)
-    private = run_dir / "ranks" / "agent"  # the stores, 0700 (see polytrain.launch.stores)
-    rdzv = local_rendezvous(private)
-    lc = agent_config(cfg.procs, private, rdzv)
     try:
-        with rank_environment(cfg.procs, private, rdzv.env), stores_bound_to(rdzv.local_addr):
-            elastic_launch(lc, sys.executable)("-m", "polytrain.aco.rank", str(payload))
+        run_agent(cfg.procs, "polytrain.aco.rank", payload, run_dir, False)
     except ChildFailedError as err:
         raise RankFailure(describe_failure(run_dir, err, False)) from None
-    finally:
-        shutil.rmtree(private, ignore_errors=True)
 
 
 def rank_main(payload: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -123,7 +123,6 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
             console: Console | None, started: float) -> dict[str, Any]:
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
 
     cfg = cfg.model_copy(update={"out": str(run_dir)})
     if not resume:
@@ -131,7 +130,6 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
     console = console or Console(stderr=True)
     if prepared.note:
         console.print(f"note: {prepared.note}", highlight=False)
-    quiet_elastic(cfg.debug)
     payload = {
         "config": cfg.model_dump(mode="json"),
         "run_dir": str(run_dir),
@@ -145,10 +143,6 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
     payload_path.write_text(json.dumps(payload, indent=1))
     if cfg.debug:
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "INFO"  # DETAIL crashes DDP on torch 2.13/CPU
-    agent_dir = run_dir / "ranks" / "agent"
-    shutil.rmtree(agent_dir, ignore_errors=True)  # a launcher killed -9 before its watcher ran
-    rdzv = local_rendezvous(agent_dir)
-    lc = agent_config(cfg.procs, agent_dir, rdzv)
     rank0 = run_dir / "ranks" / "rank0.jsonl"
     label = f"{cfg.strategy} ×{cfg.procs}"
     states: dict[int, str] = {}  # the live ranks' process states when a failure stopped them
@@ -160,11 +154,10 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
         sinks = make_sinks(list(cfg.log), run_dir, cfg.strategy, cfg.model_dump(mode="json"))
         with FollowProgress(rank0, prepared.steps, label, console), \
                 LiveLog(run_dir / "ranks", sinks, resume=resume, per_rank=cfg.log_ranks == "all",
-                        world=cfg.procs), \
-                rank_environment(cfg.procs, agent_dir, rdzv.env), stores_bound_to(rdzv.local_addr), \
-                prompt_stop(states, SHUTDOWN_TIMEOUT_S, lambda: stepped(run_dir / "ranks")), \
-                MergeThread(merged):
-            elastic_launch(lc, sys.executable)("-m", "polytrain.launch.rank_main", str(payload_path))
+                        world=cfg.procs):
+            run_agent(cfg.procs, "polytrain.launch.rank_main", payload_path, run_dir, cfg.debug,
+                      inner=[prompt_stop(states, SHUTDOWN_TIMEOUT_S, lambda: stepped(run_dir / "ranks")),
+                             MergeThread(merged)])
     except ChildFailedError as err:
         oom = (oom_kills() or 0) > (ooms or 0)
         message = describe_failure(run_dir, err, cfg.debug, states, oom=oom)
@@ -173,11 +166,36 @@ def _launch(cfg: JobConfig, prepared: Prepared, resume: bool, run_dir: Path,
         raise Interrupted(_interrupted(run_dir, cfg, exc.sigval, started, merged),
                           128 + int(exc.sigval)) from None
     finally:
-        shutil.rmtree(agent_dir, ignore_errors=True)
         startup_trace.mark("ranks ended")
         startup_trace.write_launcher(run_dir)
     merged.finish()
     return read_summary(run_dir)
+
+
+def run_agent(procs: int, module: str, payload_path: Path, run_dir: Path, debug: bool,
+              inner: Sequence[contextlib.AbstractContextManager[Any]] = ()) -> None:
+    """Run ``python -m module PAYLOAD`` on ``procs`` ranks of this machine under torch's elastic
+    agent — every app whose ranks are all essential starts them here (``train``, ``aco``; a job
+    whose ranks may die runs under :mod:`polytrain.launch.supervisor`). The rendezvous is
+    private (``run_dir/ranks/agent``, removed after the run); ``inner``: context managers held
+    while the ranks run, inside their environment. Raises torch's ``ChildFailedError`` when a
+    rank fails (:func:`describe_failure` words it) and ``SignalException`` on SIGTERM/SIGINT."""
+    from torch.distributed.launcher.api import elastic_launch
+
+    quiet_elastic(debug)
+    agent_dir = run_dir / "ranks" / "agent"
+    shutil.rmtree(agent_dir, ignore_errors=True)  # a launcher killed -9 before its watcher ran
+    rdzv = local_rendezvous(agent_dir)
+    lc = agent_config(procs, agent_dir, rdzv)
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(rank_environment(procs, agent_dir, rdzv.env))
+            stack.enter_context(stores_bound_to(rdzv.local_addr))
+            for cm in inner:
+                stack.enter_context(cm)
+            elastic_launch(lc, sys.executable)("-m", module, str(payload_path))
+    finally:
+        shutil.rmtree(agent_dir, ignore_errors=True)
 
 
 def stepped(ranks: Path) -> bool:

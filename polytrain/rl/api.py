@@ -21,8 +21,8 @@ def run_config(cfg: RLConfig, console: Console | None = None, progress: bool = T
     the run in ``cfg.out`` from its checkpoint (options from :func:`resume_config`). A SIGTERM or
     Ctrl-C stops every process; the run ends with :class:`Interrupted`."""
     from polytrain.launch.stores import rank_store_env
-    from polytrain.rl.launcher import start_processes, supervise
     from polytrain.rl.progress import FollowRL
+    from polytrain.rl.ranks import start, watch
     from polytrain.rl.results import build_summary, merge_events, new_run_dir, write_config, write_summary
 
     check_qnet(cfg)  # a broken user Q-network fails here, before any process starts
@@ -31,11 +31,11 @@ def run_config(cfg: RLConfig, console: Console | None = None, progress: bool = T
     console = console or Console(stderr=True)
     started = time.monotonic()
     private = run_dir / "ranks" / "store"  # the process group's store, 0700
-    procs = start_processes(cfg, run_dir, free_port(), resume, rank_store_env(private))
+    procs = start(cfg, run_dir, free_port(), resume, rank_store_env(private))
     follow = FollowRL(run_dir / "ranks" / "rank0.jsonl", cfg, console) if progress else nullcontext()
     try:
         with follow:
-            sup = supervise(cfg, run_dir, procs, started)
+            sup = watch(cfg, run_dir, procs, started)
     finally:
         shutil.rmtree(private, ignore_errors=True)
         merge_events(run_dir, cfg.world)

@@ -1,4 +1,4 @@
-"""Imported once by the fork server that starts RL processes (see launcher.start_processes).
+"""Imported once by the fork server that starts RL processes (see `polytrain.rl.ranks.start`).
 
 Every process of a run then starts as a fork of a warm interpreter instead of importing torch
 anew: on the busy 2-core box, 7 processes importing torch at once took minutes. Nothing here

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from polytrain.launch.records import make_run_dir
+from polytrain.launch.supervisor import Supervision
 from polytrain.metrics.summary import RLSummary
 from polytrain.rl.config import RLConfig
-from polytrain.rl.launcher import Supervision
 from polytrain.rl.roles import describe, layout_ranks
 from polytrain.runtime.layout import Layout
 
@@ -109,13 +109,13 @@ def _lost(sup: Supervision, ranks: Layout, replay: dict[str, Any], cfg: RLConfig
     eps = epsilon_ladder(cfg.actors, cfg.eps_base, cfg.eps_alpha)
     detected = replay.get("lost", {})
     out = []
-    for ex in sup.lost_actors:
+    for ex in sup.lost:
         i = ranks.actor_ranks.index(ex.rank)
         out.append({"rank": ex.rank, "actor": i, "epsilon": eps[i], "cause": ex.cause,
                     "exited_at_s": round(ex.at_s - offset, 3),
                     "detected_by_replay_at_s": detected.get(str(ex.rank))})
     for rank_s, at in detected.items():  # silent but never exited (hung): lost all the same
-        if int(rank_s) not in {ex.rank for ex in sup.lost_actors}:
+        if int(rank_s) not in {ex.rank for ex in sup.lost}:
             i = ranks.actor_ranks.index(int(rank_s))
             out.append({"rank": int(rank_s), "actor": i, "epsilon": eps[i], "cause": "silent",
                         "exited_at_s": None, "detected_by_replay_at_s": at})
