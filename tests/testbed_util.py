@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from polytrain.launch.reaper import running
 from polytrain.testbed import netns
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,8 +28,4 @@ def ours(tb_id: str) -> list[str]:
 
 def gone(pid: int) -> bool:
     """Process ``pid`` has ended (a zombie waiting to be reaped counts as ended)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in ("Z", "X")
+    return not running(pid)
